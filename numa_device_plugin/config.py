@@ -1,0 +1,77 @@
+"""Settings of the device plugin daemon, separate from the code that serves.
+
+:class:`Config` is frozen: the CLI builds it once from flags and environment
+variables, and every other part only reads it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from numa_device_plugin.devices import (
+    DEFAULT_CAPACITY,
+    DEFAULT_RESOURCE_PREFIX,
+    validate_capacity,
+    validate_resource_prefix,
+)
+from numa_device_plugin.registration import KUBELET_SOCKET_NAME
+
+DEFAULT_SOCKET_DIR = Path("/var/lib/kubelet/device-plugins")
+# Where kubelets of common distributions keep the device-plugin folder:
+# upstream (and RKE2, kubeadm, k3s), k0s, microk8s.
+KNOWN_SOCKET_DIRS: tuple[Path, ...] = (
+    DEFAULT_SOCKET_DIR,
+    Path("/var/lib/k0s/kubelet/device-plugins"),
+    Path("/var/snap/microk8s/common/var/lib/kubelet/device-plugins"),
+)
+
+
+def detect_socket_dir(candidates: Sequence[Path] = KNOWN_SOCKET_DIRS) -> Path:
+    """The first candidate folder holding ``kubelet.sock``; the first candidate when none does."""
+    for folder in candidates:
+        if (folder / KUBELET_SOCKET_NAME).exists():
+            return folder
+    return candidates[0]
+
+
+@dataclass(frozen=True)
+class Config:
+    """Everything ``numa-device-plugin serve`` is told.
+
+    ``sysfs_root``: folder holding ``devices/system`` (``/sys`` on a node).
+    ``socket_dir``: the kubelet's device-plugin folder (holds ``kubelet.sock``).
+    ``resource_prefix``: domain of the resource names, ``<prefix>/numa-<id>``.
+    ``capacity``: slot devices per NUMA node. ``include_cpuless_nodes``: also
+    advertise NUMA nodes without a usable CPU. ``register_timeout``: seconds
+    one Register call may take. ``shutdown_grace``: seconds in-flight calls get
+    when a server stops. ``debounce``: seconds to gather a burst of file
+    events into one restart.
+
+    Raises ValueError from ``__post_init__`` for an invalid prefix, capacity or
+    a non-positive duration.
+    """
+
+    sysfs_root: Path = Path("/sys")
+    socket_dir: Path = DEFAULT_SOCKET_DIR
+    resource_prefix: str = DEFAULT_RESOURCE_PREFIX
+    capacity: int = DEFAULT_CAPACITY
+    include_cpuless_nodes: bool = False
+    register_timeout: float = 5.0
+    shutdown_grace: float = 1.0
+    debounce: float = 0.005
+
+    def __post_init__(self) -> None:
+        validate_resource_prefix(self.resource_prefix)
+        validate_capacity(self.capacity)
+        if self.register_timeout <= 0:
+            raise ValueError(f"register timeout must be positive, got {self.register_timeout}")
+        if self.shutdown_grace < 0:
+            raise ValueError(f"shutdown grace must not be negative, got {self.shutdown_grace}")
+        if self.debounce < 0:
+            raise ValueError(f"debounce must not be negative, got {self.debounce}")
+
+    @property
+    def kubelet_socket(self) -> Path:
+        return self.socket_dir / KUBELET_SOCKET_NAME

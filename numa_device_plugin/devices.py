@@ -1,0 +1,152 @@
+"""From advertised NUMA nodes to extended resources and their slot devices.
+
+The model is a plain tree, resource name -> :class:`Resource` -> its
+:class:`Device` tuple, built purely from a plan (:func:`build_resources`). Two
+builds from the same plan and settings are equal, which is what makes device
+ids stable across plugin and kubelet restarts: the kubelet re-admits running
+pods by the device ids it recorded, and fails them if those ids vanish.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from numa_device_plugin.topology import NodePlan
+
+DEFAULT_RESOURCE_PREFIX = "numa-align"
+DEFAULT_CAPACITY = 100
+# Each Device costs ~40 bytes in a ListAndWatch message; the kubelet's default
+# 4 MiB gRPC limit would allow ~100k, this keeps messages far below it.
+MAX_CAPACITY = 10_000
+HEALTHY = "Healthy"
+UNHEALTHY = "Unhealthy"
+# v1beta1 Device.ID: "Max length of this field is 63 characters".
+MAX_DEVICE_ID_LENGTH = 63
+
+# Kubernetes apimachinery validation, as the kubelet applies it to resource names.
+_DNS1123_LABEL = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"
+_DNS1123_SUBDOMAIN = re.compile(rf"^{_DNS1123_LABEL}(\.{_DNS1123_LABEL})*$")
+_QUALIFIED_NAME_PART = re.compile(r"^([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]$")
+_REQUESTS_PREFIX = "requests."
+
+
+@dataclass(frozen=True)
+class Device:
+    """One slot of a NUMA node's resource: v1beta1 ``Device{ID, health, topology}``,
+    where ``topology`` is ``TopologyInfo{nodes: [NUMANode{ID: node_id}]}``."""
+
+    id: str
+    node_id: int
+    index: int
+    health: str = HEALTHY
+
+
+@dataclass(frozen=True)
+class Resource:
+    """One extended resource (``numa-align/numa-<node_id>``) served by one device plugin.
+
+    ``socket_name`` is the file name of its unix socket in the device-plugin
+    folder, which is also the ``endpoint`` of its RegisterRequest.
+    """
+
+    name: str
+    node_id: int
+    devices: tuple[Device, ...]
+
+    @property
+    def socket_name(self) -> str:
+        return socket_name(self.name)
+
+
+def validate_extended_resource_name(name: str) -> None:
+    """Raise ValueError unless the kubelet accepts ``name`` as an extended resource name.
+
+    The kubelet's Register handler checks ``IsExtendedResourceName``: the name
+    contains ``/``, is not in the ``kubernetes.io/`` domain, does not start with
+    ``requests.``, and ``requests.`` + name is a qualified name (a DNS-1123
+    subdomain of at most 253 characters, ``/``, a name part of at most 63).
+    """
+    if "/" not in name:
+        raise ValueError(f"{name!r} has no domain: extended resource names look like domain/name")
+    if "kubernetes.io/" in name:
+        raise ValueError(f"{name!r} is in the kubernetes.io domain, reserved for native resources")
+    if name.startswith(_REQUESTS_PREFIX):
+        raise ValueError(f"{name!r} must not start with {_REQUESTS_PREFIX!r}")
+    domain, _, part = (_REQUESTS_PREFIX + name).partition("/")
+    if "/" in part:
+        raise ValueError(f"{name!r} has more than one '/'")
+    if len(domain) > 253 or not _DNS1123_SUBDOMAIN.match(domain):
+        raise ValueError(
+            f"{name!r}: domain {domain.removeprefix(_REQUESTS_PREFIX)!r} must be a lowercase "
+            "DNS subdomain (a-z, 0-9, '-', '.'; at most 244 characters)"
+        )
+    if len(part) > 63 or not _QUALIFIED_NAME_PART.match(part):
+        raise ValueError(
+            f"{name!r}: name part {part!r} must be 1-63 characters of A-Z, a-z, 0-9, '-', '_', "
+            "'.', starting and ending with a letter or digit"
+        )
+
+
+def resource_name(prefix: str, node_id: int) -> str:
+    """``<prefix>/numa-<node_id>``, e.g. ``numa-align/numa-1``."""
+    return f"{prefix}/numa-{node_id}"
+
+
+def validate_resource_prefix(prefix: str) -> str:
+    """Return ``prefix`` when ``<prefix>/numa-N`` is a valid extended resource name.
+
+    Raises ValueError with the kubelet's reason otherwise.
+    """
+    validate_extended_resource_name(resource_name(prefix, 0))
+    return prefix
+
+
+def socket_name(name: str) -> str:
+    """Socket file name for a resource: stable, unique per resource, no ``/``.
+
+    ``numa-align/numa-0`` -> ``numa-align_numa-0.sock``.
+    """
+    return name.replace("/", "_") + ".sock"
+
+
+def device_id(node_id: int, index: int) -> str:
+    """Deterministic device id, e.g. ``numa1-slot0042`` (at most 63 characters)."""
+    return f"numa{node_id}-slot{index:04d}"
+
+
+def validate_capacity(capacity: int) -> int:
+    """Return ``capacity`` when 1 <= capacity <= MAX_CAPACITY; raise ValueError otherwise."""
+    if not 1 <= capacity <= MAX_CAPACITY:
+        raise ValueError(f"capacity must be between 1 and {MAX_CAPACITY}, got {capacity}")
+    return capacity
+
+
+def build_resource(prefix: str, node_id: int, capacity: int) -> Resource:
+    """The resource of one NUMA node with ``capacity`` healthy slot devices."""
+    devices = tuple(
+        Device(id=device_id(node_id, index), node_id=node_id, index=index)
+        for index in range(capacity)
+    )
+    return Resource(name=resource_name(prefix, node_id), node_id=node_id, devices=devices)
+
+
+def build_resources(
+    plans: Iterable[NodePlan],
+    *,
+    prefix: str = DEFAULT_RESOURCE_PREFIX,
+    capacity: int = DEFAULT_CAPACITY,
+) -> Mapping[str, Resource]:
+    """One resource per advertised NUMA node, keyed by resource name, in NUMA id order.
+
+    Raises ValueError for an invalid prefix or capacity.
+    """
+    validate_resource_prefix(prefix)
+    validate_capacity(capacity)
+    resources = {}
+    for plan in sorted(plans, key=lambda plan: plan.node.id):
+        if plan.advertised:
+            resource = build_resource(prefix, plan.node.id, capacity)
+            resources[resource.name] = resource
+    return resources

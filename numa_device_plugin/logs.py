@@ -1,0 +1,42 @@
+"""Structured logging (structlog): ``key=value`` text or one JSON object per line, on stderr."""
+
+from __future__ import annotations
+
+import logging
+import sys
+from typing import Literal
+
+import structlog
+
+LEVELS = ("debug", "info", "warning", "error")
+LogFormat = Literal["text", "json"]
+
+
+def configure_logging(level: str = "info", fmt: LogFormat = "text") -> None:
+    """Route structlog output to stderr at ``level`` (one of LEVELS) in ``fmt``.
+
+    Raises ValueError for an unknown level.
+    """
+    if level not in LEVELS:
+        raise ValueError(f"unknown log level {level!r}; choose from {', '.join(LEVELS)}")
+    renderer: structlog.typing.Processor
+    if fmt == "json":
+        renderer = structlog.processors.JSONRenderer()
+    else:
+        renderer = structlog.processors.KeyValueRenderer(
+            key_order=["timestamp", "level", "event"], drop_missing=True
+        )
+    structlog.configure(
+        processors=[
+            structlog.contextvars.merge_contextvars,
+            structlog.processors.add_log_level,
+            structlog.processors.TimeStamper(fmt="iso", utc=True),
+            structlog.processors.format_exc_info,
+            renderer,
+        ],
+        wrapper_class=structlog.make_filtering_bound_logger(
+            logging.getLevelNamesMapping()[level.upper()]
+        ),
+        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
+        cache_logger_on_first_use=False,
+    )

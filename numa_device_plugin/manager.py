@@ -1,0 +1,334 @@
+"""The plugin lifecycle: discover, serve one device plugin per resource, register, recover.
+
+Data flows one way: sysfs -> topology -> resources -> servicers -> registration.
+:class:`PluginManager` runs a single restart loop (``serve``). It sleeps until
+something wakes it: the watcher (``kubelet.sock`` created, a socket deleted), a
+servicer whose ListAndWatch stream the kubelet dropped, SIGHUP (``reload``) or
+SIGTERM (``stop``), or a registration retry timer. Each wake first gathers the
+burst of events that usually comes with it (``Config.debounce``), then acts on
+the state it finds, not on the events one by one, so a restart storm ends in
+exactly one server and one registration per resource.
+
+Rules, from the kubelet's device manager:
+
+- A new ``kubelet.sock`` is a new kubelet: every resource is served again and
+  registered again (its old registrations are gone with the old kubelet).
+- A resource whose socket was deleted, or whose ListAndWatch stream the kubelet
+  closed, is stopped, served again and registered again. The old server is
+  stopped (and its streams ended) *before* the new registration: an old stream
+  closing after a new registration makes the kubelet drop the new endpoint.
+- Register is retried with jittered exponential backoff; a wake cuts the wait short.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+import structlog
+
+from numa_device_plugin import sysfs
+from numa_device_plugin.api.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
+from numa_device_plugin.config import Config
+from numa_device_plugin.devices import Resource, build_resources
+from numa_device_plugin.registration import (
+    Backoff,
+    RegistrationError,
+    register,
+    register_request,
+)
+from numa_device_plugin.server import UnixSocketServer, file_identity
+from numa_device_plugin.servicer import NumaDevicePluginServicer
+from numa_device_plugin.topology import (
+    NodePlan,
+    plan_nodes,
+    read_topology,
+    topology_warnings,
+)
+from numa_device_plugin.watcher import KUBELET_CREATED, SocketDirWatcher
+
+log = structlog.get_logger(__name__)
+
+STREAM_LOST = "ListAndWatch stream lost"
+RELOAD = "reload requested"
+STOP = "stop requested"
+
+PLUGIN_OPTIONS = api_pb2.DevicePluginOptions(
+    pre_start_required=False, get_preferred_allocation_available=True
+)
+
+
+@dataclass(frozen=True)
+class Discovery:
+    """What one look at sysfs yields: the per-node plan and the resources to serve."""
+
+    plans: tuple[NodePlan, ...]
+    resources: Mapping[str, Resource]
+
+
+def discover(config: Config) -> Discovery:
+    """Read the topology under ``config.sysfs_root`` and build the resources; log the plan.
+
+    Raises :class:`~numa_device_plugin.sysfs.SysfsError` (or its subclass
+    ``SysfsFormatError``, naming the file and content) when sysfs cannot be read.
+    """
+    topology = read_topology(config.sysfs_root)
+    plans = plan_nodes(topology, include_cpuless=config.include_cpuless_nodes)
+    resources = build_resources(plans, prefix=config.resource_prefix, capacity=config.capacity)
+    for plan in plans:
+        node = plan.node
+        fields = {
+            "node": node.id,
+            "cpus": sysfs.format_cpulist(node.cpus),
+            "memory_bytes": node.memory_bytes,
+        }
+        if plan.reason is not None:
+            fields["reason"] = plan.reason
+        if plan.advertised:
+            log.info("advertising NUMA node", **fields)
+        else:
+            log.warning("not advertising NUMA node", **fields)
+    for warning in topology_warnings(plans):
+        log.warning(warning)
+    if not resources:
+        log.error("no NUMA node can be advertised; serving nothing until the next reload")
+    return Discovery(plans=plans, resources=resources)
+
+
+class _Endpoint:
+    """One resource's servicer and the server that exposes it on its socket."""
+
+    def __init__(
+        self, config: Config, resource: Resource, on_stream_lost: Callable[[str], None]
+    ) -> None:
+        self.resource = resource
+        self.servicer = NumaDevicePluginServicer(resource, on_stream_lost=on_stream_lost)
+        self.server = UnixSocketServer(
+            config.socket_dir / resource.socket_name,
+            lambda server: api_pb2_grpc.add_DevicePluginServicer_to_server(self.servicer, server),
+        )
+
+    async def stop(self, grace: float) -> None:
+        self.servicer.close()
+        await self.server.stop(grace)
+
+
+class PluginManager:
+    """Serves and registers one device plugin per advertised NUMA node until stopped.
+
+    ``discover_fn`` (default :func:`discover`) is called at start and on every
+    reload; tests can pass their own. Public state for probes and tests:
+    ``resources`` (name -> Resource), ``registered`` (names registered with the
+    current kubelet whose server still runs) and ``servicers``.
+    """
+
+    def __init__(
+        self,
+        config: Config,
+        *,
+        discover_fn: Callable[[Config], Discovery] = discover,
+    ) -> None:
+        self.config = config
+        self._discover_fn = discover_fn
+        self.discovery: Discovery | None = None
+        self._endpoints: dict[str, _Endpoint] = {}
+        self.registered: set[str] = set()
+        self._reasons: list[tuple[str, str]] = []
+        self._woken: asyncio.Event | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stopping = False
+        self._reload = False
+        self._to_restart: set[str] = set()
+        self._pending: set[str] = set()
+        self._kubelet_identity: tuple[int, int, int] | None = None
+        self._backoff = Backoff()
+        self.started = asyncio.Event()
+
+    # -- public API ------------------------------------------------------------------------
+
+    @property
+    def resources(self) -> Mapping[str, Resource]:
+        return self.discovery.resources if self.discovery else {}
+
+    @property
+    def servicers(self) -> Mapping[str, NumaDevicePluginServicer]:
+        return {name: endpoint.servicer for name, endpoint in self._endpoints.items()}
+
+    def wake(self, reason: str, name: str = "") -> None:
+        """Record why the loop should look at the world again, and wake it (loop thread only)."""
+        self._reasons.append((reason, name))
+        if self._woken is not None:
+            self._woken.set()
+
+    def stop(self) -> None:
+        """Ask :meth:`serve` to stop serving, remove its sockets and return (SIGTERM)."""
+        self._stopping = True
+        self.wake(STOP)
+
+    def reload(self) -> None:
+        """Ask :meth:`serve` to discover again and re-register every resource (SIGHUP)."""
+        self._reload = True
+        self.wake(RELOAD)
+
+    async def serve(self) -> None:
+        """Startup, main loop, shutdown. Returns after :meth:`stop`.
+
+        Raises :class:`~numa_device_plugin.sysfs.SysfsError` when the first
+        discovery fails and OSError when the device-plugin folder cannot be
+        created or watched. Later failures are logged and retried, never raised.
+        """
+        self._loop = asyncio.get_running_loop()
+        self._woken = asyncio.Event()
+        if self._reasons:
+            self._woken.set()
+        self.discovery = self._discover_fn(self.config)
+        self.config.socket_dir.mkdir(parents=True, exist_ok=True)
+        watcher = SocketDirWatcher(self.config.socket_dir, self.wake, self._loop)
+        watcher.start()
+        log.info(
+            "device plugin started",
+            socket_dir=str(self.config.socket_dir),
+            resources=list(self.resources),
+        )
+        try:
+            self._to_restart = set(self.resources)
+            self.started.set()
+            await self._main_loop()
+        finally:
+            watcher.stop()
+            await self._stop_endpoints(set(self._endpoints), self.config.shutdown_grace)
+            log.info("device plugin stopped")
+
+    # -- the loop --------------------------------------------------------------------------
+
+    async def _main_loop(self) -> None:
+        while not self._stopping:
+            if self._reload:
+                self._reload = False
+                self._rediscover()
+            if self._to_restart:
+                names, self._to_restart = self._to_restart, set()
+                await self._restart(names)
+            if self._pending and not self._stopping:
+                self._pending = await self._register_all(self._pending)
+            delay: float | None = None
+            if self._pending or self._to_restart:
+                delay = self._backoff.next_delay()
+            else:
+                self._backoff.reset()
+            if self._stopping:
+                break
+            await self._sleep(delay)
+            self._evaluate(self._drain())
+
+    async def _sleep(self, delay: float | None) -> None:
+        assert self._woken is not None
+        try:
+            await asyncio.wait_for(self._woken.wait(), delay)
+        except TimeoutError:
+            return
+        if self.config.debounce and not self._stopping:
+            await asyncio.sleep(self.config.debounce)
+
+    def _drain(self) -> list[tuple[str, str]]:
+        assert self._woken is not None
+        self._woken.clear()
+        reasons, self._reasons = self._reasons, []
+        return reasons
+
+    def _evaluate(self, reasons: list[tuple[str, str]]) -> None:
+        """Turn what happened into resources to restart, judged by the state now."""
+        kubelet_now = file_identity(self.config.kubelet_socket)
+        for reason, name in reasons:
+            if reason == KUBELET_CREATED and kubelet_now != self._kubelet_identity:
+                log.info("kubelet.sock created: the kubelet (re)started; registering again")
+                self._to_restart |= set(self.resources)
+            elif reason == STREAM_LOST and name in self._endpoints:
+                self._to_restart.add(name)
+        for name, endpoint in self._endpoints.items():
+            if not endpoint.server.is_intact():
+                log.info("plugin socket is gone; serving it again", resource=name)
+                self._to_restart.add(name)
+        if self._to_restart:
+            log.debug("restart planned", resources=sorted(self._to_restart), reasons=reasons)
+
+    def _rediscover(self) -> None:
+        try:
+            discovery = self._discover_fn(self.config)
+        except (sysfs.SysfsError, ValueError) as exc:
+            log.error("rediscovery failed; keeping the current resources", error=str(exc))
+            return
+        old = set(self.resources)
+        self.discovery = discovery
+        self._to_restart |= old | set(self.resources)
+
+    # -- actions ---------------------------------------------------------------------------
+
+    async def _restart(self, names: set[str]) -> None:
+        """Stop the named endpoints, then, if a kubelet is there, serve them again."""
+        await self._stop_endpoints(names & set(self._endpoints), grace=0)
+        self._pending -= names
+        self._kubelet_identity = file_identity(self.config.kubelet_socket)
+        if self._kubelet_identity is None:
+            log.info("waiting for the kubelet", kubelet_socket=str(self.config.kubelet_socket))
+            return
+        to_start = sorted(names & set(self.resources))
+        results = await asyncio.gather(
+            *(self._start_endpoint(self.resources[name]) for name in to_start),
+            return_exceptions=True,
+        )
+        for name, result in zip(to_start, results, strict=True):
+            if isinstance(result, BaseException):
+                log.error("cannot serve resource; retrying", resource=name, error=str(result))
+                self._to_restart.add(name)
+            else:
+                self._pending.add(name)
+
+    async def _start_endpoint(self, resource: Resource) -> None:
+        endpoint = _Endpoint(self.config, resource, self._stream_lost)
+        await endpoint.server.start()
+        self._endpoints[resource.name] = endpoint
+        log.debug("serving", resource=resource.name, socket=str(endpoint.server.path))
+
+    async def _stop_endpoints(self, names: set[str], grace: float) -> None:
+        endpoints = [self._endpoints.pop(name) for name in sorted(names)]
+        self.registered -= names
+        await asyncio.gather(*(endpoint.stop(grace) for endpoint in endpoints))
+
+    async def _register_all(self, names: set[str]) -> set[str]:
+        """Register the named resources concurrently; return the names that failed."""
+        results = await asyncio.gather(*(self._register_one(name) for name in sorted(names)))
+        return {name for name, ok in zip(sorted(names), results, strict=True) if not ok}
+
+    async def _register_one(self, name: str) -> bool:
+        endpoint = self._endpoints.get(name)
+        if endpoint is None:
+            return True  # stopped meanwhile; a restart will bring it back
+        request = register_request(name, endpoint.resource.socket_name, PLUGIN_OPTIONS)
+        try:
+            await register(
+                self.config.kubelet_socket, request, timeout=self.config.register_timeout
+            )
+        except RegistrationError as exc:
+            log.warning(
+                "registration failed; will retry",
+                resource=name,
+                code=exc.code.name,
+                details=exc.details,
+                attempt=self._backoff.attempts + 1,
+            )
+            return False
+        if self._endpoints.get(name) is endpoint:
+            self.registered.add(name)
+            log.info(
+                "registered with the kubelet",
+                resource=name,
+                endpoint=request.endpoint,
+                devices=len(endpoint.resource.devices),
+            )
+        return True
+
+    def _stream_lost(self, name: str) -> None:
+        self.registered.discard(name)
+        self.wake(STREAM_LOST, name)

@@ -1,0 +1,188 @@
+"""Reading and parsing the sysfs files that describe NUMA nodes and CPUs.
+
+Everything here reads through a caller-given sysfs root (``/sys`` on a node, an
+unpacked snapshot in tests), never ``/sys`` directly. The parsers are pure and
+raise :class:`ValueError`; :func:`read_parsed` turns that into a
+:class:`SysfsFormatError` that names the file and its content, so a malformed
+file on a real node is reported exactly.
+
+Formats (Documentation/ABI/stable/sysfs-devices-node and sysfs-devices-system-cpu):
+
+- *cpulist*: ``0-3,8,10-11``, an empty string for the empty set.
+- *cpumap*: comma-separated 32-bit hex words, most significant word first,
+  e.g. ``00000000,0000ff00``; the first word may be shorter.
+- *distance*: whitespace-separated integers, one per online NUMA node in id order.
+- *meminfo*: lines such as ``Node 0 MemTotal:  8386704 kB``.
+
+Some kernels (and the snapshots) pad files with trailing NUL bytes; they are
+stripped along with surrounding whitespace.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import TypeVar
+
+T = TypeVar("T")
+
+_RANGE = re.compile(r"^(\d+)(?:-(\d+))?$")
+_HEX_WORD = re.compile(r"^[0-9a-fA-F]{1,8}$")
+_MEMTOTAL = re.compile(r"^Node\s+\d+\s+MemTotal:\s+(\d+)\s+kB\s*$", re.MULTILINE)
+
+# The kernel never numbers CPUs beyond this (CONFIG_NR_CPUS tops out at 8192);
+# a larger number in a cpulist is garbage, not a big machine.
+MAX_CPU_ID = 65535
+
+
+class SysfsError(Exception):
+    """A sysfs file could not be read (permissions, I/O error). Names the file."""
+
+
+class SysfsFormatError(SysfsError):
+    """A sysfs file's content is not in the kernel's format.
+
+    Attributes: ``path`` (the file), ``content`` (what it held, NULs stripped)
+    and ``reason`` (what is wrong with it).
+    """
+
+    def __init__(self, path: Path, content: str, reason: str) -> None:
+        self.path = path
+        self.content = content
+        self.reason = reason
+        super().__init__(f"malformed sysfs file {path}: {reason} (content: {content!r})")
+
+
+def read_text(path: Path) -> str | None:
+    """Return the file's content with trailing NULs and surrounding whitespace removed.
+
+    Returns None when the file does not exist. Raises :class:`SysfsError` naming
+    the file for any other OS error, and :class:`SysfsFormatError` when the
+    content is not UTF-8 text.
+    """
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise SysfsError(f"cannot read sysfs file {path}: {exc.strerror or exc}") from exc
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise SysfsFormatError(path, raw.decode("utf-8", "replace"), "not UTF-8 text") from exc
+    return text.replace("\0", "").strip()
+
+
+def read_parsed(path: Path, parse: Callable[[str], T]) -> T | None:
+    """Read ``path`` and parse it; None when the file is missing.
+
+    Raises :class:`SysfsFormatError` (naming the file and its content) when
+    ``parse`` raises ValueError, and :class:`SysfsError` when reading fails.
+    """
+    text = read_text(path)
+    if text is None:
+        return None
+    try:
+        return parse(text)
+    except ValueError as exc:
+        raise SysfsFormatError(path, text, str(exc)) from exc
+
+
+def parse_cpulist(text: str) -> frozenset[int]:
+    """Parse a kernel list such as ``0-3,8`` into a set of ids; ``""`` is the empty set.
+
+    Used for cpulist files and for ``node/online``. Raises ValueError on
+    anything else (reversed ranges, non-numbers, empty items, ids > MAX_CPU_ID).
+    """
+    text = text.strip()
+    if not text:
+        return frozenset()
+    ids: set[int] = set()
+    for item in text.split(","):
+        match = _RANGE.match(item.strip())
+        if match is None:
+            raise ValueError(f"{item!r} is not a number or a range N-M")
+        start = int(match.group(1))
+        end = int(match.group(2)) if match.group(2) is not None else start
+        if end < start:
+            raise ValueError(f"range {item!r} ends before it starts")
+        if end > MAX_CPU_ID:
+            raise ValueError(f"id {end} is larger than any kernel allows ({MAX_CPU_ID})")
+        ids.update(range(start, end + 1))
+    return frozenset(ids)
+
+
+def parse_cpumap(text: str) -> frozenset[int]:
+    """Parse a hex CPU mask (``00000000,0000ff00``) into a set of CPU ids.
+
+    Words are 32 bits, most significant first. Raises ValueError when a word is
+    not 1 to 8 hex digits.
+    """
+    text = text.strip()
+    if not text:
+        raise ValueError("empty mask")
+    words = text.split(",")
+    if len(words) * 32 > MAX_CPU_ID + 1:
+        raise ValueError(f"{len(words)} words is more than any kernel's CPU count")
+    cpus: set[int] = set()
+    for position, word in enumerate(reversed(words)):
+        if not _HEX_WORD.match(word):
+            raise ValueError(f"{word!r} is not a 32-bit hex word")
+        value = int(word, 16)
+        bit = 0
+        while value:
+            if value & 1:
+                cpus.add(position * 32 + bit)
+            value >>= 1
+            bit += 1
+    return frozenset(cpus)
+
+
+def parse_distance(text: str) -> tuple[int, ...]:
+    """Parse a node's distance row (``10 21``). Raises ValueError on non-integers or no value."""
+    fields = text.split()
+    if not fields:
+        raise ValueError("no distance values")
+    try:
+        values = tuple(int(field) for field in fields)
+    except ValueError:
+        raise ValueError("distance values must be integers") from None
+    if any(value <= 0 for value in values):
+        raise ValueError("distance values must be positive")
+    return values
+
+
+def parse_meminfo_total(text: str) -> int:
+    """Return a node's MemTotal in bytes from its ``meminfo`` text (the kernel prints kB).
+
+    Raises ValueError when there is no ``Node N MemTotal: X kB`` line.
+    """
+    match = _MEMTOTAL.search(text)
+    if match is None:
+        raise ValueError("no 'Node N MemTotal: X kB' line")
+    return int(match.group(1)) * 1024
+
+
+def parse_online_flag(text: str) -> bool:
+    """Parse ``cpu/cpuN/online``: ``1`` online, ``0`` offline. Raises ValueError otherwise."""
+    if text == "1":
+        return True
+    if text == "0":
+        return False
+    raise ValueError("expected 0 or 1")
+
+
+def format_cpulist(cpus: Iterable[int]) -> str:
+    """Format ids the way the kernel prints a cpulist: sorted ranges, ``0-3,8``; ``""`` if empty."""
+    ordered = sorted(set(cpus))
+    parts: list[str] = []
+    index = 0
+    while index < len(ordered):
+        start = end = ordered[index]
+        while index + 1 < len(ordered) and ordered[index + 1] == end + 1:
+            index += 1
+            end = ordered[index]
+        parts.append(str(start) if start == end else f"{start}-{end}")
+        index += 1
+    return ",".join(parts)
