@@ -308,9 +308,7 @@ class _RegistrationServicer(api_pb2_grpc.RegistrationServicer):  # type: ignore[
     def __init__(self, kubelet: KubeletStandIn) -> None:
         self._kubelet = kubelet
 
-    async def Register(
-        self, request: api_pb2.RegisterRequest, context: Context
-    ) -> api_pb2.Empty:
+    async def Register(self, request: api_pb2.RegisterRequest, context: Context) -> api_pb2.Empty:
         error = await self._kubelet._register(request)
         self._kubelet.registrations.append(
             RegisterRecord(request.resource_name, request.endpoint, request.version, error)

@@ -12,6 +12,16 @@ LEVELS = ("debug", "info", "warning", "error")
 LogFormat = Literal["text", "json"]
 
 
+class _CurrentStderr:
+    """Writes to whatever ``sys.stderr`` is at the time of the write, not at configure time."""
+
+    def write(self, text: str) -> int:
+        return sys.stderr.write(text)
+
+    def flush(self) -> None:
+        sys.stderr.flush()
+
+
 def configure_logging(level: str = "info", fmt: LogFormat = "text") -> None:
     """Route structlog output to stderr at ``level`` (one of LEVELS) in ``fmt``.
 
@@ -37,6 +47,6 @@ def configure_logging(level: str = "info", fmt: LogFormat = "text") -> None:
         wrapper_class=structlog.make_filtering_bound_logger(
             logging.getLevelNamesMapping()[level.upper()]
         ),
-        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
+        logger_factory=structlog.PrintLoggerFactory(file=_CurrentStderr()),  # type: ignore[arg-type]
         cache_logger_on_first_use=False,
     )

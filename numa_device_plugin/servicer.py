@@ -166,9 +166,7 @@ class NumaDevicePluginServicer(api_pb2_grpc.DevicePluginServicer):  # type: igno
 
     # -- helpers ---------------------------------------------------------------------------
 
-    async def _refuse(
-        self, context: Context, method: str, exc: Exception
-    ) -> NoReturn:
+    async def _refuse(self, context: Context, method: str, exc: Exception) -> NoReturn:
         log.warning(f"{method} refused", resource=self.resource_name, reason=str(exc))
         await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"{self.resource_name}: {exc}")
         raise AssertionError("grpc.aio context.abort() returned instead of raising")

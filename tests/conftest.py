@@ -1,0 +1,125 @@
+"""Shared fixtures: synthetic sysfs trees, real snapshots from ../shared, short socket
+folders, and a guard that fails any test leaving asyncio tasks running."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import tarfile
+import tempfile
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+
+from numa_device_plugin.logs import configure_logging
+
+REPO = Path(__file__).resolve().parent.parent
+SNAPSHOTS = REPO.parent / "shared" / "fixtures" / "sysfs"
+
+configure_logging("debug")
+
+
+class SysfsTree:
+    """Builds a synthetic sysfs root (``<root>/devices/system/{node,cpu}``) file by file."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.system = root / "devices" / "system"
+        (self.system / "cpu").mkdir(parents=True)
+
+    def write(self, relative: str, content: str | bytes) -> Path:
+        path = self.system / relative
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if isinstance(content, bytes):
+            path.write_bytes(content)
+        else:
+            path.write_text(content)
+        return path
+
+    def cpus(self, count: int, online: str | None = None) -> SysfsTree:
+        for cpu in range(count):
+            (self.system / "cpu" / f"cpu{cpu}").mkdir(parents=True, exist_ok=True)
+        if online is not None:
+            self.write("cpu/online", online + "\n")
+        return self
+
+    def node(
+        self,
+        node_id: int,
+        cpulist: str | None = None,
+        *,
+        distance: str | None = None,
+        mem_kb: int | None = 1048576,
+    ) -> SysfsTree:
+        folder = self.system / "node" / f"node{node_id}"
+        folder.mkdir(parents=True, exist_ok=True)
+        if cpulist is not None:
+            self.write(f"node/node{node_id}/cpulist", cpulist + "\n")
+        if distance is not None:
+            self.write(f"node/node{node_id}/distance", distance + "\n")
+        if mem_kb is not None:
+            self.write(
+                f"node/node{node_id}/meminfo",
+                f"Node {node_id} MemTotal:  {mem_kb} kB\nNode {node_id} MemFree:  1 kB\n",
+            )
+        return self
+
+
+@pytest.fixture
+def sysfs_tree(tmp_path: Path) -> SysfsTree:
+    return SysfsTree(tmp_path / "sys")
+
+
+def two_node_tree(root: Path) -> SysfsTree:
+    """A plain 2-socket machine: CPUs 0-3 on node 0, 4-7 on node 1."""
+    tree = SysfsTree(root).cpus(8, online="0-7")
+    tree.write("node/online", "0-1\n")
+    tree.node(0, "0-3", distance="10 21").node(1, "4-7", distance="21 10")
+    return tree
+
+
+@pytest.fixture
+def two_nodes(tmp_path: Path) -> SysfsTree:
+    return two_node_tree(tmp_path / "sys")
+
+
+@pytest.fixture
+def sock_dir() -> Iterator[Path]:
+    """A short folder for unix sockets (AF_UNIX paths are limited to 107 bytes)."""
+    folder = Path(tempfile.mkdtemp(prefix="ndp-", dir="/tmp"))
+    yield folder
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+def snapshot_names() -> list[str]:
+    if not SNAPSHOTS.is_dir():
+        return []
+    return sorted(path.name.removesuffix(".tar.gz") for path in SNAPSHOTS.glob("*.tar.gz"))
+
+
+@pytest.fixture(scope="session")
+def snapshots_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """All snapshots of ../shared/fixtures/sysfs unpacked, one folder each."""
+    if not SNAPSHOTS.is_dir():
+        pytest.skip(f"{SNAPSHOTS} is absent: real sysfs snapshots come from ../shared")
+    root = tmp_path_factory.mktemp("snapshots")
+    for archive in SNAPSHOTS.glob("*.tar.gz"):
+        target = root / archive.name.removesuffix(".tar.gz")
+        target.mkdir()
+        with tarfile.open(archive) as tar:
+            tar.extractall(target, filter="tar")
+    return root
+
+
+@pytest.fixture(autouse=True)
+async def no_leaked_tasks() -> AsyncIterator[None]:
+    """Fail the test if it leaves asyncio tasks running on its loop."""
+    yield
+    current = asyncio.current_task()
+    for _ in range(50):
+        leftover = [t for t in asyncio.all_tasks() if t is not current and not t.done()]
+        if not leftover:
+            return
+        await asyncio.sleep(0.01)
+    pytest.fail(f"test left {len(leftover)} asyncio task(s) running: {leftover!r}")

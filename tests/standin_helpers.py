@@ -1,0 +1,31 @@
+"""Helpers for tests that run the plugin against the kubelet stand-in."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from numa_device_plugin.config import Config
+from numa_device_plugin.kubelet_standin import KubeletStandIn
+from numa_device_plugin.manager import PluginManager
+
+
+@asynccontextmanager
+async def running(config: Config) -> AsyncIterator[PluginManager]:
+    """Run ``PluginManager.serve`` in a task for the block; stop it and re-raise its error."""
+    manager = PluginManager(config)
+    task = asyncio.create_task(manager.serve())
+    try:
+        yield manager
+    finally:
+        manager.stop()
+        await asyncio.wait_for(task, 10)
+
+
+def all_live(kubelet: KubeletStandIn, names: list[str]) -> bool:
+    return all(kubelet.live(name) for name in names)
+
+
+async def wait_all_live(kubelet: KubeletStandIn, names: list[str], timeout: float = 10) -> None:
+    await kubelet.wait_until(lambda: all_live(kubelet, names), timeout)

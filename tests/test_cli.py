@@ -1,0 +1,245 @@
+"""The command line: flags and env vars, exit 2 on bad values, discover output for every
+snapshot, the demo, and a real `serve` process under SIGHUP and SIGTERM."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from numa_device_plugin import __version__
+from numa_device_plugin.cli import OPTIONS, main
+from numa_device_plugin.kubelet_standin import KubeletStandIn
+from tests.conftest import REPO, SysfsTree
+from tests.standin_helpers import wait_all_live
+from tests.test_topology import SNAPSHOT_TABLE
+
+NAMES = ["numa-align/numa-0", "numa-align/numa-1"]
+
+
+def run_main(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    try:
+        code = main(args)
+    except SystemExit as exc:
+        code = int(exc.code or 0)
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def test_version(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run_main(["--version"], capsys)
+    assert code == 0
+    assert out.strip() == f"numa-device-plugin {__version__}"
+
+
+def test_serve_help_lists_every_flag_and_env_var(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run_main(["serve", "--help"], capsys)
+    assert code == 0
+    flat = " ".join(out.split())
+    for name in (
+        "sysfs_root",
+        "socket_dir",
+        "resource_prefix",
+        "capacity",
+        "include_cpuless_nodes",
+        "register_timeout",
+        "shutdown_grace",
+        "log_level",
+        "log_format",
+    ):
+        assert OPTIONS[name].flag in flat
+        assert f"env {OPTIONS[name].env}" in flat
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["serve", "--capacity", "0"], "capacity must be between 1 and"),
+        (["serve", "--capacity", "ten"], "'ten' is not a whole number"),
+        (["serve", "--resource-prefix", "Bad_Domain"], "DNS subdomain"),
+        (["serve", "--resource-prefix", "kubernetes.io"], "kubernetes.io"),
+        (["serve", "--register-timeout", "-1"], "positive number of seconds"),
+        (["serve", "--register-timeout", "nan"], "positive number of seconds"),
+        (["serve", "--log-level", "loud"], "invalid choice"),
+        (["serve", "--include-cpuless-nodes", "perhaps"], "not a boolean"),
+        (["serve", "--no-such-flag"], "unrecognized arguments"),
+        (["discover", "--output", "xml"], "invalid choice"),
+        (["launch"], "invalid choice"),
+        ([], "required"),
+    ],
+)
+def test_bad_flags_exit_2_with_usage(
+    args: list[str], needle: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, _, err = run_main(args, capsys)
+    assert code == 2
+    assert "usage:" in err
+    assert needle in err
+
+
+@pytest.mark.parametrize(
+    ("env", "value", "needle"),
+    [
+        ("NUMA_CAPACITY", "-5", "NUMA_CAPACITY='-5'"),
+        ("NUMA_RESOURCE_PREFIX", "UPPER", "NUMA_RESOURCE_PREFIX='UPPER'"),
+        ("NUMA_LOG_FORMAT", "xml", "choose from text, json"),
+        ("NUMA_INCLUDE_CPULESS_NODES", "sometimes", "not a boolean"),
+    ],
+)
+def test_bad_env_values_exit_2_naming_the_variable(
+    env: str,
+    value: str,
+    needle: str,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv(env, value)
+    code, _, err = run_main(["serve"], capsys)
+    assert code == 2
+    assert "usage:" in err
+    assert needle in err
+
+
+def test_env_vars_are_read_and_flags_win(
+    two_nodes: SysfsTree, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("NUMA_SYSFS_ROOT", str(two_nodes.root))
+    monkeypatch.setenv("NUMA_RESOURCE_PREFIX", "numa.example.com")
+    code, out, _ = run_main(["discover", "--output", "json"], capsys)
+    assert code == 0
+    assert json.loads(out)["resources"] == ["numa.example.com/numa-0", "numa.example.com/numa-1"]
+    code, out, _ = run_main(["discover", "--output", "json", "--resource-prefix", "x.io"], capsys)
+    assert json.loads(out)["resources"] == ["x.io/numa-0", "x.io/numa-1"]
+
+
+def test_discover_json_shape(two_nodes: SysfsTree, capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run_main(
+        ["discover", "--sysfs-root", str(two_nodes.root), "--output", "json"], capsys
+    )
+    assert code == 0
+    assert json.loads(out) == {
+        "nodes": [
+            {
+                "id": 0,
+                "cpus": "0-3",
+                "memory_bytes": 1073741824,
+                "distances": {"0": 10, "1": 21},
+                "advertised": True,
+                "reason": None,
+            },
+            {
+                "id": 1,
+                "cpus": "4-7",
+                "memory_bytes": 1073741824,
+                "distances": {"0": 21, "1": 10},
+                "advertised": True,
+                "reason": None,
+            },
+        ],
+        "resources": NAMES,
+    }
+
+
+def test_discover_table(two_nodes: SysfsTree, capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run_main(["discover", "--sysfs-root", str(two_nodes.root)], capsys)
+    assert code == 0
+    lines = out.splitlines()
+    assert lines[0].split() == ["NODE", "CPUS", "MEMORY_BYTES", "DISTANCES", "ADVERTISED", "REASON"]
+    assert lines[1].split() == ["0", "0-3", "1073741824", "0:10,1:21", "yes"]
+    assert lines[-1] == "resources: numa-align/numa-0, numa-align/numa-1"
+
+
+def test_discover_malformed_sysfs_exits_1_naming_the_file(
+    two_nodes: SysfsTree, capsys: pytest.CaptureFixture[str]
+) -> None:
+    two_nodes.write("node/node1/distance", "21 ten\n")
+    code, _, err = run_main(["discover", "--sysfs-root", str(two_nodes.root)], capsys)
+    assert code == 1
+    assert "node1/distance" in err
+    assert "'21 ten'" in err
+
+
+@pytest.mark.parametrize("name", sorted(SNAPSHOT_TABLE))
+def test_discover_json_on_snapshots(
+    snapshots_root: Path, name: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    root = snapshots_root / name
+    code, out, _ = run_main(["discover", "--sysfs-root", str(root), "--output", "json"], capsys)
+    assert code == 0
+    document = json.loads(out)
+    advertised = {n["id"]: n["cpus"] for n in document["nodes"] if n["advertised"]}
+    assert advertised == SNAPSHOT_TABLE[name]
+    assert [n["id"] for n in document["nodes"]] == sorted(n["id"] for n in document["nodes"])
+    assert document["resources"] == [f"numa-align/numa-{i}" for i in sorted(advertised)]
+    for node in document["nodes"]:
+        assert node["reason"] is None if node["advertised"] else isinstance(node["reason"], str)
+
+
+def test_demo_on_a_synthetic_tree(two_nodes: SysfsTree, capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run_main(
+        ["demo", "--sysfs-root", str(two_nodes.root), "--capacity", "3"], capsys
+    )
+    assert code == 0
+    assert "2 resource(s) registered" in out
+    assert "numa-align/numa-1: 3 devices (3 Healthy), TopologyInfo NUMA node(s) [1]" in out
+    assert 'Allocate(numa-align/numa-0, [numa0-slot0000]) -> envs {"NUMA_NODE": "0"}' in out
+
+
+def test_demo_on_this_machine(capsys: pytest.CaptureFixture[str]) -> None:
+    if not Path("/sys/devices/system/cpu").is_dir():
+        pytest.skip("this machine has no sysfs")
+    code, out, _ = run_main(["demo"], capsys)
+    assert code == 0
+    assert '"NUMA_NODE"' in out
+
+
+def test_demo_with_malformed_sysfs_exits_1(
+    two_nodes: SysfsTree, capsys: pytest.CaptureFixture[str]
+) -> None:
+    two_nodes.write("node/online", "0-1,x\n")
+    code, _, err = run_main(["demo", "--sysfs-root", str(two_nodes.root)], capsys)
+    assert code == 1
+    assert "node/online" in err
+
+
+async def _wait_exit(process: subprocess.Popen[bytes], timeout: float) -> int:
+    for _ in range(int(timeout / 0.05)):
+        if process.poll() is not None:
+            return process.returncode
+        await asyncio.sleep(0.05)
+    process.kill()
+    raise AssertionError("serve did not exit")
+
+
+async def test_real_serve_process_sighup_and_sigterm(two_nodes: SysfsTree, sock_dir: Path) -> None:
+    env = dict(os.environ, PYTHONPATH=str(REPO), NUMA_LOG_FORMAT="json")
+    args = ["--sysfs-root", str(two_nodes.root), "--socket-dir", str(sock_dir), "--capacity", "4"]
+    async with KubeletStandIn(sock_dir) as kubelet:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "numa_device_plugin", "serve", *args],
+            env=env,
+            stderr=subprocess.PIPE,
+        )
+        try:
+            await wait_all_live(kubelet, NAMES, timeout=20)
+            assert len(kubelet.devices("numa-align/numa-0")) == 4
+            process.send_signal(signal.SIGHUP)
+            await kubelet.wait_until(lambda: len(kubelet.registrations) >= 4, timeout=10)
+            await wait_all_live(kubelet, NAMES)
+            process.send_signal(signal.SIGTERM)
+            assert await _wait_exit(process, 10) == 0
+        finally:
+            if process.poll() is None:
+                process.kill()
+            stderr = process.communicate()[1].decode()
+        assert sorted(p.name for p in sock_dir.iterdir()) == ["kubelet.sock"]
+        await kubelet.wait_until(lambda: kubelet.clients == {})
+    events = [json.loads(line)["event"] for line in stderr.splitlines() if line.startswith("{")]
+    assert "device plugin stopped" in events
+    assert events.count("registered with the kubelet") == 4
