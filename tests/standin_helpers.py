@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 
 from numa_device_plugin.config import Config
@@ -29,3 +29,11 @@ def all_live(kubelet: KubeletStandIn, names: list[str]) -> bool:
 
 async def wait_all_live(kubelet: KubeletStandIn, names: list[str], timeout: float = 10) -> None:
     await kubelet.wait_until(lambda: all_live(kubelet, names), timeout)
+
+
+async def eventually(predicate: Callable[[], bool], timeout: float = 10.0) -> None:
+    """Poll ``predicate`` every 10 ms until it holds, for state the stand-in does not
+    announce (the plugin's servicers, files); raises TimeoutError after ``timeout`` seconds."""
+    async with asyncio.timeout(timeout):
+        while not predicate():  # noqa: ASYNC110 - nothing announces this state: poll it
+            await asyncio.sleep(0.01)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
@@ -19,6 +18,7 @@ from numa_device_plugin.registration import (
 )
 from numa_device_plugin.server import UnixSocketServer
 from numa_device_plugin.servicer import NumaDevicePluginServicer
+from tests.standin_helpers import eventually
 
 OPTIONS = api_pb2.DevicePluginOptions(get_preferred_allocation_available=True)
 NAME = "numa-align/numa-0"
@@ -128,7 +128,7 @@ async def test_old_stream_ending_after_new_registration_drops_the_new_endpoint(
     await stop_plugin(old)
     await kubelet.wait_until(lambda: NAME not in kubelet.clients)
     assert kubelet.allocatable(NAME) == 0
-    await kubelet.wait_until(lambda: new[0].open_streams == 0)
+    await eventually(lambda: new[0].open_streams == 0)
     await stop_plugin(new)
 
 
@@ -147,11 +147,8 @@ async def test_restart_deletes_every_socket_but_the_checkpoint(
     assert new_kubelet != old_kubelet
     assert kubelet.clients == {}
     assert kubelet.allocatable(NAME) == 0
-    for _ in range(100):
-        if plugin[0].open_streams == 0:
-            break
-        await asyncio.sleep(0.01)
-    assert plugin[0].open_streams == 0, "the plugin's stream must end with the old kubelet"
+    # The plugin's stream must end with the old kubelet.
+    await eventually(lambda: plugin[0].open_streams == 0, timeout=5)
     await stop_plugin(plugin)
 
 

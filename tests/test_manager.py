@@ -17,7 +17,7 @@ from numa_device_plugin.config import Config
 from numa_device_plugin.kubelet_standin import KubeletStandIn
 from numa_device_plugin.sysfs import SysfsFormatError
 from tests.conftest import SysfsTree
-from tests.standin_helpers import all_live, running, wait_all_live
+from tests.standin_helpers import all_live, eventually, running, wait_all_live
 
 NAMES = ["numa-align/numa-0", "numa-align/numa-1"]
 
@@ -51,7 +51,7 @@ async def test_every_resource_registers_with_its_devices(
             assert client.options.get_preferred_allocation_available
             assert not client.options.pre_start_required
         assert [r.version for r in kubelet.registrations] == ["v1beta1", "v1beta1"]
-        assert m.registered == set(NAMES)
+        await eventually(lambda: m.registered == set(NAMES))
 
 
 async def test_allocate_through_the_kubelet(two_nodes: SysfsTree, sock_dir: Path) -> None:
@@ -103,7 +103,7 @@ async def test_kubelet_restart_leads_to_reregistration_of_every_resource(
             assert (sock_dir / name.replace("/", "_")).with_suffix(".sock").exists()
         response = await kubelet.allocate("numa-align/numa-0", ["numa0-slot0000"])
         assert dict(response.container_responses[0].envs) == {"NUMA_NODE": "0"}
-        assert m.registered == set(NAMES)
+        await eventually(lambda: m.registered == set(NAMES))
 
 
 async def test_ten_quick_restarts_end_with_one_live_registration_per_resource(
@@ -120,7 +120,7 @@ async def test_ten_quick_restarts_end_with_one_live_registration_per_resource(
             assert kubelet.open_streams(name) == 1
             assert m.servicers[name].open_streams == 1
             assert kubelet.allocatable(name) == 5
-        assert m.registered == set(NAMES)
+        await eventually(lambda: m.registered == set(NAMES))
         assert sorted(p.name for p in sock_dir.iterdir()) == [
             "kubelet.sock",
             "numa-align_numa-0.sock",
@@ -154,7 +154,7 @@ async def test_kubelet_absent_at_start_then_present(two_nodes: SysfsTree, sock_d
         await kubelet.start()
         try:
             await wait_all_live(kubelet, NAMES)
-            assert manager.registered == set(NAMES)
+            await eventually(lambda: manager.registered == set(NAMES))
         finally:
             await kubelet.stop()
 
@@ -206,7 +206,7 @@ async def test_refused_registration_is_retried_with_backoff(
         await wait_all_live(kubelet, NAMES)
         refused = [r for r in kubelet.registrations if r.error is not None]
         assert len(refused) == 3
-        assert manager.registered == set(NAMES)
+        await eventually(lambda: manager.registered == set(NAMES))
 
 
 async def test_deleted_plugin_socket_is_served_and_registered_again(
@@ -217,7 +217,7 @@ async def test_deleted_plugin_socket_is_served_and_registered_again(
         path = sock_dir / "numa-align_numa-1.sock"
         before = path.stat().st_ino, path.stat().st_ctime_ns
         path.unlink()
-        await kubelet.wait_until(
+        await eventually(
             lambda: path.exists() and (path.stat().st_ino, path.stat().st_ctime_ns) != before
         )
         await kubelet.wait_until(lambda: len(kubelet.registrations) == 3)

@@ -16,6 +16,7 @@ from numa_device_plugin.api.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
 from numa_device_plugin.devices import UNHEALTHY, Resource, build_resource
 from numa_device_plugin.server import UnixSocketServer
 from numa_device_plugin.servicer import NumaDevicePluginServicer
+from tests.standin_helpers import eventually
 
 
 @dataclass
@@ -110,10 +111,7 @@ async def test_client_going_away_reports_stream_lost(served: Served) -> None:
     await call.read()
     assert served.servicer.open_streams == 1
     await served.channel.close()
-    for _ in range(200):
-        if served.lost:
-            break
-        await asyncio.sleep(0.01)
+    await eventually(lambda: bool(served.lost), timeout=5)
     assert served.lost == ["numa-align/numa-1"]
     assert served.servicer.open_streams == 0
 
