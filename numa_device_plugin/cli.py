@@ -433,6 +433,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "serve":
             return asyncio.run(_serve(config))
         return asyncio.run(_demo(args))
-    except sysfs.SysfsError as exc:
+    except (sysfs.SysfsError, OSError) as exc:
+        # SysfsError: discovery failed (the message names the file and content);
+        # OSError: e.g. the device-plugin folder cannot be created or watched.
         print(f"numa-device-plugin: {exc}", file=sys.stderr)
         return 1

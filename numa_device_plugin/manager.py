@@ -204,23 +204,32 @@ class PluginManager:
 
     async def _main_loop(self) -> None:
         while not self._stopping:
-            if self._reload:
-                self._reload = False
-                self._rediscover()
-            if self._to_restart:
-                names, self._to_restart = self._to_restart, set()
-                await self._restart(names)
-            if self._pending and not self._stopping:
-                self._pending = await self._register_all(self._pending)
+            try:
+                await self._step()
+            except Exception:
+                # Never crash on a surprise: log it, serve everything afresh after a backoff.
+                log.exception("unexpected error in the plugin loop; starting over")
+                self._to_restart |= set(self.resources) | set(self._endpoints)
+            if self._stopping:
+                break
             delay: float | None = None
             if self._pending or self._to_restart:
                 delay = self._backoff.next_delay()
             else:
                 self._backoff.reset()
-            if self._stopping:
-                break
             await self._sleep(delay)
             self._evaluate(self._drain())
+
+    async def _step(self) -> None:
+        """One pass: rediscover if asked, restart what needs it, register what is pending."""
+        if self._reload:
+            self._reload = False
+            self._rediscover()
+        if self._to_restart:
+            names, self._to_restart = self._to_restart, set()
+            await self._restart(names)
+        if self._pending and not self._stopping:
+            self._pending = await self._register_all(self._pending)
 
     async def _sleep(self, delay: float | None) -> None:
         assert self._woken is not None
@@ -266,8 +275,12 @@ class PluginManager:
     # -- actions ---------------------------------------------------------------------------
 
     async def _restart(self, names: set[str]) -> None:
-        """Stop the named endpoints, then, if a kubelet is there, serve them again."""
-        await self._stop_endpoints(names & set(self._endpoints), grace=0)
+        """Stop the named endpoints, then, if a kubelet is there, serve them again.
+
+        Streams are ended first, so the grace period only waits for in-flight
+        Allocate calls and costs nothing when there are none.
+        """
+        await self._stop_endpoints(names & set(self._endpoints), self.config.shutdown_grace)
         self._pending -= names
         self._kubelet_identity = file_identity(self.config.kubelet_socket)
         if self._kubelet_identity is None:

@@ -109,8 +109,9 @@ class UnixSocketServer:
     async def stop(self, grace: float | None = 0.0) -> None:
         """Stop serving: wait up to ``grace`` seconds for calls to finish, then cancel them.
 
-        Returns after grpc has closed the listener; removes the socket file if
-        it is still ours. Idempotent.
+        Returns after grpc has closed the listener. grpc itself unlinks the
+        path when its listener closes (whatever socket is there by then); the
+        file is also removed here if it is still ours. Idempotent.
         """
         server, self._server = self._server, None
         if server is None:

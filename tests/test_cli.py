@@ -243,3 +243,14 @@ async def test_real_serve_process_sighup_and_sigterm(two_nodes: SysfsTree, sock_
     events = [json.loads(line)["event"] for line in stderr.splitlines() if line.startswith("{")]
     assert "device plugin stopped" in events
     assert events.count("registered with the kubelet") == 4
+
+
+def test_serve_with_unusable_socket_dir_exits_1(
+    two_nodes: SysfsTree, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    args = ["serve", "--sysfs-root", str(two_nodes.root), "--socket-dir", str(blocker / "dp")]
+    code, _, err = run_main(args, capsys)
+    assert code == 1
+    assert "a-file/dp" in err

@@ -308,3 +308,22 @@ async def test_cpuless_nodes_on_request(sysfs_tree: SysfsTree, sock_dir: Path) -
         config = make_config(sysfs_tree, sock_dir, include_cpuless_nodes=True)
         async with running(config):
             await wait_all_live(kubelet, ["numa-align/numa-0", "numa-align/numa-4"])
+
+
+async def test_unexpected_error_in_the_loop_is_survived(
+    two_nodes: SysfsTree, sock_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from numa_device_plugin.registration import register as real
+
+    calls = {"n": 0}
+
+    async def exploding(*args: object, **kwargs: object) -> None:
+        calls["n"] += 1
+        if calls["n"] == 1:
+            raise RuntimeError("surprise")
+        await real(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr("numa_device_plugin.manager.register", exploding)
+    async with KubeletStandIn(sock_dir) as kubelet, running(make_config(two_nodes, sock_dir)):
+        await wait_all_live(kubelet, NAMES)
+    assert calls["n"] >= 3
