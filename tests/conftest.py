@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from numa_device_plugin.fake_sysfs import SysfsTree, build_machine
 from numa_device_plugin.logs import configure_logging
 
 REPO = Path(__file__).resolve().parent.parent
@@ -20,68 +21,18 @@ SNAPSHOTS = REPO.parent / "shared" / "fixtures" / "sysfs"
 configure_logging("debug")
 
 
-class SysfsTree:
-    """Builds a synthetic sysfs root (``<root>/devices/system/{node,cpu}``) file by file."""
-
-    def __init__(self, root: Path) -> None:
-        self.root = root
-        self.system = root / "devices" / "system"
-        (self.system / "cpu").mkdir(parents=True)
-
-    def write(self, relative: str, content: str | bytes) -> Path:
-        path = self.system / relative
-        path.parent.mkdir(parents=True, exist_ok=True)
-        if isinstance(content, bytes):
-            path.write_bytes(content)
-        else:
-            path.write_text(content)
-        return path
-
-    def cpus(self, count: int, online: str | None = None) -> SysfsTree:
-        for cpu in range(count):
-            (self.system / "cpu" / f"cpu{cpu}").mkdir(parents=True, exist_ok=True)
-        if online is not None:
-            self.write("cpu/online", online + "\n")
-        return self
-
-    def node(
-        self,
-        node_id: int,
-        cpulist: str | None = None,
-        *,
-        distance: str | None = None,
-        mem_kb: int | None = 1048576,
-    ) -> SysfsTree:
-        folder = self.system / "node" / f"node{node_id}"
-        folder.mkdir(parents=True, exist_ok=True)
-        if cpulist is not None:
-            self.write(f"node/node{node_id}/cpulist", cpulist + "\n")
-        if distance is not None:
-            self.write(f"node/node{node_id}/distance", distance + "\n")
-        if mem_kb is not None:
-            self.write(
-                f"node/node{node_id}/meminfo",
-                f"Node {node_id} MemTotal:  {mem_kb} kB\nNode {node_id} MemFree:  1 kB\n",
-            )
-        return self
-
-
 @pytest.fixture
 def sysfs_tree(tmp_path: Path) -> SysfsTree:
     return SysfsTree(tmp_path / "sys")
 
 
-def two_node_tree(root: Path) -> SysfsTree:
-    """A plain 2-socket machine: CPUs 0-3 on node 0, 4-7 on node 1."""
-    tree = SysfsTree(root).cpus(8, online="0-7")
-    tree.write("node/online", "0-1\n")
-    tree.node(0, "0-3", distance="10 21").node(1, "4-7", distance="21 10")
-    return tree
-
-
 @pytest.fixture
 def two_nodes(tmp_path: Path) -> SysfsTree:
-    return two_node_tree(tmp_path / "sys")
+    """A plain 2-socket machine: CPUs 0-3 on node 0, 4-7 on node 1, distances 10/21."""
+    tree = build_machine(tmp_path / "sys", nodes=2, cpus_per_node=4)
+    tree.write("node/node0/distance", "10 21\n")
+    tree.write("node/node1/distance", "21 10\n")
+    return tree
 
 
 @pytest.fixture

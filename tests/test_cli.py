@@ -15,8 +15,9 @@ import pytest
 
 from numa_device_plugin import __version__
 from numa_device_plugin.cli import OPTIONS, main
+from numa_device_plugin.fake_sysfs import SysfsTree
 from numa_device_plugin.kubelet_standin import KubeletStandIn
-from tests.conftest import REPO, SysfsTree
+from tests.conftest import REPO
 from tests.standin_helpers import wait_all_live
 from tests.test_topology import SNAPSHOT_TABLE
 

@@ -14,9 +14,9 @@ import pytest
 
 from numa_device_plugin.api.deviceplugin.v1beta1 import api_pb2
 from numa_device_plugin.config import Config
+from numa_device_plugin.fake_sysfs import SysfsTree
 from numa_device_plugin.kubelet_standin import KubeletStandIn
 from numa_device_plugin.sysfs import SysfsFormatError
-from tests.conftest import SysfsTree
 from tests.standin_helpers import all_live, eventually, running, wait_all_live
 
 NAMES = ["numa-align/numa-0", "numa-align/numa-1"]

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from numa_device_plugin import sysfs
+from numa_device_plugin.fake_sysfs import SysfsTree
 from numa_device_plugin.topology import (
     NumaNode,
     Topology,
@@ -14,7 +15,7 @@ from numa_device_plugin.topology import (
     read_topology,
     topology_warnings,
 )
-from tests.conftest import SysfsTree, snapshot_names
+from tests.conftest import snapshot_names
 
 
 def usable(tree: SysfsTree) -> dict[int, str]:
