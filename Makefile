@@ -5,7 +5,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 BIN    := $(VENV)/bin
 
-.PHONY: install run test lint proto clean
+.PHONY: install run test lint proto bench soak clean
 
 install: $(VENV)/.installed
 
@@ -31,6 +31,14 @@ lint: install
 ## proto: regenerate the committed gRPC stubs from protos/ (pinned grpcio-tools)
 proto: install
 	$(PY) protos/generate.py
+
+## bench: every benchmark against a real serve process; prints a table (BENCH_ARGS=--json for JSON)
+bench: install
+	$(PY) -m benchmarks.bench all $(BENCH_ARGS)
+
+## soak: 1,000 kubelet restarts with Allocate calls and deleted sockets; stops by itself
+soak: install
+	$(PY) -m benchmarks.soak --restarts 1000 $(SOAK_ARGS)
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info .mypy_cache .ruff_cache .pytest_cache

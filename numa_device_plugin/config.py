@@ -60,7 +60,7 @@ class Config:
     include_cpuless_nodes: bool = False
     register_timeout: float = 5.0
     shutdown_grace: float = 1.0
-    debounce: float = 0.005
+    debounce: float = 0.002
 
     def __post_init__(self) -> None:
         validate_resource_prefix(self.resource_prefix)

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -85,6 +86,7 @@ class KubeletStandIn:
         self.clients: dict[str, PluginClient] = {}
         self.registrations: list[RegisterRecord] = []
         self.restarts = 0
+        self.restarted_at = 0.0
         self._all_clients: list[PluginClient] = []
         self._generation = 0
         self._changed = asyncio.Event()
@@ -126,12 +128,17 @@ class KubeletStandIn:
         self._notify()
 
     async def restart(self) -> None:
-        """As a kubelet restart: stop, delete every socket in the folder, create kubelet.sock."""
+        """As a kubelet restart: stop, delete every socket in the folder, create kubelet.sock.
+
+        ``restarted_at`` is the ``time.perf_counter()`` just before the new
+        ``kubelet.sock`` is created, for latency measurements.
+        """
         await self.stop()
         for entry in self.directory.iterdir():
             if entry.name != CHECKPOINT_NAME and not entry.is_dir():
                 entry.unlink(missing_ok=True)
         self.restarts += 1
+        self.restarted_at = time.perf_counter()
         await self.start()
 
     async def __aenter__(self) -> KubeletStandIn:

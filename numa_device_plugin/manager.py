@@ -17,7 +17,10 @@ Rules, from the kubelet's device manager:
   closed, is stopped, served again and registered again. The old server is
   stopped (and its streams ended) *before* the new registration: an old stream
   closing after a new registration makes the kubelet drop the new endpoint.
-- Register is retried with jittered exponential backoff; a wake cuts the wait short.
+- Each served resource has its own registration task, retried with jittered
+  exponential backoff until the kubelet accepts it. The loop never waits for a
+  Register call: a new kubelet, a deleted socket or a lost stream is acted on at
+  once, and stopping a resource cancels its registration in flight.
 """
 
 from __future__ import annotations
@@ -32,12 +35,7 @@ from numa_device_plugin import sysfs
 from numa_device_plugin.api.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
 from numa_device_plugin.config import Config
 from numa_device_plugin.devices import Resource, build_resources
-from numa_device_plugin.registration import (
-    Backoff,
-    RegistrationError,
-    register,
-    register_request,
-)
+from numa_device_plugin.registration import Backoff, RegistrationError, register, register_request
 from numa_device_plugin.server import UnixSocketServer, file_identity
 from numa_device_plugin.servicer import NumaDevicePluginServicer
 from numa_device_plugin.topology import (
@@ -46,7 +44,7 @@ from numa_device_plugin.topology import (
     read_topology,
     topology_warnings,
 )
-from numa_device_plugin.watcher import KUBELET_CREATED, SocketDirWatcher
+from numa_device_plugin.watcher import SocketDirWatcher
 
 log = structlog.get_logger(__name__)
 
@@ -97,19 +95,31 @@ def discover(config: Config) -> Discovery:
 
 
 class _Endpoint:
-    """One resource's servicer and the server that exposes it on its socket."""
+    """One server exposing a resource's servicer on its socket, the identity of the
+    ``kubelet.sock`` it was started for, and its registration task."""
 
     def __init__(
-        self, config: Config, resource: Resource, on_stream_lost: Callable[[str], None]
+        self,
+        config: Config,
+        resource: Resource,
+        servicer: NumaDevicePluginServicer,
+        kubelet: tuple[int, int, int],
     ) -> None:
         self.resource = resource
-        self.servicer = NumaDevicePluginServicer(resource, on_stream_lost=on_stream_lost)
+        self.kubelet = kubelet
+        self.servicer = servicer
         self.server = UnixSocketServer(
             config.socket_dir / resource.socket_name,
             lambda server: api_pb2_grpc.add_DevicePluginServicer_to_server(self.servicer, server),
         )
 
+        self.registration: asyncio.Task[None] | None = None
+
     async def stop(self, grace: float) -> None:
+        """Cancel the registration in flight, end the streams, stop the server."""
+        if self.registration is not None:
+            self.registration.cancel()
+            await asyncio.gather(self.registration, return_exceptions=True)
         self.servicer.close()
         await self.server.stop(grace)
 
@@ -133,6 +143,7 @@ class PluginManager:
         self._discover_fn = discover_fn
         self.discovery: Discovery | None = None
         self._endpoints: dict[str, _Endpoint] = {}
+        self._servicers: dict[str, NumaDevicePluginServicer] = {}
         self.registered: set[str] = set()
         self._reasons: list[tuple[str, str]] = []
         self._woken: asyncio.Event | None = None
@@ -140,8 +151,6 @@ class PluginManager:
         self._stopping = False
         self._reload = False
         self._to_restart: set[str] = set()
-        self._pending: set[str] = set()
-        self._kubelet_identity: tuple[int, int, int] | None = None
         self._backoff = Backoff()
         self.started = asyncio.Event()
 
@@ -153,7 +162,21 @@ class PluginManager:
 
     @property
     def servicers(self) -> Mapping[str, NumaDevicePluginServicer]:
-        return {name: endpoint.servicer for name, endpoint in self._endpoints.items()}
+        """One servicer per resource, kept across restarts (its device list is built once)."""
+        return self._servicers
+
+    def _set_discovery(self, discovery: Discovery) -> None:
+        kept = {
+            name: servicer
+            for name, servicer in self._servicers.items()
+            if self.resources.get(name) == discovery.resources.get(name)
+        }
+        self.discovery = discovery
+        self._servicers = {
+            name: kept.get(name)
+            or NumaDevicePluginServicer(resource, on_stream_lost=self._stream_lost)
+            for name, resource in discovery.resources.items()
+        }
 
     def wake(self, reason: str, name: str = "") -> None:
         """Record why the loop should look at the world again, and wake it (loop thread only)."""
@@ -182,7 +205,7 @@ class PluginManager:
         self._woken = asyncio.Event()
         if self._reasons:
             self._woken.set()
-        self.discovery = self._discover_fn(self.config)
+        self._set_discovery(self._discover_fn(self.config))
         self.config.socket_dir.mkdir(parents=True, exist_ok=True)
         watcher = SocketDirWatcher(self.config.socket_dir, self.wake, self._loop)
         watcher.start()
@@ -213,7 +236,7 @@ class PluginManager:
             if self._stopping:
                 break
             delay: float | None = None
-            if self._pending or self._to_restart:
+            if self._to_restart:  # a server failed to start: try again later
                 delay = self._backoff.next_delay()
             else:
                 self._backoff.reset()
@@ -221,15 +244,13 @@ class PluginManager:
             self._evaluate(self._drain())
 
     async def _step(self) -> None:
-        """One pass: rediscover if asked, restart what needs it, register what is pending."""
+        """One pass: rediscover if asked, then serve again what needs it."""
         if self._reload:
             self._reload = False
             self._rediscover()
         if self._to_restart:
             names, self._to_restart = self._to_restart, set()
             await self._restart(names)
-        if self._pending and not self._stopping:
-            self._pending = await self._register_all(self._pending)
 
     async def _sleep(self, delay: float | None) -> None:
         assert self._woken is not None
@@ -247,17 +268,28 @@ class PluginManager:
         return reasons
 
     def _evaluate(self, reasons: list[tuple[str, str]]) -> None:
-        """Turn what happened into resources to restart, judged by the state now."""
-        kubelet_now = file_identity(self.config.kubelet_socket)
-        for reason, name in reasons:
-            if reason == KUBELET_CREATED and kubelet_now != self._kubelet_identity:
-                log.info("kubelet.sock created: the kubelet (re)started; registering again")
-                self._to_restart |= set(self.resources)
-            elif reason == STREAM_LOST and name in self._endpoints:
-                self._to_restart.add(name)
-        for name, endpoint in self._endpoints.items():
-            if not endpoint.server.is_intact():
-                log.info("plugin socket is gone; serving it again", resource=name)
+        """Decide which resources to serve (again), from the state found now.
+
+        Events only say *when* to look. Per resource: not served while a kubelet
+        is there; served for another kubelet than the ``kubelet.sock`` there now;
+        its socket file gone or replaced; or its ListAndWatch stream lost.
+        """
+        kubelet = file_identity(self.config.kubelet_socket)
+        lost = {name for reason, name in reasons if reason == STREAM_LOST}
+        for name in self.resources:
+            endpoint = self._endpoints.get(name)
+            if endpoint is None:
+                why = "not served" if kubelet is not None else None
+            elif kubelet is not None and endpoint.kubelet != kubelet:
+                why = "a new kubelet.sock: the kubelet restarted"
+            elif not endpoint.server.is_intact():
+                why = "its socket is gone"
+            elif name in lost:
+                why = "the kubelet closed its ListAndWatch stream"
+            else:
+                why = None
+            if why is not None and name not in self._to_restart:
+                log.info("serving and registering again", resource=name, reason=why)
                 self._to_restart.add(name)
         if self._to_restart:
             log.debug("restart planned", resources=sorted(self._to_restart), reasons=reasons)
@@ -269,7 +301,7 @@ class PluginManager:
             log.error("rediscovery failed; keeping the current resources", error=str(exc))
             return
         old = set(self.resources)
-        self.discovery = discovery
+        self._set_discovery(discovery)
         self._to_restart |= old | set(self.resources)
 
     # -- actions ---------------------------------------------------------------------------
@@ -281,27 +313,28 @@ class PluginManager:
         Allocate calls and costs nothing when there are none.
         """
         await self._stop_endpoints(names & set(self._endpoints), self.config.shutdown_grace)
-        self._pending -= names
-        self._kubelet_identity = file_identity(self.config.kubelet_socket)
-        if self._kubelet_identity is None:
+        kubelet = file_identity(self.config.kubelet_socket)
+        if kubelet is None:
             log.info("waiting for the kubelet", kubelet_socket=str(self.config.kubelet_socket))
             return
         to_start = sorted(names & set(self.resources))
         results = await asyncio.gather(
-            *(self._start_endpoint(self.resources[name]) for name in to_start),
+            *(self._start_endpoint(self.resources[name], kubelet) for name in to_start),
             return_exceptions=True,
         )
         for name, result in zip(to_start, results, strict=True):
             if isinstance(result, BaseException):
                 log.error("cannot serve resource; retrying", resource=name, error=str(result))
                 self._to_restart.add(name)
-            else:
-                self._pending.add(name)
 
-    async def _start_endpoint(self, resource: Resource) -> None:
-        endpoint = _Endpoint(self.config, resource, self._stream_lost)
+    async def _start_endpoint(self, resource: Resource, kubelet: tuple[int, int, int]) -> None:
+        servicer = self._servicers[resource.name]
+        endpoint = _Endpoint(self.config, resource, servicer, kubelet)
         await endpoint.server.start()
         self._endpoints[resource.name] = endpoint
+        endpoint.registration = asyncio.create_task(
+            self._keep_registering(endpoint), name=f"register {resource.name}"
+        )
         log.debug("serving", resource=resource.name, socket=str(endpoint.server.path))
 
     async def _stop_endpoints(self, names: set[str], grace: float) -> None:
@@ -309,29 +342,28 @@ class PluginManager:
         self.registered -= names
         await asyncio.gather(*(endpoint.stop(grace) for endpoint in endpoints))
 
-    async def _register_all(self, names: set[str]) -> set[str]:
-        """Register the named resources concurrently; return the names that failed."""
-        results = await asyncio.gather(*(self._register_one(name) for name in sorted(names)))
-        return {name for name, ok in zip(sorted(names), results, strict=True) if not ok}
-
-    async def _register_one(self, name: str) -> bool:
-        endpoint = self._endpoints.get(name)
-        if endpoint is None:
-            return True  # stopped meanwhile; a restart will bring it back
+    async def _keep_registering(self, endpoint: _Endpoint) -> None:
+        """Register ``endpoint`` until the kubelet accepts it; cancelled when it stops."""
+        name = endpoint.resource.name
         request = register_request(name, endpoint.resource.socket_name, PLUGIN_OPTIONS)
-        try:
-            await register(
-                self.config.kubelet_socket, request, timeout=self.config.register_timeout
-            )
-        except RegistrationError as exc:
-            log.warning(
-                "registration failed; will retry",
-                resource=name,
-                code=exc.code.name,
-                details=exc.details,
-                attempt=self._backoff.attempts + 1,
-            )
-            return False
+        backoff = Backoff()
+        while True:
+            try:
+                await register(
+                    self.config.kubelet_socket, request, timeout=self.config.register_timeout
+                )
+                break
+            except RegistrationError as exc:
+                log.warning(
+                    "registration failed; will retry",
+                    resource=name,
+                    code=exc.code.name,
+                    details=exc.details,
+                    attempt=backoff.attempts + 1,
+                )
+            except Exception:
+                log.exception("registration crashed; will retry", resource=name)
+            await asyncio.sleep(backoff.next_delay())
         if self._endpoints.get(name) is endpoint:
             self.registered.add(name)
             log.info(
@@ -340,7 +372,6 @@ class PluginManager:
                 endpoint=request.endpoint,
                 devices=len(endpoint.resource.devices),
             )
-        return True
 
     def _stream_lost(self, name: str) -> None:
         self.registered.discard(name)

@@ -53,9 +53,10 @@ class NumaDevicePluginServicer(api_pb2_grpc.DevicePluginServicer):  # type: igno
     """``v1beta1.DevicePlugin`` for one resource (``numa-align/numa-N``).
 
     ``on_stream_lost(resource_name)`` is called when a ListAndWatch stream ends
-    because the client (the kubelet) went away while the servicer was open: the
-    kubelet never reopens a stream by itself, so the plugin must register again.
-    It is not called for streams that :meth:`close` ends.
+    because the client (the kubelet) went away: the kubelet never reopens a
+    stream by itself, so the plugin must register again. It is not called for
+    streams that :meth:`close` ends. One servicer may sit behind successive
+    servers: :meth:`close` ends the streams opened so far, later ones run anew.
     """
 
     def __init__(
@@ -71,7 +72,7 @@ class NumaDevicePluginServicer(api_pb2_grpc.DevicePluginServicer):  # type: igno
         self._by_id: dict[str, Device] = {}
         self._response = api_pb2.ListAndWatchResponse()
         self._changed = asyncio.Event()
-        self._closed = False
+        self._generation = 0
         self.open_streams = 0
         self.set_devices(resource.devices)
 
@@ -92,9 +93,10 @@ class NumaDevicePluginServicer(api_pb2_grpc.DevicePluginServicer):  # type: igno
         return self._devices
 
     def close(self) -> None:
-        """End every ListAndWatch stream (normally, status OK) before the server stops."""
-        self._closed = True
-        self._changed.set()
+        """End every open ListAndWatch stream (status OK), e.g. before its server stops."""
+        self._generation += 1
+        changed, self._changed = self._changed, asyncio.Event()
+        changed.set()
 
     # -- RPCs ------------------------------------------------------------------------------
 
@@ -108,19 +110,18 @@ class NumaDevicePluginServicer(api_pb2_grpc.DevicePluginServicer):  # type: igno
     async def ListAndWatch(
         self, request: api_pb2.Empty, context: Context
     ) -> AsyncIterator[api_pb2.ListAndWatchResponse]:
+        generation = self._generation
         self.open_streams += 1
-        ended_by_us = False
         log.debug("ListAndWatch opened", resource=self.resource_name, peer=context.peer())
         try:
-            while not self._closed:
+            while generation == self._generation:
                 changed = self._changed
                 yield self._response
                 await changed.wait()
-            ended_by_us = True
         finally:
             self.open_streams -= 1
-            if not ended_by_us and not self._closed:
-                log.warning(
+            if generation == self._generation:
+                log.info(
                     "ListAndWatch stream lost: the kubelet went away", resource=self.resource_name
                 )
                 if self._on_stream_lost is not None:

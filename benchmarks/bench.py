@@ -1,0 +1,244 @@
+"""Benchmarks of a real ``numa-device-plugin serve`` process against the kubelet stand-in.
+
+Usage: python -m benchmarks.bench {all,reregistration,allocate,startup,footprint} [--json]
+
+Every figure comes from a real plugin process on a synthetic sysfs tree, talking
+to the in-process kubelet stand-in over unix sockets in /tmp. Latencies include
+the stand-in's own Python gRPC client, as they would include the kubelet's.
+The table marks each figure that has a target with ok or MISSED; the exit
+status is 0 either way (figures are reported, not asserted).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import sys
+import time
+from collections.abc import Callable, Coroutine
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from benchmarks.harness import Rig, machine_info, percentile, rig, settle
+
+MB = 1024 * 1024
+
+
+@dataclass
+class Figure:
+    """One measured figure; ``target`` is a bound and ``higher_is_worse`` its direction."""
+
+    benchmark: str
+    config: str
+    name: str
+    value: float
+    unit: str
+    target: float | None = None
+    higher_is_worse: bool = True
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def verdict(self) -> str:
+        if self.target is None:
+            return ""
+        ok = self.value <= self.target if self.higher_is_worse else self.value >= self.target
+        return "ok" if ok else "MISSED"
+
+
+# -- re-registration ------------------------------------------------------------------------
+
+
+async def reregistration(nodes: int, restarts: int) -> list[Figure]:
+    """Kubelet restart (every socket deleted, kubelet.sock created anew) to every
+    resource registered again with its device list delivered; ms."""
+    samples: list[float] = []
+    async with rig(nodes) as bench:
+        for _ in range(restarts):
+            await bench.kubelet.restart()
+            await bench.wait_live()
+            samples.append((time.perf_counter() - bench.kubelet.restarted_at) * 1000)
+    config = f"{nodes} NUMA nodes, {restarts} restarts"
+    target = 20.0 if nodes == 8 else None
+    return [
+        Figure("re-registration", config, "p50", percentile(samples, 0.50), "ms"),
+        Figure("re-registration", config, "p99", percentile(samples, 0.99), "ms", target),
+        Figure("re-registration", config, "max", max(samples), "ms"),
+    ]
+
+
+# -- Allocate -------------------------------------------------------------------------------
+
+
+async def allocate_sequential(bench: Rig, calls: int) -> list[float]:
+    """Per-call latencies (ms) of ``calls`` sequential one-device Allocate calls."""
+    name = bench.names[0]
+    device = bench.kubelet.devices(name)[0].ID
+    samples = []
+    for _ in range(calls):
+        started = time.perf_counter()
+        await bench.kubelet.allocate(name, [device])
+        samples.append((time.perf_counter() - started) * 1000)
+    return samples
+
+
+async def allocate(calls: int, concurrency: int) -> list[Figure]:
+    async with rig(2) as bench:
+        samples = await allocate_sequential(bench, calls)
+        name = bench.names[0]
+        devices = [d.ID for d in bench.kubelet.devices(name)]
+
+        async def caller(index: int) -> None:
+            for call in range(calls // concurrency):
+                await bench.kubelet.allocate(name, [devices[(index + call) % len(devices)]])
+
+        started = time.perf_counter()
+        await asyncio.gather(*(caller(i) for i in range(concurrency)))
+        elapsed = time.perf_counter() - started
+    config = f"{calls} sequential calls, 1 container, 1 device"
+    throughput = (calls // concurrency) * concurrency / elapsed
+    return [
+        Figure("Allocate", config, "p50", percentile(samples, 0.50), "ms"),
+        Figure("Allocate", config, "p99", percentile(samples, 0.99), "ms", 1.0),
+        Figure(
+            "Allocate", f"{concurrency} concurrent callers", "throughput", throughput, "calls/s"
+        ),
+    ]
+
+
+# -- start to registered --------------------------------------------------------------------
+
+STARTUP_TARGETS = {(8, 100): 0.5, (64, 1000): 2.0}
+
+
+async def startup(runs: int) -> list[Figure]:
+    """Process start (exec) to every resource registered with its list delivered; s."""
+    figures = []
+    for nodes in (1, 8, 64):
+        for capacity in (100, 1000):
+            samples = []
+            for _ in range(runs):
+                async with rig(nodes, capacity, start=False) as bench:
+                    bench.plugin.start()
+                    await bench.wait_live()
+                    samples.append(time.perf_counter() - bench.plugin.started_at)
+            figures.append(
+                Figure(
+                    "start to registered",
+                    f"{nodes} NUMA nodes x {capacity} devices",
+                    f"median of {runs}",
+                    statistics.median(samples),
+                    "s",
+                    STARTUP_TARGETS.get((nodes, capacity)),
+                    extra={"samples": samples},
+                )
+            )
+    return figures
+
+
+# -- footprint ------------------------------------------------------------------------------
+
+
+async def footprint(idle_seconds: float, calls: int) -> list[Figure]:
+    """RSS after start and after an Allocate run; CPU used while idle (8 NUMA nodes)."""
+    figures = []
+    for nodes in (2, 8, 64):
+        async with rig(nodes) as bench:
+            await settle()
+            after_start = bench.plugin.rss_bytes() / MB
+            await allocate_sequential(bench, calls)
+            after_allocate = bench.plugin.rss_bytes() / MB
+            config = f"{nodes} NUMA nodes x 100 devices"
+            target = 45.0 if nodes == 8 else None
+            figures += [
+                Figure("footprint", config, "RSS after start", after_start, "MB", target),
+                Figure(
+                    "footprint",
+                    config,
+                    f"RSS after {calls} Allocate",
+                    after_allocate,
+                    "MB",
+                    target,
+                ),
+            ]
+            if nodes == 8:
+                await settle(2.0)  # let the Allocate run's aftermath pass
+                before = bench.plugin.cpu_seconds()
+                await asyncio.sleep(idle_seconds)
+                used = bench.plugin.cpu_seconds() - before
+                figures.append(
+                    Figure(
+                        "footprint",
+                        f"{config}, idle {idle_seconds:g} s",
+                        "CPU per idle minute",
+                        used * 60 / idle_seconds,
+                        "s",
+                        0.01,
+                        extra={"resolution_s": 0.01},
+                    )
+                )
+    return figures
+
+
+# -- output ---------------------------------------------------------------------------------
+
+
+def render_table(figures: list[Figure], machine: dict[str, Any]) -> str:
+    rows = [("benchmark", "config", "figure", "value", "target", "")]
+    for figure in figures:
+        bound = "<=" if figure.higher_is_worse else ">="
+        target = "" if figure.target is None else f"{bound} {figure.target:g} {figure.unit}"
+        precision = 3 if figure.unit in ("ms", "s") else 1
+        value = f"{figure.value:.{precision}f} {figure.unit}"
+        rows.append((figure.benchmark, figure.config, figure.name, value, target, figure.verdict))
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    lines = [
+        "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True))
+        for row in rows
+    ]
+    header = ", ".join(f"{key} {value}" for key, value in machine.items())
+    return "machine: " + header + "\n\n" + "\n".join(line.rstrip() for line in lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.bench", description=__doc__)
+    parser.add_argument(
+        "which", choices=("all", "reregistration", "allocate", "startup", "footprint")
+    )
+    parser.add_argument("--json", action="store_true", help="print the figures as JSON")
+    parser.add_argument("--restarts", type=int, default=200, help="kubelet restarts per size")
+    parser.add_argument("--calls", type=int, default=10_000, help="Allocate calls")
+    parser.add_argument("--concurrency", type=int, default=8, help="concurrent Allocate callers")
+    parser.add_argument("--runs", type=int, default=3, help="process starts per size")
+    parser.add_argument("--idle-seconds", type=float, default=60.0, help="idle CPU window")
+    args = parser.parse_args(argv)
+
+    async def run_reregistration() -> list[Figure]:
+        return [f for nodes in (2, 8) for f in await reregistration(nodes, args.restarts)]
+
+    jobs: dict[str, Callable[[], Coroutine[Any, Any, list[Figure]]]] = {
+        "reregistration": run_reregistration,
+        "allocate": lambda: allocate(args.calls, args.concurrency),
+        "startup": lambda: startup(args.runs),
+        "footprint": lambda: footprint(args.idle_seconds, args.calls),
+    }
+    selected = list(jobs) if args.which == "all" else [args.which]
+    figures: list[Figure] = []
+    for name in selected:
+        print(f"running {name} ...", file=sys.stderr, flush=True)
+        figures += asyncio.run(jobs[name]())
+    machine = machine_info()
+    if args.json:
+        document = {
+            "machine": machine,
+            "figures": [asdict(figure) | {"verdict": figure.verdict} for figure in figures],
+        }
+        print(json.dumps(document, indent=2))
+    else:
+        print(render_table(figures, machine))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,172 @@
+"""What the benchmarks and the soak share: a real ``numa-device-plugin serve`` process
+on a synthetic sysfs tree, next to the in-process kubelet stand-in, and /proc readings."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import os
+import platform
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from numa_device_plugin.fake_sysfs import build_machine
+from numa_device_plugin.kubelet_standin import KubeletStandIn
+
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def resource_names(nodes: int) -> list[str]:
+    return [f"numa-align/numa-{node}" for node in range(nodes)]
+
+
+def percentile(samples: Sequence[float], fraction: float) -> float:
+    """Nearest-rank percentile (``fraction`` in 0..1) of a non-empty sample."""
+    ordered = sorted(samples)
+    rank = max(1, math.ceil(fraction * len(ordered)))  # 1-based nearest rank
+    return ordered[min(rank, len(ordered)) - 1]
+
+
+def machine_info() -> dict[str, Any]:
+    """The machine the figures come from."""
+    model = "unknown"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return {
+        "cores": os.cpu_count(),
+        "cpu": model,
+        "python": platform.python_version(),
+        "grpcio": grpc.__version__,
+        "kernel": platform.release(),
+    }
+
+
+class PluginProcess:
+    """A ``numa-device-plugin serve`` child process; /proc figures about it."""
+
+    def __init__(self, sysfs_root: Path, socket_dir: Path, capacity: int) -> None:
+        self.args = [
+            sys.executable,
+            "-m",
+            "numa_device_plugin",
+            "serve",
+            "--sysfs-root",
+            str(sysfs_root),
+            "--socket-dir",
+            str(socket_dir),
+            "--capacity",
+            str(capacity),
+            "--log-level",
+            "warning",
+        ]
+        self.log_path = socket_dir.parent / "plugin.log"
+        self.process: subprocess.Popen[bytes] | None = None
+        self.started_at = 0.0
+
+    @property
+    def pid(self) -> int:
+        assert self.process is not None
+        return self.process.pid
+
+    def start(self) -> None:
+        with self.log_path.open("ab") as log:
+            self.started_at = time.perf_counter()
+            self.process = subprocess.Popen(self.args, stderr=log, stdin=subprocess.DEVNULL)
+
+    def stop(self) -> int:
+        """SIGTERM and wait; returns the exit status (kills after 10 s)."""
+        if self.process is None:
+            return 0
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                return self.process.wait(10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+        return self.process.wait()
+
+    def rss_bytes(self) -> int:
+        for line in Path(f"/proc/{self.pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+        raise RuntimeError("no VmRSS in /proc/PID/status")
+
+    def open_fds(self) -> int:
+        return len(os.listdir(f"/proc/{self.pid}/fd"))
+
+    def cpu_seconds(self) -> float:
+        fields = Path(f"/proc/{self.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS  # utime + stime
+
+    def log_tail(self, lines: int = 20) -> str:
+        try:
+            return "\n".join(self.log_path.read_text().splitlines()[-lines:])
+        except OSError:
+            return ""
+
+
+@dataclass
+class Rig:
+    """A plugin process registered with a stand-in, on a machine of ``nodes`` NUMA nodes."""
+
+    kubelet: KubeletStandIn
+    plugin: PluginProcess
+    names: list[str]
+
+    def all_live(self) -> bool:
+        return all(self.kubelet.live(name) for name in self.names)
+
+    async def wait_live(self, timeout: float = 30.0) -> None:
+        try:
+            await self.kubelet.wait_until(self.all_live, timeout)
+        except TimeoutError:
+            raise RuntimeError(
+                "plugin did not register in time; its log ends:\n" + self.plugin.log_tail()
+            ) from None
+
+
+@asynccontextmanager
+async def rig(nodes: int, capacity: int = 100, *, start: bool = True) -> AsyncIterator[Rig]:
+    """A temp folder (short path) with a sysfs tree, the stand-in and the plugin process.
+
+    With ``start`` the plugin is started and registered before the block runs.
+    """
+    folder = Path(tempfile.mkdtemp(prefix="ndpb-", dir="/tmp"))
+    try:
+        tree = build_machine(folder / "sys", nodes)
+        socket_dir = folder / "dp"
+        async with KubeletStandIn(socket_dir) as kubelet:
+            plugin = PluginProcess(tree.root, socket_dir, capacity)
+            bench = Rig(kubelet, plugin, resource_names(nodes))
+            try:
+                if start:
+                    plugin.start()
+                    await bench.wait_live()
+                yield bench
+            finally:
+                status = plugin.stop()
+                if status != 0:
+                    raise RuntimeError(f"plugin exited {status}:\n{plugin.log_tail()}")
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+async def settle(seconds: float = 0.2) -> None:
+    """Give late events a moment to run."""
+    await asyncio.sleep(seconds)

@@ -1,0 +1,59 @@
+"""The soak (short run) and the benchmark scripts, as .ci/run runs them.
+
+Figures are not asserted here (targets live in the benchmark output); these
+tests check behaviour: the soak's end state, and that each benchmark runs.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from benchmarks import bench
+from benchmarks.harness import percentile
+from benchmarks.soak import soak
+
+
+async def test_soak_100_restarts_ends_with_one_live_registration_per_resource() -> None:
+    result = await soak(restarts=100, nodes=3, seed=11)
+    assert result.failures == []
+    assert result.restarts == 100
+    assert result.sockets_deleted > 0
+    assert result.allocate_ok > 0
+    assert result.allocate_hung == 0
+    assert result.registrations > 0
+    assert set(result.baseline) == set(result.final) == {"open_fds", "rss_bytes"}
+
+
+def test_percentile_nearest_rank() -> None:
+    samples = list(range(1, 101))
+    assert percentile(samples, 0.50) == 50
+    assert percentile(samples, 0.99) == 99
+    assert percentile([7.0], 0.99) == 7.0
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["reregistration", "--restarts", "3"],
+        ["allocate", "--calls", "40", "--concurrency", "4"],
+        ["startup", "--runs", "1"],
+        ["footprint", "--calls", "20", "--idle-seconds", "0.5"],
+    ],
+)
+def test_benchmarks_run_and_print_json(args: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    assert bench.main([*args, "--json"]) == 0
+    document = json.loads(capsys.readouterr().out)
+    assert document["machine"]["cores"] >= 1
+    assert document["figures"]
+    for figure in document["figures"]:
+        assert figure["value"] >= 0
+        assert figure["verdict"] in ("", "ok", "MISSED")
+
+
+def test_benchmark_table(capsys: pytest.CaptureFixture[str]) -> None:
+    assert bench.main(["reregistration", "--restarts", "2"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("machine: cores ")
+    assert "re-registration  8 NUMA nodes, 2 restarts  p99" in out
