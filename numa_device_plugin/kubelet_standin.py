@@ -34,7 +34,7 @@ import grpc
 
 from numa_device_plugin.api.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
 from numa_device_plugin.devices import HEALTHY, validate_extended_resource_name
-from numa_device_plugin.registration import API_VERSION, KUBELET_SOCKET_NAME
+from numa_device_plugin.registration import API_VERSION, FRESH_CONNECTION, KUBELET_SOCKET_NAME
 from numa_device_plugin.server import UnixSocketServer
 from numa_device_plugin.servicer import Context
 
@@ -264,7 +264,9 @@ class KubeletStandIn:
         except ValueError as exc:
             return f"invalid resource name {request.resource_name!r}: {exc}"
         generation = self._generation
-        channel = grpc.aio.insecure_channel(f"unix://{self.directory / request.endpoint}")
+        channel = grpc.aio.insecure_channel(
+            f"unix://{self.directory / request.endpoint}", options=FRESH_CONNECTION
+        )
         client = PluginClient(request.resource_name, request.endpoint, channel, generation)
         try:
             async with asyncio.timeout(self.dial_timeout):

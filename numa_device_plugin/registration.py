@@ -17,6 +17,10 @@ import grpc
 from numa_device_plugin.api.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
 
 API_VERSION = "v1beta1"
+# A private subchannel pool per channel: grpc would otherwise reuse a connection
+# another channel holds to the same path, i.e. to an old kubelet (or plugin)
+# whose socket file has since been replaced.
+FRESH_CONNECTION = (("grpc.use_local_subchannel_pool", 1),)
 KUBELET_SOCKET_NAME = "kubelet.sock"
 
 
@@ -48,9 +52,11 @@ async def register(
 ) -> None:
     """Call Register on the kubelet at ``kubelet_socket``; ``timeout`` in seconds.
 
-    Fails fast (UNAVAILABLE) when nothing listens. Raises :class:`RegistrationError`.
+    Always dials the socket anew. Fails fast (UNAVAILABLE) when nothing listens.
+    Raises :class:`RegistrationError`.
     """
-    async with grpc.aio.insecure_channel(f"unix://{kubelet_socket}") as channel:
+    target = f"unix://{kubelet_socket}"
+    async with grpc.aio.insecure_channel(target, options=FRESH_CONNECTION) as channel:
         stub = api_pb2_grpc.RegistrationStub(channel)
         try:
             await stub.Register(request, timeout=timeout)

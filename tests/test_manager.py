@@ -327,3 +327,49 @@ async def test_unexpected_error_in_the_loop_is_survived(
     async with KubeletStandIn(sock_dir) as kubelet, running(make_config(two_nodes, sock_dir)):
         await wait_all_live(kubelet, NAMES)
     assert calls["n"] >= 3
+
+
+async def test_back_to_back_restarts_without_debounce(two_nodes: SysfsTree, sock_dir: Path) -> None:
+    """Every restart ends with every resource live, with no event coalescing at all.
+
+    Guards against a stall once seen with a plugin process: a resource stopped while
+    kubelet.sock was briefly absent was never served again after another resource
+    had recorded the new kubelet. In-process the race is rare; the soak test, with a
+    real plugin process, exercises the cross-process timing."""
+    config = make_config(two_nodes, sock_dir, debounce=0.0)
+    async with KubeletStandIn(sock_dir) as kubelet, running(config):
+        await wait_all_live(kubelet, NAMES)
+        for _ in range(60):
+            await kubelet.restart()
+            await wait_all_live(kubelet, NAMES, timeout=3)
+
+
+async def test_hung_register_does_not_delay_a_new_kubelet(
+    two_nodes: SysfsTree, sock_dir: Path
+) -> None:
+    """Regression: a Register call to a hung kubelet must not hold the plugin back when
+    a new kubelet.sock appears; it registers with the new one at once, not after the
+    (here 30 s) register timeout."""
+    from numa_device_plugin.api.deviceplugin.v1beta1 import api_pb2_grpc
+    from numa_device_plugin.server import UnixSocketServer
+
+    called = asyncio.Event()
+
+    class HungKubelet(api_pb2_grpc.RegistrationServicer):  # type: ignore[misc]
+        async def Register(self, request: object, context: object) -> None:
+            called.set()
+            await asyncio.Event().wait()
+
+    hung = UnixSocketServer(
+        sock_dir / "kubelet.sock",
+        lambda s: api_pb2_grpc.add_RegistrationServicer_to_server(HungKubelet(), s),
+    )
+    await hung.start()
+    try:
+        async with running(make_config(two_nodes, sock_dir, register_timeout=30.0)):
+            await asyncio.wait_for(called.wait(), 5)
+            (sock_dir / "kubelet.sock").unlink()
+            async with KubeletStandIn(sock_dir) as kubelet:
+                await wait_all_live(kubelet, NAMES, timeout=5)
+    finally:
+        await hung.stop(0)
