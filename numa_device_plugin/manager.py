@@ -26,6 +26,8 @@ Rules, from the kubelet's device manager:
 from __future__ import annotations
 
 import asyncio
+import ctypes
+import ctypes.util
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
@@ -47,6 +49,31 @@ from numa_device_plugin.topology import (
 from numa_device_plugin.watcher import SocketDirWatcher
 
 log = structlog.get_logger(__name__)
+
+
+def _load_malloc_trim() -> Callable[[int], int] | None:
+    """glibc's ``malloc_trim``, or None on other C libraries."""
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        trim: Callable[[int], int] = libc.malloc_trim
+    except (OSError, AttributeError):
+        return None
+    return trim
+
+
+_MALLOC_TRIM = _load_malloc_trim()
+
+
+def release_free_memory() -> None:
+    """Hand freed heap back to the OS (glibc ``malloc_trim(0)``); a no-op elsewhere.
+
+    A kubelet restart storm makes grpc allocate and free many connection
+    buffers; glibc keeps freed memory mapped, so RSS would stay at the storm's
+    peak. Called once the plugin has settled after serving again.
+    """
+    if _MALLOC_TRIM is not None:
+        _MALLOC_TRIM(0)
+
 
 STREAM_LOST = "ListAndWatch stream lost"
 RELOAD = "reload requested"
@@ -152,6 +179,7 @@ class PluginManager:
         self._reload = False
         self._to_restart: set[str] = set()
         self._backoff = Backoff()
+        self._trim_pending = False
         self.started = asyncio.Event()
 
     # -- public API ------------------------------------------------------------------------
@@ -240,6 +268,10 @@ class PluginManager:
                 delay = self._backoff.next_delay()
             else:
                 self._backoff.reset()
+            if self._trim_pending and not self._woken_now():
+                # Settled after serving again: give the burst's memory back.
+                self._trim_pending = False
+                release_free_memory()
             await self._sleep(delay)
             self._evaluate(self._drain())
 
@@ -251,6 +283,7 @@ class PluginManager:
         if self._to_restart:
             names, self._to_restart = self._to_restart, set()
             await self._restart(names)
+            self._trim_pending = True
 
     async def _sleep(self, delay: float | None) -> None:
         assert self._woken is not None
@@ -260,6 +293,9 @@ class PluginManager:
             return
         if self.config.debounce and not self._stopping:
             await asyncio.sleep(self.config.debounce)
+
+    def _woken_now(self) -> bool:
+        return self._woken is not None and self._woken.is_set()
 
     def _drain(self) -> list[tuple[str, str]]:
         assert self._woken is not None
