@@ -18,6 +18,7 @@ import json
 import random
 import sys
 import time
+from collections import Counter
 from dataclasses import asdict, dataclass, field
 
 import grpc
@@ -91,14 +92,19 @@ def _request(device: str) -> object:
     )
 
 
-def _figures(bench: Rig) -> dict[str, int]:
-    return {"open_fds": bench.plugin.open_fds(), "rss_bytes": bench.plugin.rss_bytes()}
-
-
-async def _settled_figures(bench: Rig) -> dict[str, int]:
+async def _settled_figures(bench: Rig, window: float = 1.0) -> dict[str, int]:
+    """Open fds and RSS once every resource is live, over a ``window`` of seconds:
+    the most common fd count (connections still coming and going are not leaks) and
+    the lowest RSS (memory resident once the plugin has handed freed heap back)."""
     await bench.wait_live()
     await settle(0.5)
-    return _figures(bench)
+    fds: list[int] = []
+    rss: list[int] = []
+    for _ in range(max(1, int(window / 0.1))):
+        fds.append(bench.plugin.open_fds())
+        rss.append(bench.plugin.rss_bytes())
+        await asyncio.sleep(0.1)
+    return {"open_fds": Counter(fds).most_common(1)[0][0], "rss_bytes": min(rss)}
 
 
 async def soak(
