@@ -79,6 +79,16 @@ def _boolean(text: str) -> bool:
     raise argparse.ArgumentTypeError(f"{text!r} is not a boolean (use true/false, 1/0)")
 
 
+def _address(text: str) -> str:
+    from numa_device_plugin.probes import parse_address
+
+    try:
+        parse_address(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
+
+
 def _folder(text: str) -> Path:
     if not text:
         raise argparse.ArgumentTypeError("an empty path")
@@ -149,6 +159,31 @@ OPTIONS = {
         _Option("--log-level", "log level", str, "info", LEVELS),
         _Option("--log-format", "log format", str, "text", ("text", "json")),
         _Option("--output", "output format", str, "table", ("table", "json")),
+        _Option(
+            "--metrics-address",
+            "serve /metrics (and /healthz, /readyz) on HOST:PORT or :PORT; off when empty",
+            _address,
+            "",
+            None,
+            "ADDR",
+        ),
+        _Option(
+            "--health-address",
+            "serve /healthz and /readyz alone on HOST:PORT or :PORT",
+            _address,
+            "",
+            None,
+            "ADDR",
+        ),
+        _Option(
+            "--address",
+            "the plugin's health listener to ask",
+            _address,
+            "127.0.0.1:9201",
+            None,
+            "ADDR",
+        ),
+        _Option("--check", "which probe", str, "readyz", ("readyz", "healthz")),
     )
 }
 
@@ -162,7 +197,10 @@ SERVE_OPTIONS = (
     "shutdown_grace",
     "log_level",
     "log_format",
+    "metrics_address",
+    "health_address",
 )
+HEALTH_OPTIONS = ("address", "check", "log_level")
 DISCOVER_OPTIONS = ("sysfs_root", "resource_prefix", "include_cpuless_nodes", "output", "log_level")
 DEMO_OPTIONS = (
     "sysfs_root",
@@ -247,6 +285,10 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
             "run the plugin on this machine's sysfs against an in-process kubelet stand-in "
             "in a temp folder, print what registered and one Allocate, then exit",
             DEMO_OPTIONS,
+        ),
+        "health": (
+            "ask a running plugin's /readyz (or /healthz); exit 0 when it answers 200, else 1",
+            HEALTH_OPTIONS,
         ),
     }
     parsers = {}
@@ -338,18 +380,82 @@ def _run_discover(args: argparse.Namespace) -> int:
 # -- serve -----------------------------------------------------------------------------------
 
 
-async def _serve(config: Config) -> int:
-    manager = PluginManager(config)
+async def _serve(config: Config, metrics_address: str, health_address: str) -> int:
     loop = asyncio.get_running_loop()
+    recorder = None
+    render = None
+    if metrics_address:
+        from numa_device_plugin.metrics import PrometheusRecorder
+
+        recorder = PrometheusRecorder()
+        render = recorder.render
+    manager = PluginManager(config, recorder=recorder)
+    probes = _probe_servers(manager, loop, metrics_address, health_address, render)
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, manager.stop)
     loop.add_signal_handler(signal.SIGHUP, manager.reload)
     try:
+        for server in probes:
+            server.start()
         await manager.serve()
     finally:
+        for server in probes:
+            server.stop()
         for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             loop.remove_signal_handler(signum)
     return 0
+
+
+def _probe_servers(
+    manager: PluginManager,
+    loop: asyncio.AbstractEventLoop,
+    metrics_address: str,
+    health_address: str,
+    render: Callable[[], bytes] | None,
+) -> list[Any]:
+    """The HTTP listeners asked for: metrics (with health unless it has its own) and health."""
+    if not metrics_address and not health_address:
+        return []
+    from numa_device_plugin.probes import ProbeServer, parse_address
+
+    servers = []
+    if metrics_address:
+        servers.append(
+            ProbeServer(
+                parse_address(metrics_address),
+                loop,
+                manager.readiness_problems,
+                render,
+                health=not health_address,
+            )
+        )
+    if health_address:
+        servers.append(
+            ProbeServer(parse_address(health_address), loop, manager.readiness_problems, None)
+        )
+    return servers
+
+
+def _run_health(args: argparse.Namespace) -> int:
+    """GET /readyz (or /healthz) of a running plugin; 0 on 200, 1 otherwise."""
+    import urllib.error
+    import urllib.request
+
+    from numa_device_plugin.probes import parse_address
+
+    host, port = parse_address(args.address)
+    if host in ("0.0.0.0", "::"):
+        host = "127.0.0.1"
+    url = f"http://{host}:{port}/{args.check}"
+    try:
+        with urllib.request.urlopen(url, timeout=3) as response:
+            print(response.read().decode().strip())
+            return 0
+    except urllib.error.HTTPError as exc:
+        print(exc.read().decode().strip() or f"{url}: HTTP {exc.code}", file=sys.stderr)
+    except OSError as exc:
+        print(f"{url}: {exc}", file=sys.stderr)
+    return 1
 
 
 # -- demo ------------------------------------------------------------------------------------
@@ -423,6 +529,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     child = parsers[args.command]
     _resolve_env(child, args, args._options)
     configure_logging(args.log_level, getattr(args, "log_format", "text"))
+    if args.command == "health":
+        return _run_health(args)
     try:
         if args.command == "discover":
             return _run_discover(args)
@@ -431,7 +539,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         except ValueError as exc:
             child.error(str(exc))
         if args.command == "serve":
-            return asyncio.run(_serve(config))
+            return asyncio.run(_serve(config, args.metrics_address, args.health_address))
         return asyncio.run(_demo(args))
     except (sysfs.SysfsError, OSError) as exc:
         # SysfsError: discovery failed (the message names the file and content);

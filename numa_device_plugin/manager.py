@@ -37,6 +37,7 @@ from numa_device_plugin import sysfs
 from numa_device_plugin.api.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
 from numa_device_plugin.config import Config
 from numa_device_plugin.devices import Resource, build_resources
+from numa_device_plugin.recorder import NullRecorder, Recorder
 from numa_device_plugin.registration import Backoff, RegistrationError, register, register_request
 from numa_device_plugin.server import UnixSocketServer, file_identity
 from numa_device_plugin.servicer import NumaDevicePluginServicer
@@ -165,8 +166,10 @@ class PluginManager:
         config: Config,
         *,
         discover_fn: Callable[[Config], Discovery] = discover,
+        recorder: Recorder | None = None,
     ) -> None:
         self.config = config
+        self.recorder: Recorder = recorder or NullRecorder()
         self._discover_fn = discover_fn
         self.discovery: Discovery | None = None
         self._endpoints: dict[str, _Endpoint] = {}
@@ -180,6 +183,7 @@ class PluginManager:
         self._to_restart: set[str] = set()
         self._backoff = Backoff()
         self._trim_pending = False
+        self._seen_kubelet: tuple[int, int, int] | None = None
         self.started = asyncio.Event()
 
     # -- public API ------------------------------------------------------------------------
@@ -202,9 +206,27 @@ class PluginManager:
         self.discovery = discovery
         self._servicers = {
             name: kept.get(name)
-            or NumaDevicePluginServicer(resource, on_stream_lost=self._stream_lost)
+            or NumaDevicePluginServicer(
+                resource, on_stream_lost=self._stream_lost, recorder=self.recorder
+            )
             for name, resource in discovery.resources.items()
         }
+        self.recorder.topology(
+            discovery.plans, {name: len(r.devices) for name, r in discovery.resources.items()}
+        )
+
+    def readiness_problems(self) -> list[str]:
+        """Why the plugin is not ready, one line per resource; [] when every advertised
+        resource is registered with the kubelet and its ListAndWatch stream is open."""
+        if not self.resources:
+            return ["no NUMA node is advertised"]
+        problems = []
+        for name in self.resources:
+            if name not in self.registered:
+                problems.append(f"{name}: not registered with the kubelet")
+            elif self._servicers[name].open_streams == 0:
+                problems.append(f"{name}: the kubelet has no ListAndWatch stream open")
+        return problems
 
     def wake(self, reason: str, name: str = "") -> None:
         """Record why the loop should look at the world again, and wake it (loop thread only)."""
@@ -311,6 +333,7 @@ class PluginManager:
         its socket file gone or replaced; or its ListAndWatch stream lost.
         """
         kubelet = file_identity(self.config.kubelet_socket)
+        self._note_kubelet(kubelet)
         lost = {name for reason, name in reasons if reason == STREAM_LOST}
         for name in self.resources:
             endpoint = self._endpoints.get(name)
@@ -329,6 +352,16 @@ class PluginManager:
                 self._to_restart.add(name)
         if self._to_restart:
             log.debug("restart planned", resources=sorted(self._to_restart), reasons=reasons)
+
+    def _note_kubelet(self, kubelet: tuple[int, int, int] | None) -> None:
+        """Count a kubelet restart per resource when a kubelet.sock other than the last
+        one seen appears (the first one seen is not a restart)."""
+        if kubelet is None:
+            return
+        if self._seen_kubelet is not None and kubelet != self._seen_kubelet:
+            for name in self.resources:
+                self.recorder.kubelet_restart(name)
+        self._seen_kubelet = kubelet
 
     def _rediscover(self) -> None:
         try:
@@ -350,6 +383,7 @@ class PluginManager:
         """
         await self._stop_endpoints(names & set(self._endpoints), self.config.shutdown_grace)
         kubelet = file_identity(self.config.kubelet_socket)
+        self._note_kubelet(kubelet)
         if kubelet is None:
             log.info("waiting for the kubelet", kubelet_socket=str(self.config.kubelet_socket))
             return
@@ -376,6 +410,8 @@ class PluginManager:
     async def _stop_endpoints(self, names: set[str], grace: float) -> None:
         endpoints = [self._endpoints.pop(name) for name in sorted(names)]
         self.registered -= names
+        for name in names:
+            self.recorder.registered(name, False)
         await asyncio.gather(*(endpoint.stop(grace) for endpoint in endpoints))
 
     async def _keep_registering(self, endpoint: _Endpoint) -> None:
@@ -390,6 +426,7 @@ class PluginManager:
                 )
                 break
             except RegistrationError as exc:
+                self.recorder.registration(name, False)
                 log.warning(
                     "registration failed; will retry",
                     resource=name,
@@ -398,10 +435,13 @@ class PluginManager:
                     attempt=backoff.attempts + 1,
                 )
             except Exception:
+                self.recorder.registration(name, False)
                 log.exception("registration crashed; will retry", resource=name)
             await asyncio.sleep(backoff.next_delay())
+        self.recorder.registration(name, True)
         if self._endpoints.get(name) is endpoint:
             self.registered.add(name)
+            self.recorder.registered(name, True)
             log.info(
                 "registered with the kubelet",
                 resource=name,
@@ -411,4 +451,5 @@ class PluginManager:
 
     def _stream_lost(self, name: str) -> None:
         self.registered.discard(name)
+        self.recorder.registered(name, False)
         self.wake(STREAM_LOST, name)

@@ -11,6 +11,7 @@ state and goes on serving.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections import Counter
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from typing import Any, NoReturn
@@ -20,6 +21,7 @@ import structlog
 
 from numa_device_plugin.api.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
 from numa_device_plugin.devices import Device, Resource
+from numa_device_plugin.recorder import NullRecorder, Recorder
 
 log = structlog.get_logger(__name__)
 
@@ -64,8 +66,10 @@ class NumaDevicePluginServicer(api_pb2_grpc.DevicePluginServicer):  # type: igno
         resource: Resource,
         *,
         on_stream_lost: Callable[[str], None] | None = None,
+        recorder: Recorder | None = None,
     ) -> None:
         self.resource_name = resource.name
+        self._recorder: Recorder = recorder or NullRecorder()
         self.node_id = resource.node_id
         self._on_stream_lost = on_stream_lost
         self._devices: tuple[Device, ...] = ()
@@ -130,6 +134,7 @@ class NumaDevicePluginServicer(api_pb2_grpc.DevicePluginServicer):  # type: igno
     async def Allocate(
         self, request: api_pb2.AllocateRequest, context: Context
     ) -> api_pb2.AllocateResponse:
+        started = time.perf_counter()
         try:
             if not request.container_requests:
                 raise RequestError("Allocate request has no container requests")
@@ -140,7 +145,9 @@ class NumaDevicePluginServicer(api_pb2_grpc.DevicePluginServicer):  # type: igno
                     api_pb2.ContainerAllocateResponse(envs={NUMA_NODE_ENV: str(self.node_id)})
                 )
         except RequestError as exc:
+            self._recorder.allocated(self.resource_name, time.perf_counter() - started, False)
             await self._refuse(context, "Allocate", exc)
+        self._recorder.allocated(self.resource_name, time.perf_counter() - started, True)
         log.debug("Allocate", resource=self.resource_name, containers=len(responses))
         return api_pb2.AllocateResponse(container_responses=responses)
 

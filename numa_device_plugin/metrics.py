@@ -1,0 +1,137 @@
+"""Prometheus metrics of the device plugin (prometheus-client, own registry).
+
+Topology, per NUMA node (label ``node``): ``numa_node_cpus_count``,
+``numa_node_memory_bytes``, ``numa_node_distance`` (``node``, ``to_node``),
+``numa_node_advertised``. Plugin, per resource (label ``resource``):
+``numa_device_plugin_devices`` (``health``), ``..._allocations_total``,
+``..._allocate_errors_total``, ``..._registrations_total``,
+``..._registration_failures_total``, ``..._kubelet_restarts_total``,
+``..._allocate_duration_seconds`` (histogram), ``..._registered`` (0/1).
+``numa_device_plugin_build_info`` carries versions as labels.
+"""
+
+from __future__ import annotations
+
+import platform
+
+import grpc
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+from numa_device_plugin import __version__
+from numa_device_plugin.topology import NodePlan
+
+# Allocate answers in about a millisecond; buckets from 100 us to 1 s.
+_ALLOCATE_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.1, 1.0)
+
+
+class PrometheusRecorder:
+    """A :class:`~numa_device_plugin.recorder.Recorder` that keeps Prometheus metrics
+    in its own ``registry``; :meth:`render` gives the text exposition format."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry()
+        r = self.registry
+        self.cpus = Gauge("numa_node_cpus_count", "Usable (online) CPUs", ["node"], registry=r)
+        self.memory = Gauge(
+            "numa_node_memory_bytes", "MemTotal of the NUMA node", ["node"], registry=r
+        )
+        self.distance = Gauge(
+            "numa_node_distance",
+            "Kernel NUMA distance (10 = local)",
+            ["node", "to_node"],
+            registry=r,
+        )
+        self.advertised = Gauge(
+            "numa_node_advertised",
+            "1 if the NUMA node has an extended resource",
+            ["node"],
+            registry=r,
+        )
+        prefix = "numa_device_plugin"
+        self.devices = Gauge(
+            f"{prefix}_devices", "Devices advertised", ["resource", "health"], registry=r
+        )
+        self.allocations = Counter(
+            f"{prefix}_allocations", "Allocate calls answered", ["resource"], registry=r
+        )
+        self.allocate_errors = Counter(
+            f"{prefix}_allocate_errors", "Allocate calls refused", ["resource"], registry=r
+        )
+        self.registrations = Counter(
+            f"{prefix}_registrations",
+            "Register calls the kubelet accepted",
+            ["resource"],
+            registry=r,
+        )
+        self.registration_failures = Counter(
+            f"{prefix}_registration_failures",
+            "Register calls that failed",
+            ["resource"],
+            registry=r,
+        )
+        self.kubelet_restarts = Counter(
+            f"{prefix}_kubelet_restarts",
+            "New kubelet.sock seen by the resource",
+            ["resource"],
+            registry=r,
+        )
+        self.allocate_duration = Histogram(
+            f"{prefix}_allocate_duration_seconds",
+            "Time to answer Allocate",
+            ["resource"],
+            buckets=_ALLOCATE_BUCKETS,
+            registry=r,
+        )
+        self.registered_now = Gauge(
+            f"{prefix}_registered", "1 while registered with the kubelet", ["resource"], registry=r
+        )
+        build = Gauge(
+            f"{prefix}_build_info",
+            "Versions of the plugin and its runtime",
+            ["version", "python", "grpcio"],
+            registry=r,
+        )
+        build.labels(__version__, platform.python_version(), grpc.__version__).set(1)
+
+    def topology(self, plans: tuple[NodePlan, ...], devices: dict[str, int]) -> None:
+        for metric in (self.cpus, self.memory, self.distance, self.advertised, self.devices):
+            metric.clear()
+        for plan in plans:
+            node = str(plan.node.id)
+            self.cpus.labels(node).set(len(plan.node.cpus))
+            if plan.node.memory_bytes is not None:
+                self.memory.labels(node).set(plan.node.memory_bytes)
+            for other, value in plan.node.distances.items():
+                self.distance.labels(node, str(other)).set(value)
+            self.advertised.labels(node).set(1 if plan.advertised else 0)
+        for resource, count in devices.items():
+            self.devices.labels(resource, "Healthy").set(count)
+            self.devices.labels(resource, "Unhealthy").set(0)
+            self.registered_now.labels(resource).set(0)
+            # Create every per-resource series at 0, so a rate() sees the first event.
+            for counter in (
+                self.allocations,
+                self.allocate_errors,
+                self.registrations,
+                self.registration_failures,
+                self.kubelet_restarts,
+                self.allocate_duration,
+            ):
+                counter.labels(resource)
+
+    def allocated(self, resource: str, seconds: float, ok: bool) -> None:
+        (self.allocations if ok else self.allocate_errors).labels(resource).inc()
+        self.allocate_duration.labels(resource).observe(seconds)
+
+    def registration(self, resource: str, ok: bool) -> None:
+        (self.registrations if ok else self.registration_failures).labels(resource).inc()
+
+    def registered(self, resource: str, now: bool) -> None:
+        self.registered_now.labels(resource).set(1 if now else 0)
+
+    def kubelet_restart(self, resource: str) -> None:
+        self.kubelet_restarts.labels(resource).inc()
+
+    def render(self) -> bytes:
+        """The registry in the Prometheus text exposition format."""
+        return generate_latest(self.registry)

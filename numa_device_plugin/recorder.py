@@ -1,0 +1,51 @@
+"""What the plugin reports as it works, for metrics; no dependencies.
+
+The servicer and the manager call a :class:`Recorder`. Without
+``--metrics-address`` it is :class:`NullRecorder` and costs nothing; with it,
+:class:`numa_device_plugin.metrics.PrometheusRecorder` (which imports
+prometheus-client only then).
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from numa_device_plugin.topology import NodePlan
+
+
+class Recorder(Protocol):
+    """Events worth counting. Resource names are extended resource names."""
+
+    def topology(self, plans: tuple[NodePlan, ...], devices: dict[str, int]) -> None:
+        """The discovered NUMA nodes and, per advertised resource, its device count."""
+
+    def allocated(self, resource: str, seconds: float, ok: bool) -> None:
+        """One Allocate call answered (``ok``) or refused, and how long it took."""
+
+    def registration(self, resource: str, ok: bool) -> None:
+        """One Register call accepted or failed."""
+
+    def registered(self, resource: str, now: bool) -> None:
+        """Whether the resource is registered with the kubelet now."""
+
+    def kubelet_restart(self, resource: str) -> None:
+        """The resource was served again because a new kubelet.sock appeared."""
+
+
+class NullRecorder:
+    """Records nothing."""
+
+    def topology(self, plans: tuple[NodePlan, ...], devices: dict[str, int]) -> None:
+        pass
+
+    def allocated(self, resource: str, seconds: float, ok: bool) -> None:
+        pass
+
+    def registration(self, resource: str, ok: bool) -> None:
+        pass
+
+    def registered(self, resource: str, now: bool) -> None:
+        pass
+
+    def kubelet_restart(self, resource: str) -> None:
+        pass

@@ -1,0 +1,268 @@
+"""Metrics, /healthz, /readyz and the health command, against the kubelet stand-in."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import socket
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+import grpc
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from numa_device_plugin.cli import main
+from numa_device_plugin.fake_sysfs import SysfsTree
+from numa_device_plugin.kubelet_standin import KubeletStandIn
+from numa_device_plugin.manager import PluginManager
+from numa_device_plugin.metrics import PrometheusRecorder
+from numa_device_plugin.probes import ProbeServer, parse_address
+from tests.conftest import REPO
+from tests.standin_helpers import eventually, wait_all_live
+from tests.test_manager import NAMES, make_config
+
+
+@asynccontextmanager
+async def observed(config: object) -> AsyncIterator[tuple[PluginManager, int]]:
+    """A manager with Prometheus metrics and a probe listener on an ephemeral port."""
+    recorder = PrometheusRecorder()
+    manager = PluginManager(config, recorder=recorder)  # type: ignore[arg-type]
+    probes = ProbeServer(
+        ("127.0.0.1", 0),
+        asyncio.get_running_loop(),
+        manager.readiness_problems,
+        recorder.render,
+    )
+    probes.start()
+    task = asyncio.create_task(manager.serve())
+    try:
+        yield manager, probes.port
+    finally:
+        manager.stop()
+        await asyncio.wait_for(task, 10)
+        await asyncio.to_thread(probes.stop)
+
+
+def get(port: int, path: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as response:
+            return response.status, response.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+
+
+def samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    values = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            values[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
+    return values
+
+
+def value(
+    values: dict[tuple[str, tuple[tuple[str, str], ...]], float], name: str, **labels: str
+) -> float:
+    return values[(name, tuple(sorted(labels.items())))]
+
+
+async def test_metrics_after_registration_and_allocations(
+    two_nodes: SysfsTree, sock_dir: Path
+) -> None:
+    async with (
+        KubeletStandIn(sock_dir) as kubelet,
+        observed(make_config(two_nodes, sock_dir)) as (
+            manager,
+            port,
+        ),
+    ):
+        await wait_all_live(kubelet, NAMES)
+        for _ in range(3):
+            await kubelet.allocate("numa-align/numa-1", ["numa1-slot0000"])
+        with pytest.raises(grpc.aio.AioRpcError):
+            await kubelet.allocate("numa-align/numa-1", ["bogus"])
+        await eventually(lambda: manager.registered == set(NAMES))
+        status, text = await asyncio.to_thread(get, port, "/metrics")
+    assert status == 200
+    v = samples(text)
+    assert value(v, "numa_node_cpus_count", node="0") == 4
+    assert value(v, "numa_node_memory_bytes", node="1") == 1024**3
+    assert value(v, "numa_node_distance", node="0", to_node="1") == 21
+    assert value(v, "numa_node_advertised", node="1") == 1
+    r1 = {"resource": "numa-align/numa-1"}
+    assert value(v, "numa_device_plugin_devices", health="Healthy", **r1) == 5
+    assert value(v, "numa_device_plugin_devices", health="Unhealthy", **r1) == 0
+    assert value(v, "numa_device_plugin_allocations_total", **r1) == 3
+    assert value(v, "numa_device_plugin_allocate_errors_total", **r1) == 1
+    assert value(v, "numa_device_plugin_allocate_duration_seconds_count", **r1) == 4
+    assert value(v, "numa_device_plugin_registrations_total", **r1) == 1
+    assert value(v, "numa_device_plugin_registration_failures_total", **r1) == 0
+    assert value(v, "numa_device_plugin_registered", **r1) == 1
+    assert value(v, "numa_device_plugin_kubelet_restarts_total", **r1) == 0
+    build = [key for key in v if key[0] == "numa_device_plugin_build_info"]
+    assert len(build) == 1
+    assert dict(build[0][1])["version"]
+
+
+async def test_readyz_goes_503_while_the_kubelet_is_down(
+    two_nodes: SysfsTree, sock_dir: Path
+) -> None:
+    kubelet = KubeletStandIn(sock_dir)
+    await kubelet.start()
+    try:
+        async with observed(make_config(two_nodes, sock_dir)) as (manager, port):
+            await wait_all_live(kubelet, NAMES)
+            await eventually(lambda: manager.registered == set(NAMES))
+            assert await asyncio.to_thread(get, port, "/readyz") == (200, "ok\n")
+            assert await asyncio.to_thread(get, port, "/healthz") == (200, "ok\n")
+            await kubelet.stop()
+            await eventually(lambda: not manager.registered)
+            status, body = await asyncio.to_thread(get, port, "/readyz")
+            assert status == 503
+            assert sorted(body.splitlines()) == [
+                "numa-align/numa-0: not registered with the kubelet",
+                "numa-align/numa-1: not registered with the kubelet",
+            ]
+            assert (await asyncio.to_thread(get, port, "/healthz"))[0] == 200
+            await kubelet.restart()
+            await wait_all_live(kubelet, NAMES)
+            await eventually(lambda: manager.registered == set(NAMES))
+            assert await asyncio.to_thread(get, port, "/readyz") == (200, "ok\n")
+            v = samples((await asyncio.to_thread(get, port, "/metrics"))[1])
+            for name in NAMES:
+                assert value(v, "numa_device_plugin_kubelet_restarts_total", resource=name) == 1
+                assert value(v, "numa_device_plugin_registrations_total", resource=name) == 2
+    finally:
+        await kubelet.stop()
+
+
+async def test_healthz_fails_when_the_event_loop_is_stuck(
+    two_nodes: SysfsTree, sock_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import threading
+    import time
+
+    monkeypatch.setattr("numa_device_plugin.probes.LOOP_DEADLINE", 0.2)
+    async with observed(make_config(two_nodes, sock_dir)) as (_, port):
+        answers: list[tuple[int, str]] = []
+
+        def probe_while_blocked() -> None:
+            time.sleep(0.1)  # the event loop is blocked by then
+            answers.append(get(port, "/healthz"))
+
+        prober = threading.Thread(target=probe_while_blocked)
+        prober.start()
+        time.sleep(0.8)  # noqa: ASYNC251 - block the event loop, as a stuck plugin would
+        await asyncio.to_thread(prober.join)
+        assert answers == [(503, "event loop stuck\n")]
+        assert await asyncio.to_thread(get, port, "/healthz") == (200, "ok\n")
+
+
+async def test_unknown_path_is_404(two_nodes: SysfsTree, sock_dir: Path) -> None:
+    async with observed(make_config(two_nodes, sock_dir)) as (_, port):
+        assert (await asyncio.to_thread(get, port, "/nope"))[0] == 404
+
+
+async def test_health_command_exit_codes(
+    two_nodes: SysfsTree, sock_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    async with (
+        KubeletStandIn(sock_dir) as kubelet,
+        observed(make_config(two_nodes, sock_dir)) as (
+            manager,
+            port,
+        ),
+    ):
+        address = f"127.0.0.1:{port}"
+        await wait_all_live(kubelet, NAMES)
+        await eventually(lambda: manager.registered == set(NAMES))
+        assert await asyncio.to_thread(main, ["health", "--address", address]) == 0
+        assert (
+            await asyncio.to_thread(main, ["health", "--address", address, "--check", "healthz"])
+            == 0
+        )
+        await kubelet.stop()
+        await eventually(lambda: not manager.registered)
+        assert await asyncio.to_thread(main, ["health", "--address", address]) == 1
+        assert "not registered" in capsys.readouterr().err
+    closed = socket.socket()
+    closed.bind(("127.0.0.1", 0))
+    free_port = closed.getsockname()[1]
+    closed.close()
+    assert await asyncio.to_thread(main, ["health", "--address", f"127.0.0.1:{free_port}"]) == 1
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [(":9201", ("0.0.0.0", 9201)), ("127.0.0.1:80", ("127.0.0.1", 80)), ("[::1]:9", ("::1", 9))],
+)
+def test_parse_address(text: str, expected: tuple[str, int]) -> None:
+    assert parse_address(text) == expected
+
+
+@pytest.mark.parametrize("text", ["9201", "host:", ":99999", "a:b"])
+def test_parse_address_rejects(text: str) -> None:
+    with pytest.raises(ValueError, match="HOST:PORT"):
+        parse_address(text)
+
+
+def test_bad_metrics_address_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as caught:
+        main(["serve", "--metrics-address", "nine-two"])
+    assert caught.value.code == 2
+    assert "HOST:PORT" in capsys.readouterr().err
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+        return port
+
+
+def _rss(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError("no VmRSS")
+
+
+async def test_a_thousand_scrapes_leave_a_real_plugin_serving_and_its_memory_flat(
+    two_nodes: SysfsTree, sock_dir: Path
+) -> None:
+    port = _free_port()
+    args = [
+        "--sysfs-root", str(two_nodes.root), "--socket-dir", str(sock_dir),
+        "--metrics-address", f"127.0.0.1:{port}", "--log-level", "warning",
+    ]  # fmt: skip
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    async with KubeletStandIn(sock_dir) as kubelet:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "numa_device_plugin", "serve", *args], env=env
+        )
+        try:
+            await wait_all_live(kubelet, NAMES, timeout=20)
+
+            def scrape(times: int) -> None:
+                for _ in range(times):
+                    status, text = get(port, "/metrics")
+                    assert status == 200
+                    assert "numa_device_plugin_registered" in text
+
+            await asyncio.to_thread(scrape, 100)  # warm up
+            before = _rss(process.pid)
+            await asyncio.to_thread(scrape, 1000)
+            after = _rss(process.pid)
+            assert after <= before * 1.05, f"RSS grew from {before} to {after} bytes"
+            assert await asyncio.to_thread(get, port, "/readyz") == (200, "ok\n")
+            response = await kubelet.allocate("numa-align/numa-0", ["numa0-slot0001"])
+            assert dict(response.container_responses[0].envs) == {"NUMA_NODE": "0"}
+        finally:
+            process.send_signal(signal.SIGTERM)
+            assert process.wait(10) == 0
