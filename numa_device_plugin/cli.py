@@ -184,6 +184,14 @@ OPTIONS = {
             "ADDR",
         ),
         _Option("--check", "which probe", str, "readyz", ("readyz", "healthz")),
+        _Option(
+            "--pod-resources-socket",
+            "the kubelet's pod resources API socket",
+            _folder,
+            Path("/var/lib/kubelet/pod-resources/kubelet.sock"),
+            None,
+            "PATH",
+        ),
     )
 }
 
@@ -201,6 +209,15 @@ SERVE_OPTIONS = (
     "health_address",
 )
 HEALTH_OPTIONS = ("address", "check", "log_level")
+STATUS_OPTIONS = (
+    "pod_resources_socket",
+    "sysfs_root",
+    "resource_prefix",
+    "capacity",
+    "include_cpuless_nodes",
+    "output",
+    "log_level",
+)
 DISCOVER_OPTIONS = ("sysfs_root", "resource_prefix", "include_cpuless_nodes", "output", "log_level")
 DEMO_OPTIONS = (
     "sysfs_root",
@@ -285,6 +302,11 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
             "run the plugin on this machine's sysfs against an in-process kubelet stand-in "
             "in a temp folder, print what registered and one Allocate, then exit",
             DEMO_OPTIONS,
+        ),
+        "status": (
+            "show, per NUMA node, capacity, allocatable, allocated and the containers holding "
+            "it (from the kubelet's pod resources API), flagging misaligned CPUs",
+            STATUS_OPTIONS,
         ),
         "health": (
             "ask a running plugin's /readyz (or /healthz); exit 0 when it answers 200, else 1",
@@ -436,6 +458,26 @@ def _probe_servers(
     return servers
 
 
+def _run_status(args: argparse.Namespace) -> int:
+    from numa_device_plugin.status import StatusError, build_status, fetch, render_table
+
+    config = Config(
+        sysfs_root=args.sysfs_root,
+        resource_prefix=args.resource_prefix,
+        capacity=args.capacity,
+        include_cpuless_nodes=args.include_cpuless_nodes,
+    )
+    discovery = discover(config)
+    try:
+        pods, allocatable = asyncio.run(fetch(args.pod_resources_socket))
+    except StatusError as exc:
+        print(f"numa-device-plugin: {exc}", file=sys.stderr)
+        return 1
+    document = build_status(discovery, config.capacity, pods, allocatable)
+    print(json.dumps(document, indent=2) if args.output == "json" else render_table(document))
+    return 0
+
+
 def _run_health(args: argparse.Namespace) -> int:
     """GET /readyz (or /healthz) of a running plugin; 0 on 200, 1 otherwise."""
     import urllib.error
@@ -534,6 +576,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command == "discover":
             return _run_discover(args)
+        if args.command == "status":
+            return _run_status(args)
         try:
             config = config_from_args(args)
         except ValueError as exc:

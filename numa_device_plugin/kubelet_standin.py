@@ -16,6 +16,9 @@ as the kubelet does toward device plugins (device plugin API v1beta1; see
   resource's *current* client and marks its devices unhealthy (allocatable 0):
   an old stream ending after a new registration drops the new endpoint. It
   never reopens a stream by itself.
+- With ``pod_resources_dir`` it also serves ``v1.PodResourcesLister`` (List,
+  GetAllocatableResources, Get) on ``kubelet.sock`` there, for the pods that
+  :meth:`KubeletStandIn.add_pod` placed.
 - :meth:`KubeletStandIn.restart` does what a kubelet restart does: the old
   process's connections go away, every file in the folder except
   ``kubelet_internal_checkpoint`` is deleted, and ``kubelet.sock`` is created anew.
@@ -33,6 +36,8 @@ from pathlib import Path
 import grpc
 
 from numa_device_plugin.api.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
+from numa_device_plugin.api.podresources.v1 import api_pb2 as pr_pb2
+from numa_device_plugin.api.podresources.v1 import api_pb2_grpc as pr_grpc
 from numa_device_plugin.devices import HEALTHY, validate_extended_resource_name
 from numa_device_plugin.registration import API_VERSION, FRESH_CONNECTION, KUBELET_SOCKET_NAME
 from numa_device_plugin.server import UnixSocketServer
@@ -80,8 +85,25 @@ class KubeletStandIn:
     for a state instead of sleeping.
     """
 
-    def __init__(self, directory: Path, *, dial_timeout: float = DIAL_TIMEOUT) -> None:
+    def __init__(
+        self,
+        directory: Path,
+        *,
+        dial_timeout: float = DIAL_TIMEOUT,
+        pod_resources_dir: Path | None = None,
+        allocatable_cpus: Sequence[int] = (),
+    ) -> None:
         self.directory = directory
+        self.pods: list[pr_pb2.PodResources] = []
+        self.allocatable_cpus = list(allocatable_cpus)
+        self._pod_resources: UnixSocketServer | None = None
+        if pod_resources_dir is not None:
+            self._pod_resources = UnixSocketServer(
+                pod_resources_dir / KUBELET_SOCKET_NAME,
+                lambda server: pr_grpc.add_PodResourcesListerServicer_to_server(
+                    _PodResourcesServicer(self), server
+                ),
+            )
         self.dial_timeout = dial_timeout
         self.clients: dict[str, PluginClient] = {}
         self.registrations: list[RegisterRecord] = []
@@ -107,6 +129,9 @@ class KubeletStandIn:
         """Create ``kubelet.sock`` and serve Registration."""
         self.directory.mkdir(parents=True, exist_ok=True)
         await self._server.start()
+        if self._pod_resources is not None and not self._pod_resources.serving:
+            self._pod_resources.path.parent.mkdir(parents=True, exist_ok=True)
+            await self._pod_resources.start()
         self._notify()
 
     async def stop(self) -> None:
@@ -147,6 +172,57 @@ class KubeletStandIn:
 
     async def __aexit__(self, *exc_info: object) -> None:
         await self.stop()
+        if self._pod_resources is not None:
+            await self._pod_resources.stop(0)
+
+    @property
+    def pod_resources_socket(self) -> Path | None:
+        return self._pod_resources.path if self._pod_resources is not None else None
+
+    def add_pod(
+        self,
+        namespace: str,
+        name: str,
+        containers: Sequence[tuple[str, dict[str, list[str]], Sequence[int]]],
+    ) -> None:
+        """Place a pod: per container its name, ``{resource: device ids}`` and exclusive
+        CPU ids. Device topology is taken from what the plugins reported."""
+        pod = pr_pb2.PodResources(name=name, namespace=namespace)
+        for container_name, devices, cpus in containers:
+            container = pod.containers.add(name=container_name, cpu_ids=list(cpus))
+            for resource, ids in devices.items():
+                nodes = sorted(
+                    {
+                        node.ID
+                        for device in self.devices(resource)
+                        if device.ID in ids
+                        for node in device.topology.nodes
+                    }
+                )
+                container.devices.add(
+                    resource_name=resource,
+                    device_ids=ids,
+                    topology=pr_pb2.TopologyInfo(nodes=[pr_pb2.NUMANode(ID=n) for n in nodes]),
+                )
+        self.pods.append(pod)
+
+    def allocatable_resources(self) -> pr_pb2.AllocatableResourcesResponse:
+        """As the kubelet: every healthy device of every registered plugin, with its
+        topology, and the CPUs the CPU manager may hand out."""
+        response = pr_pb2.AllocatableResourcesResponse(cpu_ids=self.allocatable_cpus)
+        for resource, client in sorted(self.clients.items()):
+            if not client.stream_open:
+                continue
+            for device in client.devices:
+                if device.health == HEALTHY:
+                    response.devices.add(
+                        resource_name=resource,
+                        device_ids=[device.ID],
+                        topology=pr_pb2.TopologyInfo(
+                            nodes=[pr_pb2.NUMANode(ID=n.ID) for n in device.topology.nodes]
+                        ),
+                    )
+        return response
 
     # -- what the kubelet knows ------------------------------------------------------------
 
@@ -325,3 +401,29 @@ class _RegistrationServicer(api_pb2_grpc.RegistrationServicer):  # type: ignore[
         if error is not None:
             await context.abort(grpc.StatusCode.UNKNOWN, error)
         return api_pb2.Empty()
+
+
+class _PodResourcesServicer(pr_grpc.PodResourcesListerServicer):  # type: ignore[misc]
+    def __init__(self, kubelet: KubeletStandIn) -> None:
+        self._kubelet = kubelet
+
+    async def List(
+        self, request: pr_pb2.ListPodResourcesRequest, context: Context
+    ) -> pr_pb2.ListPodResourcesResponse:
+        return pr_pb2.ListPodResourcesResponse(pod_resources=self._kubelet.pods)
+
+    async def GetAllocatableResources(
+        self, request: pr_pb2.AllocatableResourcesRequest, context: Context
+    ) -> pr_pb2.AllocatableResourcesResponse:
+        return self._kubelet.allocatable_resources()
+
+    async def Get(
+        self, request: pr_pb2.GetPodResourcesRequest, context: Context
+    ) -> pr_pb2.GetPodResourcesResponse:
+        for pod in self._kubelet.pods:
+            if (pod.name, pod.namespace) == (request.pod_name, request.pod_namespace):
+                return pr_pb2.GetPodResourcesResponse(pod_resources=pod)
+        await context.abort(
+            grpc.StatusCode.NOT_FOUND, f"pod {request.pod_namespace}/{request.pod_name} not found"
+        )
+        raise AssertionError("unreachable")
