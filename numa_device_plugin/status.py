@@ -67,7 +67,7 @@ def build_status(
     for name, resource in discovery.resources.items():
         node_cpus = next(p.node.cpus for p in discovery.plans if p.node.id == resource.node_id)
         holders: list[dict[str, Any]] = []
-        held = 0
+        held: set[str] = set()  # init containers hand their devices on: count each once
         for pod in pods.pod_resources:
             for container in pod.containers:
                 ids = [
@@ -86,7 +86,7 @@ def build_status(
                     aligned = False
                     problem = f"CPUs {outside} are not on NUMA node {resource.node_id}"
                 misaligned += 0 if aligned else 1
-                held += len(ids)
+                held.update(ids)
                 holders.append(
                     {
                         "namespace": pod.namespace,
@@ -105,7 +105,7 @@ def build_status(
                 "cpus": sysfs.format_cpulist(node_cpus),
                 "capacity": capacity,
                 "allocatable": free.get(name, 0),
-                "allocated": held,
+                "allocated": len(held),
                 "holders": holders,
             }
         )

@@ -53,7 +53,7 @@ async def test_status_lists_holders_and_flags_misalignment(
         table = capsys.readouterr().out
     node0, node1 = document["nodes"]
     assert (node0["id"], node0["resource"], node0["cpus"]) == (0, "numa-align/numa-0", "0-3")
-    assert (node1["capacity"], node1["allocatable"], node1["allocated"]) == (5, 5, 3)
+    assert (node1["capacity"], node1["allocatable"], node1["allocated"]) == (5, 5, 2)
     holders = {(h["pod"], h["container"]): h for h in node1["holders"]}
     assert set(holders) == {("shard-1", "warm"), ("shard-1", "engine"), ("bad", "pg")}
     assert holders[("shard-1", "engine")]["aligned"] is True
@@ -65,7 +65,7 @@ async def test_status_lists_holders_and_flags_misalignment(
     assert "no exclusive CPUs" in shared["problem"]
     assert document["misaligned"] == 2
     assert (
-        "NUMA node 1 (numa-align/numa-1, CPUs 4-7): capacity 5, allocatable 5, allocated 3" in table
+        "NUMA node 1 (numa-align/numa-1, CPUs 4-7): capacity 5, allocatable 5, allocated 2" in table
     )
     assert "db/bad pg: 1 slot(s), CPUs 1-2, MISALIGNED: CPUs 1-2 are not on NUMA node 1" in table
     assert "search/shard-1 engine: 1 slot(s), CPUs 4-6, aligned" in table
