@@ -266,3 +266,36 @@ async def test_a_thousand_scrapes_leave_a_real_plugin_serving_and_its_memory_fla
         finally:
             process.send_signal(signal.SIGTERM)
             assert process.wait(10) == 0
+
+
+async def test_health_address_takes_the_probes_off_the_metrics_listener(
+    two_nodes: SysfsTree, sock_dir: Path
+) -> None:
+    metrics_port, health_port = _free_port(), _free_port()
+    args = [
+        "--sysfs-root", str(two_nodes.root), "--socket-dir", str(sock_dir),
+        "--metrics-address", f"127.0.0.1:{metrics_port}",
+        "--health-address", f"127.0.0.1:{health_port}", "--log-level", "warning",
+    ]  # fmt: skip
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    async with KubeletStandIn(sock_dir) as kubelet:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "numa_device_plugin", "serve", *args], env=env
+        )
+        try:
+            await wait_all_live(kubelet, NAMES, timeout=20)
+
+            def ready() -> bool:
+                try:
+                    return get(health_port, "/readyz")[0] == 200
+                except OSError:
+                    return False
+
+            await eventually(ready, timeout=10)
+            assert (await asyncio.to_thread(get, health_port, "/healthz"))[0] == 200
+            assert (await asyncio.to_thread(get, health_port, "/metrics"))[0] == 404
+            assert (await asyncio.to_thread(get, metrics_port, "/metrics"))[0] == 200
+            assert (await asyncio.to_thread(get, metrics_port, "/readyz"))[0] == 404
+        finally:
+            process.send_signal(signal.SIGTERM)
+            assert process.wait(10) == 0
