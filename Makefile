@@ -5,7 +5,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 BIN    := $(VENV)/bin
 
-.PHONY: install run test lint proto bench soak clean
+.PHONY: install run test lint proto bench soak docker-build docker-push deploy undeploy clean
 
 install: $(VENV)/.installed
 
@@ -39,6 +39,25 @@ bench: install
 ## soak: 1,000 kubelet restarts with Allocate calls and deleted sockets; stops by itself
 soak: install
 	$(PY) -m benchmarks.soak --restarts 1000 $(SOAK_ARGS)
+
+REGISTRY ?= registry.local:5000
+TAG      ?= $(shell $(PYTHON) -c "import re;print(re.search(r'__version__ = \"(.+)\"', open('numa_device_plugin/__init__.py').read())[1])")
+IMAGE    := $(REGISTRY)/numa-device-plugin:$(TAG)
+
+## docker-build: the container image $(REGISTRY)/numa-device-plugin:$(TAG)
+docker-build:
+	docker build --build-arg VERSION=$(TAG) -t $(IMAGE) .
+
+## docker-push: push it (the test cluster's registry is insecure: see test/infra)
+docker-push:
+	docker push $(IMAGE)
+
+## deploy / undeploy: kubectl apply -k deployments/ (image tag from TAG)
+deploy:
+	cd deployments && kubectl kustomize . | sed 's#registry.local:5000/numa-device-plugin:[^" ]*#$(IMAGE)#' | kubectl apply -f -
+
+undeploy:
+	kubectl delete -k deployments/ --ignore-not-found
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info .mypy_cache .ruff_cache .pytest_cache
