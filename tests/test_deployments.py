@@ -218,7 +218,8 @@ def test_requests_and_limits_cover_the_measured_footprint() -> None:
         "limits": resources["limits"]["memory"],
     }
     assert all(value.endswith("Mi") for value in mebibytes.values())
-    # ~42 MB RSS measured without metrics, ~65 MB with prometheus-client loaded.
+    # Measured for 8 NUMA nodes: ~42 MB RSS without metrics, ~46 MB with them; restart
+    # storms briefly add more (up to ~59 MB seen before the plugin trims freed heap).
     assert int(mebibytes["requests"][:-2]) >= 70
     assert int(mebibytes["limits"][:-2]) >= 2 * int(mebibytes["requests"][:-2])
     assert "cpu" in resources["requests"]
