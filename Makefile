@@ -5,7 +5,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 BIN    := $(VENV)/bin
 
-.PHONY: install run test lint proto bench soak docker-build docker-push deploy undeploy clean
+.PHONY: install run test test-e2e lint proto bench soak docker-build docker-push deploy undeploy clean
 
 install: $(VENV)/.installed
 
@@ -21,6 +21,10 @@ run: install
 ## test: the whole offline test suite
 test: install
 	$(BIN)/pytest -q
+
+## test-e2e: the end-to-end tests against $$KUBECONFIG (see test/infra/create-cluster.sh)
+test-e2e: install
+	$(BIN)/pytest -m e2e -v tests/e2e
 
 ## lint: ruff (lint + format check) and mypy --strict
 lint: install

@@ -1,0 +1,283 @@
+# shellcheck shell=bash
+# shellcheck source-path=SCRIPTDIR
+# Shared by create-cluster.sh and destroy-cluster.sh: configuration, naming,
+# rendering of cloud-init and VM definitions, and the libvirt operations.
+# Rendering writes files only; nothing here touches libvirt unless called by name.
+
+load_config() {
+  # shellcheck source=config.env
+  source "${INFRA_DIR}/config.env"
+  if [[ -f "${INFRA_DIR}/config.local.env" ]]; then
+    # shellcheck source=/dev/null
+    source "${INFRA_DIR}/config.local.env"
+  fi
+  WORKER_CPUS=$((NUMA_NODES_PER_WORKER * CPUS_PER_NUMA_NODE))
+  WORKER_MEMORY_MIB=$((NUMA_NODES_PER_WORKER * MEMORY_MIB_PER_NUMA_NODE))
+  RESERVED_TOTAL_MIB=$((KUBE_RESERVED_MEMORY_MIB + SYSTEM_RESERVED_MEMORY_MIB + EVICTION_HARD_MEMORY_MIB))
+  if ((RESERVED_TOTAL_MIB % NUMA_NODES_PER_WORKER != 0)); then
+    die "kube + system reserved + eviction memory (${RESERVED_TOTAL_MIB} MiB) must split evenly over ${NUMA_NODES_PER_WORKER} NUMA nodes"
+  fi
+  RESERVED_PER_NODE_MIB=$((RESERVED_TOTAL_MIB / NUMA_NODES_PER_WORKER))
+}
+
+die() {
+  echo "error: $*" >&2
+  exit 1
+}
+
+log() {
+  echo "==> $*" >&2
+}
+
+# VM names, one per line: registry, server, workers.
+vm_names() {
+  echo "${CLUSTER_NAME}-registry"
+  echo "${CLUSTER_NAME}-server"
+  local i
+  for ((i = 1; i <= WORKERS; i++)); do
+    echo "${CLUSTER_NAME}-worker-${i}"
+  done
+}
+
+vm_role() {
+  case "$1" in
+    *-registry) echo registry ;;
+    *-server) echo server ;;
+    *) echo worker ;;
+  esac
+}
+
+vm_ip() {
+  case "$1" in
+    *-registry) echo "${REGISTRY_IP}" ;;
+    *-server) echo "${SERVER_IP}" ;;
+    *) echo "${NETWORK_PREFIX}.$((WORKER_IP_BASE + ${1##*-}))" ;;
+  esac
+}
+
+vm_mac() {
+  local last="${1##*.}"
+  printf '52:54:00:96:00:%02x\n' "${last}"
+}
+
+vm_cpus() {
+  case "$(vm_role "$1")" in
+    registry) echo "${REGISTRY_CPUS}" ;;
+    server) echo "${SERVER_CPUS}" ;;
+    worker) echo "${WORKER_CPUS}" ;;
+  esac
+}
+
+vm_memory_mib() {
+  case "$(vm_role "$1")" in
+    registry) echo "${REGISTRY_MEMORY_MIB}" ;;
+    server) echo "${SERVER_MEMORY_MIB}" ;;
+    worker) echo "${WORKER_MEMORY_MIB}" ;;
+  esac
+}
+
+# virt-install's --cpu value: guest NUMA cells for workers (memory in KiB).
+vm_cpu_option() {
+  local vm="$1" option="host-passthrough" cell first last
+  if [[ "$(vm_role "${vm}")" == worker ]]; then
+    for ((cell = 0; cell < NUMA_NODES_PER_WORKER; cell++)); do
+      first=$((cell * CPUS_PER_NUMA_NODE))
+      last=$((first + CPUS_PER_NUMA_NODE - 1))
+      option+=",cell${cell}.id=${cell},cell${cell}.cpus=${first}-${last}"
+      option+=",cell${cell}.memory=$((MEMORY_MIB_PER_NUMA_NODE * 1024))"
+    done
+  fi
+  echo "${option}"
+}
+
+# virt-install arguments, one per line.
+render_virt_install_args() {
+  local vm="$1" ip
+  ip="$(vm_ip "${vm}")"
+  cat <<EOF
+--connect=${LIBVIRT_URI}
+--name=${vm}
+--memory=$(vm_memory_mib "${vm}")
+--vcpus=$(vm_cpus "${vm}")
+--cpu=$(vm_cpu_option "${vm}")
+--os-variant=${OS_VARIANT}
+--disk=path=${STATE_DIR}/disks/${vm}.qcow2,format=qcow2
+--disk=path=${STATE_DIR}/disks/${vm}-seed.iso,device=cdrom
+--network=network=${NETWORK_NAME},mac=$(vm_mac "${ip}")
+--import
+--noautoconsole
+--graphics=none
+EOF
+}
+
+render_network_xml() {
+  local vm ip
+  cat <<EOF
+<network>
+  <name>${NETWORK_NAME}</name>
+  <forward mode='nat'/>
+  <ip address='${NETWORK_PREFIX}.1' netmask='255.255.255.0'>
+    <dhcp>
+      <range start='${NETWORK_PREFIX}.100' end='${NETWORK_PREFIX}.200'/>
+EOF
+  while read -r vm; do
+    ip="$(vm_ip "${vm}")"
+    echo "      <host mac='$(vm_mac "${ip}")' name='${vm}' ip='${ip}'/>"
+  done < <(vm_names)
+  cat <<EOF
+    </dhcp>
+  </ip>
+</network>
+EOF
+}
+
+render_registries_yaml() {
+  cat <<EOF
+      mirrors:
+        "${REGISTRY_NAME}:${REGISTRY_PORT}":
+          endpoint:
+            - "http://${REGISTRY_IP}:${REGISTRY_PORT}"
+EOF
+}
+
+# The kubelet arguments of a worker, one per line (RKE2 kubelet-arg entries).
+worker_kubelet_args() {
+  local node
+  echo "cpu-manager-policy=static"
+  echo "topology-manager-policy=single-numa-node"
+  echo "topology-manager-scope=pod"
+  echo "memory-manager-policy=Static"
+  echo "kube-reserved=cpu=${KUBE_RESERVED_CPU},memory=${KUBE_RESERVED_MEMORY_MIB}Mi"
+  echo "system-reserved=cpu=${SYSTEM_RESERVED_CPU},memory=${SYSTEM_RESERVED_MEMORY_MIB}Mi"
+  echo "eviction-hard=memory.available<${EVICTION_HARD_MEMORY_MIB}Mi"
+  for ((node = 0; node < NUMA_NODES_PER_WORKER; node++)); do
+    echo "reserved-memory=${node}:memory=${RESERVED_PER_NODE_MIB}Mi"
+  done
+}
+
+render_user_data() {
+  local vm="$1" public_key="$2" token="$3" role arg
+  role="$(vm_role "${vm}")"
+  cat <<EOF
+#cloud-config
+hostname: ${vm}
+users:
+  - name: ubuntu
+    sudo: "ALL=(ALL) NOPASSWD:ALL"
+    shell: /bin/bash
+    ssh_authorized_keys:
+      - "${public_key}"
+EOF
+  if [[ "${role}" == registry ]]; then
+    cat <<EOF
+packages:
+  - docker.io
+runcmd:
+  - [systemctl, enable, --now, docker]
+  - [docker, run, -d, --restart=always, -p, "${REGISTRY_PORT}:5000", --name, registry, "registry:2"]
+EOF
+    return
+  fi
+  cat <<EOF
+write_files:
+  - path: /etc/rancher/rke2/registries.yaml
+    permissions: "0644"
+    content: |
+$(render_registries_yaml)
+  - path: /etc/rancher/rke2/config.yaml
+    permissions: "0600"
+    content: |
+      token: "${token}"
+      node-name: ${vm}
+EOF
+  if [[ "${role}" == server ]]; then
+    cat <<EOF
+      tls-san:
+        - ${SERVER_IP}
+      write-kubeconfig-mode: "0644"
+EOF
+  else
+    echo "      server: https://${SERVER_IP}:9345"
+    echo "      kubelet-arg:"
+    while read -r arg; do
+      echo "        - \"${arg}\""
+    done < <(worker_kubelet_args)
+  fi
+  local install_type=server service=rke2-server.service
+  if [[ "${role}" == worker ]]; then
+    install_type=agent
+    service=rke2-agent.service
+  fi
+  cat <<EOF
+runcmd:
+  - "grep -q ' ${REGISTRY_NAME}\$' /etc/hosts || echo '${REGISTRY_IP} ${REGISTRY_NAME}' >> /etc/hosts"
+  - "curl -sfL https://get.rke2.io | INSTALL_RKE2_TYPE=${install_type} INSTALL_RKE2_VERSION=${RKE2_VERSION} sh -"
+  - [systemctl, enable, --now, ${service}]
+EOF
+}
+
+render_meta_data() {
+  printf 'instance-id: %s\nlocal-hostname: %s\n' "$1" "$1"
+}
+
+render_plan() {
+  local vm total_mib=0 total_gib=0
+  echo "cluster ${CLUSTER_NAME} on ${LIBVIRT_URI}, network ${NETWORK_NAME} (${NETWORK_PREFIX}.0/24)"
+  echo "image ${IMAGE_URL}, RKE2 ${RKE2_VERSION}"
+  while read -r vm; do
+    echo "create VM ${vm}: role $(vm_role "${vm}"), $(vm_cpus "${vm}") vCPUs, $(vm_memory_mib "${vm}") MiB, ${DISK_GIB} GiB disk, ip $(vm_ip "${vm}"), cpu $(vm_cpu_option "${vm}")"
+    total_mib=$((total_mib + $(vm_memory_mib "${vm}")))
+    total_gib=$((total_gib + DISK_GIB))
+  done < <(vm_names)
+  echo "workers: kubelet $(worker_kubelet_args | paste -sd' ' -)"
+  echo "needs ${total_mib} MiB of memory and ${total_gib} GiB of disk"
+  echo "writes kubeconfig ${STATE_DIR}/kubeconfig"
+}
+
+# Render everything for every VM into DIR: plan.txt, network.xml, VM/user-data,
+# VM/meta-data, VM/virt-install.args.
+render_all() {
+  local out="$1" public_key="$2" token="$3" vm
+  mkdir -p "${out}"
+  render_plan >"${out}/plan.txt"
+  render_network_xml >"${out}/network.xml"
+  while read -r vm; do
+    mkdir -p "${out}/${vm}"
+    render_user_data "${vm}" "${public_key}" "${token}" >"${out}/${vm}/user-data"
+    render_meta_data "${vm}" >"${out}/${vm}/meta-data"
+    render_virt_install_args "${vm}" >"${out}/${vm}/virt-install.args"
+  done < <(vm_names)
+}
+
+check_prerequisites() {
+  local missing=() tool need_mib need_gib free_mib free_gib
+  [[ -c /dev/kvm && -w /dev/kvm ]] || missing+=("/dev/kvm (KVM not available or not writable: enable virtualization, add yourself to the kvm group)")
+  for tool in virsh virt-install qemu-img curl ssh ssh-keygen; do
+    command -v "${tool}" >/dev/null || missing+=("${tool} (install libvirt-clients, virtinst, qemu-utils, curl, openssh-client)")
+  done
+  if ! command -v cloud-localds >/dev/null && ! command -v genisoimage >/dev/null; then
+    missing+=("cloud-localds or genisoimage (install cloud-image-utils or genisoimage)")
+  fi
+  if command -v virsh >/dev/null && ! virsh --connect "${LIBVIRT_URI}" version >/dev/null 2>&1; then
+    missing+=("libvirt at ${LIBVIRT_URI} (is libvirtd running, and may you use it?)")
+  fi
+  need_mib=$(render_plan | sed -n 's/^needs \([0-9]*\) MiB.*/\1/p')
+  need_gib=$(render_plan | sed -n 's/^needs [0-9]* MiB of memory and \([0-9]*\) GiB.*/\1/p')
+  free_mib=$(($(awk '/^MemAvailable:/ {print $2}' /proc/meminfo) / 1024))
+  mkdir -p "${STATE_DIR}"
+  free_gib=$(($(df --output=avail -k "${STATE_DIR}" | tail -1) / 1024 / 1024))
+  ((free_mib >= need_mib)) || missing+=("memory: the VMs need ${need_mib} MiB, ${free_mib} MiB available")
+  ((free_gib >= need_gib)) || missing+=("disk: the VMs need ${need_gib} GiB in ${STATE_DIR}, ${free_gib} GiB free")
+  if ((${#missing[@]})); then
+    printf 'missing prerequisite: %s\n' "${missing[@]}" >&2
+    exit 1
+  fi
+}
+
+virsh_() {
+  virsh --connect "${LIBVIRT_URI}" "$@"
+}
+
+vm_exists() {
+  virsh_ dominfo "$1" >/dev/null 2>&1
+}
