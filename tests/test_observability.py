@@ -226,6 +226,26 @@ def _free_port() -> int:
         return port
 
 
+@asynccontextmanager
+async def serve_process(tree: SysfsTree, folder: Path, *flags: str) -> AsyncIterator[int]:
+    """A real `serve` process on ``tree`` and ``folder`` with ``flags``; yields its pid,
+    registered with a stand-in; SIGTERM at the end must exit 0."""
+    args = ["--sysfs-root", str(tree.root), "--socket-dir", str(folder), "--log-level", "warning"]
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    async with KubeletStandIn(folder) as kubelet:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "numa_device_plugin", "serve", *args, *flags], env=env
+        )
+        try:
+            await wait_all_live(kubelet, NAMES, timeout=20)
+            yield process.pid
+            response = await kubelet.allocate("numa-align/numa-0", ["numa0-slot0001"])
+            assert dict(response.container_responses[0].envs) == {"NUMA_NODE": "0"}
+        finally:
+            process.send_signal(signal.SIGTERM)
+            assert process.wait(10) == 0
+
+
 def _rss(pid: int) -> int:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmRSS:"):
@@ -237,65 +257,40 @@ async def test_a_thousand_scrapes_leave_a_real_plugin_serving_and_its_memory_fla
     two_nodes: SysfsTree, sock_dir: Path
 ) -> None:
     port = _free_port()
-    args = [
-        "--sysfs-root", str(two_nodes.root), "--socket-dir", str(sock_dir),
-        "--metrics-address", f"127.0.0.1:{port}", "--log-level", "warning",
-    ]  # fmt: skip
-    env = dict(os.environ, PYTHONPATH=str(REPO))
-    async with KubeletStandIn(sock_dir) as kubelet:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "numa_device_plugin", "serve", *args], env=env
-        )
-        try:
-            await wait_all_live(kubelet, NAMES, timeout=20)
+    async with serve_process(two_nodes, sock_dir, "--metrics-address", f"127.0.0.1:{port}") as pid:
 
-            def scrape(times: int) -> None:
-                for _ in range(times):
-                    status, text = get(port, "/metrics")
-                    assert status == 200
-                    assert "numa_device_plugin_registered" in text
+        def scrape(times: int) -> None:
+            for _ in range(times):
+                status, text = get(port, "/metrics")
+                assert status == 200
+                assert "numa_device_plugin_registered" in text
 
-            await asyncio.to_thread(scrape, 100)  # warm up
-            before = _rss(process.pid)
-            await asyncio.to_thread(scrape, 1000)
-            after = _rss(process.pid)
-            assert after <= before * 1.05, f"RSS grew from {before} to {after} bytes"
-            assert await asyncio.to_thread(get, port, "/readyz") == (200, "ok\n")
-            response = await kubelet.allocate("numa-align/numa-0", ["numa0-slot0001"])
-            assert dict(response.container_responses[0].envs) == {"NUMA_NODE": "0"}
-        finally:
-            process.send_signal(signal.SIGTERM)
-            assert process.wait(10) == 0
+        await asyncio.to_thread(scrape, 100)  # warm up
+        before = _rss(pid)
+        await asyncio.to_thread(scrape, 1000)
+        after = _rss(pid)
+        assert after <= before * 1.05, f"RSS grew from {before} to {after} bytes"
+        assert await asyncio.to_thread(get, port, "/readyz") == (200, "ok\n")
 
 
 async def test_health_address_takes_the_probes_off_the_metrics_listener(
     two_nodes: SysfsTree, sock_dir: Path
 ) -> None:
     metrics_port, health_port = _free_port(), _free_port()
-    args = [
-        "--sysfs-root", str(two_nodes.root), "--socket-dir", str(sock_dir),
-        "--metrics-address", f"127.0.0.1:{metrics_port}",
-        "--health-address", f"127.0.0.1:{health_port}", "--log-level", "warning",
-    ]  # fmt: skip
-    env = dict(os.environ, PYTHONPATH=str(REPO))
-    async with KubeletStandIn(sock_dir) as kubelet:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "numa_device_plugin", "serve", *args], env=env
-        )
-        try:
-            await wait_all_live(kubelet, NAMES, timeout=20)
+    flags = [
+        *("--metrics-address", f"127.0.0.1:{metrics_port}"),
+        *("--health-address", f"127.0.0.1:{health_port}"),
+    ]
+    async with serve_process(two_nodes, sock_dir, *flags):
 
-            def ready() -> bool:
-                try:
-                    return get(health_port, "/readyz")[0] == 200
-                except OSError:
-                    return False
+        def ready() -> bool:
+            try:
+                return get(health_port, "/readyz")[0] == 200
+            except OSError:
+                return False
 
-            await eventually(ready, timeout=10)
-            assert (await asyncio.to_thread(get, health_port, "/healthz"))[0] == 200
-            assert (await asyncio.to_thread(get, health_port, "/metrics"))[0] == 404
-            assert (await asyncio.to_thread(get, metrics_port, "/metrics"))[0] == 200
-            assert (await asyncio.to_thread(get, metrics_port, "/readyz"))[0] == 404
-        finally:
-            process.send_signal(signal.SIGTERM)
-            assert process.wait(10) == 0
+        await eventually(ready, timeout=10)
+        assert (await asyncio.to_thread(get, health_port, "/healthz"))[0] == 200
+        assert (await asyncio.to_thread(get, health_port, "/metrics"))[0] == 404
+        assert (await asyncio.to_thread(get, metrics_port, "/metrics"))[0] == 200
+        assert (await asyncio.to_thread(get, metrics_port, "/readyz"))[0] == 404
