@@ -177,7 +177,6 @@ class PluginManager:
         self.registered: set[str] = set()
         self._reasons: list[tuple[str, str]] = []
         self._woken: asyncio.Event | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
         self._stopping = False
         self._reload = False
         self._to_restart: set[str] = set()
@@ -251,13 +250,12 @@ class PluginManager:
         discovery fails and OSError when the device-plugin folder cannot be
         created or watched. Later failures are logged and retried, never raised.
         """
-        self._loop = asyncio.get_running_loop()
         self._woken = asyncio.Event()
         if self._reasons:
             self._woken.set()
         self._set_discovery(self._discover_fn(self.config))
         self.config.socket_dir.mkdir(parents=True, exist_ok=True)
-        watcher = SocketDirWatcher(self.config.socket_dir, self.wake, self._loop)
+        watcher = SocketDirWatcher(self.config.socket_dir, self.wake, asyncio.get_running_loop())
         watcher.start()
         log.info(
             "device plugin started",

@@ -238,3 +238,26 @@ def test_e2e_tests_import_and_skip_without_a_cluster(tmp_path: Path) -> None:
     assert "passed" not in summary
     assert "failed" not in summary
     assert "no cluster: set KUBECONFIG" in result.stdout
+
+
+def test_prerequisites_are_checked_first_with_a_message_each(tmp_path: Path) -> None:
+    """Without libvirt's tools on PATH, create stops before touching anything."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for tool in ("bash", "awk", "df", "tail", "sed", "mkdir", "cat", "paste", "dirname", "head"):
+        found = shutil.which(tool)
+        assert found is not None, tool
+        (bin_dir / tool).symlink_to(found)
+    state = tmp_path / "state"
+    result = subprocess.run(
+        [str(bin_dir / "bash"), str(INFRA / "create-cluster.sh")],
+        capture_output=True,
+        text=True,
+        env={"PATH": str(bin_dir), "STATE_DIR": str(state), "HOME": str(tmp_path)},
+        timeout=60,
+    )
+    assert result.returncode == 1, result.stderr
+    for tool in ("virsh", "virt-install", "qemu-img", "cloud-localds or genisoimage"):
+        assert f"missing prerequisite: {tool}" in result.stderr
+    assert "missing prerequisite: virsh (Debian/Ubuntu package libvirt-clients)" in result.stderr
+    assert not state.exists(), "nothing may be created before the checks pass"

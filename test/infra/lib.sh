@@ -220,15 +220,24 @@ render_meta_data() {
   printf 'instance-id: %s\nlocal-hostname: %s\n' "$1" "$1"
 }
 
-render_plan() {
+# Memory (MiB) and disk (GiB) all VMs need together: "MIB GIB".
+plan_totals() {
   local vm total_mib=0 total_gib=0
+  while read -r vm; do
+    total_mib=$((total_mib + $(vm_memory_mib "${vm}")))
+    total_gib=$((total_gib + DISK_GIB))
+  done < <(vm_names)
+  echo "${total_mib} ${total_gib}"
+}
+
+render_plan() {
+  local vm total_mib total_gib
   echo "cluster ${CLUSTER_NAME} on ${LIBVIRT_URI}, network ${NETWORK_NAME} (${NETWORK_PREFIX}.0/24)"
   echo "image ${IMAGE_URL}, RKE2 ${RKE2_VERSION}"
   while read -r vm; do
     echo "create VM ${vm}: role $(vm_role "${vm}"), $(vm_cpus "${vm}") vCPUs, $(vm_memory_mib "${vm}") MiB, ${DISK_GIB} GiB disk, ip $(vm_ip "${vm}"), cpu $(vm_cpu_option "${vm}")"
-    total_mib=$((total_mib + $(vm_memory_mib "${vm}")))
-    total_gib=$((total_gib + DISK_GIB))
   done < <(vm_names)
+  read -r total_mib total_gib < <(plan_totals)
   echo "workers: kubelet $(worker_kubelet_args | paste -sd' ' -)"
   echo "needs ${total_mib} MiB of memory and ${total_gib} GiB of disk"
   echo "writes kubeconfig ${STATE_DIR}/kubeconfig"
@@ -252,8 +261,8 @@ render_all() {
 check_prerequisites() {
   local missing=() tool need_mib need_gib free_mib free_gib
   [[ -c /dev/kvm && -w /dev/kvm ]] || missing+=("/dev/kvm (KVM not available or not writable: enable virtualization, add yourself to the kvm group)")
-  for tool in virsh virt-install qemu-img curl ssh ssh-keygen; do
-    command -v "${tool}" >/dev/null || missing+=("${tool} (install libvirt-clients, virtinst, qemu-utils, curl, openssh-client)")
+  for tool in virsh:libvirt-clients virt-install:virtinst qemu-img:qemu-utils curl:curl ssh:openssh-client ssh-keygen:openssh-client; do
+    command -v "${tool%%:*}" >/dev/null || missing+=("${tool%%:*} (Debian/Ubuntu package ${tool#*:})")
   done
   if ! command -v cloud-localds >/dev/null && ! command -v genisoimage >/dev/null; then
     missing+=("cloud-localds or genisoimage (install cloud-image-utils or genisoimage)")
@@ -261,11 +270,11 @@ check_prerequisites() {
   if command -v virsh >/dev/null && ! virsh --connect "${LIBVIRT_URI}" version >/dev/null 2>&1; then
     missing+=("libvirt at ${LIBVIRT_URI} (is libvirtd running, and may you use it?)")
   fi
-  need_mib=$(render_plan | sed -n 's/^needs \([0-9]*\) MiB.*/\1/p')
-  need_gib=$(render_plan | sed -n 's/^needs [0-9]* MiB of memory and \([0-9]*\) GiB.*/\1/p')
+  read -r need_mib need_gib < <(plan_totals)
   free_mib=$(($(awk '/^MemAvailable:/ {print $2}' /proc/meminfo) / 1024))
-  mkdir -p "${STATE_DIR}"
-  free_gib=$(($(df --output=avail -k "${STATE_DIR}" | tail -1) / 1024 / 1024))
+  local where="${STATE_DIR}"
+  while [[ ! -d "${where}" ]]; do where="$(dirname "${where}")"; done
+  free_gib=$(($(df --output=avail -k "${where}" | tail -1) / 1024 / 1024))
   ((free_mib >= need_mib)) || missing+=("memory: the VMs need ${need_mib} MiB, ${free_mib} MiB available")
   ((free_gib >= need_gib)) || missing+=("disk: the VMs need ${need_gib} GiB in ${STATE_DIR}, ${free_gib} GiB free")
   if ((${#missing[@]})); then

@@ -8,6 +8,7 @@ import pytest
 import yaml
 from kubernetes import client
 
+from numa_device_plugin.sysfs import parse_cpulist
 from tests.conftest import REPO
 from tests.e2e.conftest import (
     NAMESPACE,
@@ -47,7 +48,7 @@ def allocatable(core: client.CoreV1Api, node: str) -> dict[str, str]:
     return found
 
 
-def numa_cpus(core: client.CoreV1Api, node: str, numa_node: int) -> set[int]:
+def numa_cpus(core: client.CoreV1Api, node: str, numa_node: int) -> frozenset[int]:
     """The node's NUMA cpulist, as the plugin on it discovers it."""
     pod = plugin_pod(core, node)
     assert pod is not None
@@ -55,19 +56,7 @@ def numa_cpus(core: client.CoreV1Api, node: str, numa_node: int) -> set[int]:
         exec_in(core, pod, ["numa-device-plugin", "discover", "--output", "json"])
     )
     (entry,) = [n for n in document["nodes"] if n["id"] == numa_node]
-    cpus: set[int] = set()
-    for part in entry["cpus"].split(","):
-        first, _, last = part.partition("-")
-        cpus.update(range(int(first), int(last or first) + 1))
-    return cpus
-
-
-def parse_cpulist(text: str) -> set[int]:
-    cpus: set[int] = set()
-    for part in text.strip().split(","):
-        first, _, last = part.partition("-")
-        cpus.update(range(int(first), int(last or first) + 1))
-    return cpus
+    return parse_cpulist(entry["cpus"])
 
 
 def test_daemonset_is_ready_on_every_worker(
