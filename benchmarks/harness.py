@@ -110,6 +110,16 @@ class PluginProcess:
     def open_fds(self) -> int:
         return len(os.listdir(f"/proc/{self.pid}/fd"))
 
+    def fd_targets(self) -> list[str]:
+        """What each open fd points at (``socket:[123]``, ``anon_inode:[eventfd]``...)."""
+        targets = []
+        for fd in sorted(os.listdir(f"/proc/{self.pid}/fd"), key=int):
+            try:
+                targets.append(f"{fd}->{os.readlink(f'/proc/{self.pid}/fd/{fd}')}")
+            except OSError:
+                continue
+        return targets
+
     def cpu_seconds(self) -> float:
         fields = Path(f"/proc/{self.pid}/stat").read_text().rsplit(")", 1)[1].split()
         return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS  # utime + stime

@@ -21,7 +21,7 @@ from typing import Any
 import structlog
 
 from numa_device_plugin import __version__, sysfs
-from numa_device_plugin.config import Config, detect_socket_dir
+from numa_device_plugin.config import Config, check_socket_dir, detect_socket_dir
 from numa_device_plugin.devices import (
     DEFAULT_CAPACITY,
     DEFAULT_RESOURCE_PREFIX,
@@ -31,6 +31,7 @@ from numa_device_plugin.devices import (
 from numa_device_plugin.kubelet_standin import KubeletStandIn
 from numa_device_plugin.logs import LEVELS, configure_logging
 from numa_device_plugin.manager import Discovery, PluginManager, discover
+from numa_device_plugin.server import SocketPathError
 
 log = structlog.get_logger(__name__)
 
@@ -67,6 +68,16 @@ def _seconds(text: str) -> float:
         raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
     if not value > 0 or value == float("inf"):
         raise argparse.ArgumentTypeError(f"{text!r} must be a positive number of seconds")
+    return value
+
+
+def _grace(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not value >= 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"{text!r} must be zero or a positive number of seconds")
     return value
 
 
@@ -150,8 +161,8 @@ OPTIONS = {
         ),
         _Option(
             "--shutdown-grace",
-            "seconds in-flight calls get at shutdown",
-            _seconds,
+            "seconds in-flight calls get at shutdown (0: cancel them at once)",
+            _grace,
             1.0,
             None,
             "S",
@@ -567,8 +578,10 @@ def _print_demo(kubelet: KubeletStandIn, names: Sequence[str], folder: Path) -> 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``numa-device-plugin``; returns the exit status (2 for bad usage)."""
     parser, parsers = build_parser()
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
     child = parsers[args.command]
+    if extra:
+        child.error(f"unrecognized arguments: {' '.join(extra)}")
     _resolve_env(child, args, args._options)
     configure_logging(args.log_level, getattr(args, "log_format", "text"))
     if args.command == "health":
@@ -583,7 +596,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         except ValueError as exc:
             child.error(str(exc))
         if args.command == "serve":
-            return asyncio.run(_serve(config, args.metrics_address, args.health_address))
+            try:
+                check_socket_dir(config.socket_dir)
+            except ValueError as exc:
+                child.error(f"argument --socket-dir ({OPTIONS['socket_dir'].env}): {exc}")
+            try:
+                return asyncio.run(_serve(config, args.metrics_address, args.health_address))
+            except SocketPathError as exc:
+                child.error(f"argument --socket-dir/--resource-prefix: {exc}")
         return asyncio.run(_demo(args))
     except (sysfs.SysfsError, OSError) as exc:
         # SysfsError: discovery failed (the message names the file and content);

@@ -6,6 +6,7 @@ variables, and every other part only reads it.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,6 +18,7 @@ from numa_device_plugin.devices import (
     validate_resource_prefix,
 )
 from numa_device_plugin.registration import KUBELET_SOCKET_NAME
+from numa_device_plugin.server import check_socket_path
 
 DEFAULT_SOCKET_DIR = Path("/var/lib/kubelet/device-plugins")
 # Where kubelets of common distributions keep the device-plugin folder:
@@ -34,6 +36,28 @@ def detect_socket_dir(candidates: Sequence[Path] = KNOWN_SOCKET_DIRS) -> Path:
         if (folder / KUBELET_SOCKET_NAME).exists():
             return folder
     return candidates[0]
+
+
+def check_socket_dir(folder: Path) -> None:
+    """Raise ValueError, naming ``folder``, when the plugin could not create sockets in it.
+
+    Unusable: a file (or anything but a folder) at the path or at one of its
+    parents, a folder this process may not write to (read-only file system,
+    permissions), or a path so long that ``kubelet.sock`` in it exceeds the
+    unix socket path limit. A folder that does not exist yet is fine when its
+    nearest existing parent is a writable folder (the plugin creates it).
+    """
+    check_socket_path(folder / KUBELET_SOCKET_NAME)
+    existing = folder
+    while not existing.exists() and not existing.is_symlink():
+        if existing.parent == existing:
+            break
+        existing = existing.parent
+    if not existing.is_dir():
+        raise ValueError(f"{existing} is not a folder")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        what = "is not writable" if existing == folder else f"cannot be created in {existing}"
+        raise ValueError(f"{folder} {what} (read-only file system or permissions)")
 
 
 @dataclass(frozen=True)

@@ -26,6 +26,7 @@ Rules, from the kubelet's device manager:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ctypes
 import ctypes.util
 from collections.abc import Callable, Mapping
@@ -37,9 +38,10 @@ from numa_device_plugin import sysfs
 from numa_device_plugin.api.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
 from numa_device_plugin.config import Config
 from numa_device_plugin.devices import Resource, build_resources
+from numa_device_plugin.lock import InstanceLock
 from numa_device_plugin.recorder import NullRecorder, Recorder
 from numa_device_plugin.registration import Backoff, RegistrationError, register, register_request
-from numa_device_plugin.server import UnixSocketServer, file_identity
+from numa_device_plugin.server import UnixSocketServer, check_socket_path, file_identity
 from numa_device_plugin.servicer import NumaDevicePluginServicer
 from numa_device_plugin.topology import (
     NodePlan,
@@ -75,6 +77,9 @@ def release_free_memory() -> None:
     if _MALLOC_TRIM is not None:
         _MALLOC_TRIM(0)
 
+
+# Seconds between attempts to take the instance lock while another instance holds it.
+LOCK_POLL = 0.2
 
 STREAM_LOST = "ListAndWatch stream lost"
 RELOAD = "reload requested"
@@ -183,6 +188,9 @@ class PluginManager:
         self._backoff = Backoff()
         self._trim_pending = False
         self._seen_kubelet: tuple[int, int, int] | None = None
+        self.lock = InstanceLock(config.socket_dir)
+        self._lock_problem: str | None = None
+        self._lock_lost = False
         self.started = asyncio.Event()
 
     # -- public API ------------------------------------------------------------------------
@@ -217,13 +225,15 @@ class PluginManager:
     def readiness_problems(self) -> list[str]:
         """Why the plugin is not ready, one line per resource; [] when every advertised
         resource is registered with the kubelet and its ListAndWatch stream is open."""
+        if self._lock_problem is not None:
+            return [self._lock_problem]
         if not self.resources:
             return ["no NUMA node is advertised"]
         problems = []
         for name in self.resources:
             if name not in self.registered:
                 problems.append(f"{name}: not registered with the kubelet")
-            elif self._servicers[name].open_streams == 0:
+            elif not self._servicers[name].kubelet_stream_open:
                 problems.append(f"{name}: the kubelet has no ListAndWatch stream open")
         return problems
 
@@ -246,42 +256,91 @@ class PluginManager:
     async def serve(self) -> None:
         """Startup, main loop, shutdown. Returns after :meth:`stop`.
 
+        Startup: discover, create the device-plugin folder if missing, watch it,
+        then take the folder's instance lock (:class:`InstanceLock`), waiting as
+        long as another instance holds it. Only then are sockets touched.
+
         Raises :class:`~numa_device_plugin.sysfs.SysfsError` when the first
-        discovery fails and OSError when the device-plugin folder cannot be
-        created or watched. Later failures are logged and retried, never raised.
+        discovery fails, :class:`~numa_device_plugin.server.SocketPathError` when
+        a socket path is too long, and OSError when the device-plugin folder
+        cannot be created, watched or locked. Later failures are logged and
+        retried, never raised.
         """
         self._woken = asyncio.Event()
         if self._reasons:
             self._woken.set()
-        self._set_discovery(self._discover_fn(self.config))
+        self._set_discovery(await asyncio.to_thread(self._discover_fn, self.config))
+        self._check_socket_paths()
         self.config.socket_dir.mkdir(parents=True, exist_ok=True)
         watcher = SocketDirWatcher(self.config.socket_dir, self.wake, asyncio.get_running_loop())
         watcher.start()
-        log.info(
-            "device plugin started",
-            socket_dir=str(self.config.socket_dir),
-            resources=list(self.resources),
-        )
         try:
-            self._to_restart = set(self.resources)
-            self.started.set()
-            await self._main_loop()
+            while not self._stopping:
+                if not await self._acquire_lock():
+                    break
+                log.info(
+                    "device plugin started",
+                    socket_dir=str(self.config.socket_dir),
+                    resources=list(self.resources),
+                )
+                self._to_restart = set(self.resources)
+                self._lock_lost = False
+                self.started.set()
+                await self._main_loop()
+                if self._lock_lost:
+                    await self._stop_endpoints(set(self._endpoints), self.config.shutdown_grace)
         finally:
             watcher.stop()
             await self._stop_endpoints(set(self._endpoints), self.config.shutdown_grace)
+            self.lock.release()
             log.info("device plugin stopped")
+
+    def _check_socket_paths(self) -> None:
+        """Raise SocketPathError when kubelet.sock's or a resource's socket path is too long."""
+        check_socket_path(self.config.kubelet_socket)
+        for resource in self.resources.values():
+            check_socket_path(self.config.socket_dir / resource.socket_name)
+
+    async def _acquire_lock(self) -> bool:
+        """Take the instance lock, waiting (polling every LOCK_POLL seconds) while another
+        instance holds it. False when asked to stop meanwhile."""
+        assert self._woken is not None
+        announced = False
+        while not self._stopping:
+            if self.lock.try_acquire():
+                if announced:
+                    log.info("took over the instance lock", lock=str(self.lock.path))
+                self._lock_problem = None
+                return True
+            holder = self.lock.holder()
+            self._lock_problem = (
+                f"another instance ({holder}) holds the lock {self.lock.path}; "
+                "waiting for it to exit"
+            )
+            if not announced:
+                log.warning(
+                    "another instance serves this device-plugin folder; waiting for it to exit",
+                    holder=holder,
+                    lock=str(self.lock.path),
+                )
+                announced = True
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._woken.wait(), LOCK_POLL)
+            if not self._stopping:
+                self._woken.clear()
+        return False
 
     # -- the loop --------------------------------------------------------------------------
 
     async def _main_loop(self) -> None:
-        while not self._stopping:
+        while not self._stopping and not self._lock_lost:
             try:
                 await self._step()
             except Exception:
                 # Never crash on a surprise: log it, serve everything afresh after a backoff.
                 log.exception("unexpected error in the plugin loop; starting over")
                 self._to_restart |= set(self.resources) | set(self._endpoints)
-            if self._stopping:
+            if self._stopping or self._lock_lost:
                 break
             delay: float | None = None
             if self._to_restart:  # a server failed to start: try again later
@@ -299,7 +358,7 @@ class PluginManager:
         """One pass: rediscover if asked, then serve again what needs it."""
         if self._reload:
             self._reload = False
-            self._rediscover()
+            await self._rediscover()
         if self._to_restart:
             names, self._to_restart = self._to_restart, set()
             await self._restart(names)
@@ -330,6 +389,8 @@ class PluginManager:
         is there; served for another kubelet than the ``kubelet.sock`` there now;
         its socket file gone or replaced; or its ListAndWatch stream lost.
         """
+        if not self._keep_lock():
+            return
         kubelet = file_identity(self.config.kubelet_socket)
         self._note_kubelet(kubelet)
         lost = {name for reason, name in reasons if reason == STREAM_LOST}
@@ -351,6 +412,24 @@ class PluginManager:
         if self._to_restart:
             log.debug("restart planned", resources=sorted(self._to_restart), reasons=reasons)
 
+    def _keep_lock(self) -> bool:
+        """After the folder (and the lock file with it) was deleted and created again,
+        lock the new file; False, and the loop ends, when another instance got it first."""
+        if self.lock.intact() or not self.config.socket_dir.is_dir():
+            return True  # still ours, or no folder to serve in yet
+        try:
+            if self.lock.try_acquire():
+                log.warning(
+                    "the lock file was replaced; locked the new one", lock=str(self.lock.path)
+                )
+                return True
+        except OSError as exc:
+            log.error("cannot lock the device-plugin folder", error=str(exc))
+            return True
+        log.warning("another instance took the lock; standing down", holder=self.lock.holder())
+        self._lock_lost = True
+        return False
+
     def _note_kubelet(self, kubelet: tuple[int, int, int] | None) -> None:
         """Count a kubelet restart per resource when a kubelet.sock other than the last
         one seen appears (the first one seen is not a restart)."""
@@ -361,9 +440,12 @@ class PluginManager:
                 self.recorder.kubelet_restart(name)
         self._seen_kubelet = kubelet
 
-    def _rediscover(self) -> None:
+    async def _rediscover(self) -> None:
+        # Off the event loop: sysfs reads can be slow, and the loop must keep serving.
         try:
-            discovery = self._discover_fn(self.config)
+            discovery = await asyncio.to_thread(self._discover_fn, self.config)
+            for resource in discovery.resources.values():
+                check_socket_path(self.config.socket_dir / resource.socket_name)
         except (sysfs.SysfsError, ValueError) as exc:
             log.error("rediscovery failed; keeping the current resources", error=str(exc))
             return
@@ -419,6 +501,7 @@ class PluginManager:
         backoff = Backoff()
         while True:
             try:
+                endpoint.servicer.expect_kubelet()
                 await register(
                     self.config.kubelet_socket, request, timeout=self.config.register_timeout
                 )

@@ -21,8 +21,10 @@ import structlog
 
 log = structlog.get_logger(__name__)
 
-# AF_UNIX sun_path is 108 bytes including the terminating NUL.
-MAX_UNIX_PATH_BYTES = 107
+# AF_UNIX sun_path is 108 bytes including the terminating NUL, so the kernel takes
+# 107; grpcio (1.85, server and client alike) refuses 106 bytes and more.
+# tests/test_server.py measures this against the installed grpcio.
+MAX_UNIX_PATH_BYTES = 105
 
 
 class SocketPathError(ValueError):
@@ -30,11 +32,13 @@ class SocketPathError(ValueError):
 
 
 def check_socket_path(path: Path) -> None:
-    """Raise :class:`SocketPathError` when ``path`` exceeds the AF_UNIX limit (107 bytes)."""
+    """Raise :class:`SocketPathError` when ``path`` is longer than grpcio accepts
+    (:data:`MAX_UNIX_PATH_BYTES`, 105 bytes); the message names the path, its length
+    and the limit."""
     length = len(os.fsencode(path))
     if length > MAX_UNIX_PATH_BYTES:
         raise SocketPathError(
-            f"unix socket path {path} is {length} bytes; AF_UNIX allows {MAX_UNIX_PATH_BYTES}"
+            f"unix socket path {path} is {length} bytes; grpc accepts at most {MAX_UNIX_PATH_BYTES}"
         )
 
 
@@ -103,8 +107,16 @@ class UnixSocketServer:
         self._identity = file_identity(self.path)
 
     def is_intact(self) -> bool:
-        """True while serving and the socket file at ``path`` is still the one we created."""
-        return self._server is not None and file_identity(self.path) == self._identity
+        """True while serving and the socket file at ``path`` is still the one we created.
+
+        A missing file is never intact, even when it was already gone when we
+        looked right after binding (someone deleted it in between).
+        """
+        return (
+            self._server is not None
+            and self._identity is not None
+            and file_identity(self.path) == self._identity
+        )
 
     async def stop(self, grace: float | None = 0.0) -> None:
         """Stop serving: wait up to ``grace`` seconds for calls to finish, then cancel them.

@@ -30,6 +30,11 @@ Context = grpc.aio.ServicerContext[Any, Any]
 NUMA_NODE_ENV = "NUMA_NODE"
 # Device ids quoted in an error message at most; the rest are counted.
 _MAX_IDS_IN_MESSAGE = 5
+# A quoted id is cut to this many characters (real ids have at most 63).
+_MAX_ID_CHARS = 64
+# The whole status message (and its log line) at most, in bytes: a status message
+# travels in gRPC metadata, and a huge one turns INVALID_ARGUMENT into RESOURCE_EXHAUSTED.
+MAX_MESSAGE_BYTES = 1024
 
 
 def device_message(device: Device) -> api_pb2.Device:
@@ -41,10 +46,24 @@ def device_message(device: Device) -> api_pb2.Device:
     )
 
 
+def _quote_id(device_id: str) -> str:
+    if len(device_id) <= _MAX_ID_CHARS:
+        return repr(device_id)
+    return f"{device_id[:_MAX_ID_CHARS]!r}... ({len(device_id)} characters)"
+
+
 def _quote_ids(ids: Sequence[str]) -> str:
-    shown = ", ".join(repr(device_id) for device_id in ids[:_MAX_IDS_IN_MESSAGE])
+    shown = ", ".join(_quote_id(device_id) for device_id in ids[:_MAX_IDS_IN_MESSAGE])
     more = len(ids) - _MAX_IDS_IN_MESSAGE
     return shown + (f" and {more} more" if more > 0 else "")
+
+
+def bounded(message: str, limit: int = MAX_MESSAGE_BYTES) -> str:
+    """``message`` cut to at most ``limit`` bytes of UTF-8, ending in ``...`` when cut."""
+    encoded = message.encode()
+    if len(encoded) <= limit:
+        return message
+    return encoded[: limit - 3].decode(errors="ignore") + "..."
 
 
 class RequestError(ValueError):
@@ -54,11 +73,15 @@ class RequestError(ValueError):
 class NumaDevicePluginServicer(api_pb2_grpc.DevicePluginServicer):  # type: ignore[misc]
     """``v1beta1.DevicePlugin`` for one resource (``numa-align/numa-N``).
 
-    ``on_stream_lost(resource_name)`` is called when a ListAndWatch stream ends
-    because the client (the kubelet) went away: the kubelet never reopens a
-    stream by itself, so the plugin must register again. It is not called for
-    streams that :meth:`close` ends. One servicer may sit behind successive
-    servers: :meth:`close` ends the streams opened so far, later ones run anew.
+    Only the kubelet's stream counts: the first ListAndWatch opened after
+    :meth:`expect_kubelet` (called just before each Register, inside which the
+    kubelet dials back and opens it). ``on_stream_lost(resource_name)`` is
+    called when *that* stream ends because the kubelet went away: the kubelet
+    never reopens a stream by itself, so the plugin must register again. Other
+    clients (an operator's grpcurl, a probe) may open and close streams freely;
+    nor is it called for streams that :meth:`close` ends. One servicer may sit
+    behind successive servers: :meth:`close` ends the streams opened so far,
+    later ones run anew.
     """
 
     def __init__(
@@ -78,6 +101,8 @@ class NumaDevicePluginServicer(api_pb2_grpc.DevicePluginServicer):  # type: igno
         self._changed = asyncio.Event()
         self._generation = 0
         self.open_streams = 0
+        self._awaiting_kubelet = False
+        self._kubelet_stream: object | None = None
         self.set_devices(resource.devices)
 
     # -- state -----------------------------------------------------------------------------
@@ -96,9 +121,22 @@ class NumaDevicePluginServicer(api_pb2_grpc.DevicePluginServicer):  # type: igno
     def devices(self) -> tuple[Device, ...]:
         return self._devices
 
+    @property
+    def kubelet_stream_open(self) -> bool:
+        """True while the stream the kubelet opened for the current registration is open."""
+        return self._kubelet_stream is not None
+
+    def expect_kubelet(self) -> None:
+        """A Register call is about to go out: the next ListAndWatch stream to open is
+        the kubelet's (it dials back inside Register); forget any earlier one."""
+        self._awaiting_kubelet = True
+        self._kubelet_stream = None
+
     def close(self) -> None:
         """End every open ListAndWatch stream (status OK), e.g. before its server stops."""
         self._generation += 1
+        self._awaiting_kubelet = False
+        self._kubelet_stream = None
         changed, self._changed = self._changed, asyncio.Event()
         changed.set()
 
@@ -115,8 +153,13 @@ class NumaDevicePluginServicer(api_pb2_grpc.DevicePluginServicer):  # type: igno
         self, request: api_pb2.Empty, context: Context
     ) -> AsyncIterator[api_pb2.ListAndWatchResponse]:
         generation = self._generation
+        stream = object()
+        if self._awaiting_kubelet:
+            self._awaiting_kubelet = False
+            self._kubelet_stream = stream
         self.open_streams += 1
-        log.debug("ListAndWatch opened", resource=self.resource_name, peer=context.peer())
+        kubelet = self._kubelet_stream is stream
+        log.debug("ListAndWatch opened", resource=self.resource_name, kubelet=kubelet)
         try:
             while generation == self._generation:
                 changed = self._changed
@@ -124,7 +167,10 @@ class NumaDevicePluginServicer(api_pb2_grpc.DevicePluginServicer):  # type: igno
                 await changed.wait()
         finally:
             self.open_streams -= 1
-            if generation == self._generation:
+            if self._kubelet_stream is not stream:
+                log.debug("ListAndWatch closed", resource=self.resource_name, kubelet=False)
+            elif generation == self._generation:
+                self._kubelet_stream = None
                 log.info(
                     "ListAndWatch stream lost: the kubelet went away", resource=self.resource_name
                 )
@@ -175,8 +221,9 @@ class NumaDevicePluginServicer(api_pb2_grpc.DevicePluginServicer):  # type: igno
     # -- helpers ---------------------------------------------------------------------------
 
     async def _refuse(self, context: Context, method: str, exc: Exception) -> NoReturn:
-        log.warning(f"{method} refused", resource=self.resource_name, reason=str(exc))
-        await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"{self.resource_name}: {exc}")
+        message = bounded(f"{self.resource_name}: {exc}")
+        log.warning(f"{method} refused", resource=self.resource_name, reason=message)
+        await context.abort(grpc.StatusCode.INVALID_ARGUMENT, message)
         raise AssertionError("grpc.aio context.abort() returned instead of raising")
 
     def _check_ids(self, ids: Sequence[str], where: str, *, allow_empty: bool = False) -> None:
@@ -199,6 +246,13 @@ class NumaDevicePluginServicer(api_pb2_grpc.DevicePluginServicer):  # type: igno
         size = container.allocation_size
         self._check_ids(available, f"{where} available_deviceIDs", allow_empty=True)
         self._check_ids(must, f"{where} must_include_deviceIDs", allow_empty=True)
+        offered = set(available)
+        missing = [device_id for device_id in must if device_id not in offered]
+        if missing:
+            raise RequestError(
+                f"{where}: must_include_deviceIDs {_quote_ids(missing)} are not in "
+                "available_deviceIDs"
+            )
         if size < 1:
             raise RequestError(f"{where}: allocation_size must be at least 1, got {size}")
         if len(must) > size:
@@ -206,9 +260,7 @@ class NumaDevicePluginServicer(api_pb2_grpc.DevicePluginServicer):  # type: igno
                 f"{where}: {len(must)} must-include devices do not fit allocation_size {size}"
             )
         chosen = sorted(must, key=lambda device_id: self._by_id[device_id].index)
-        rest = sorted(
-            set(available) - set(must), key=lambda device_id: self._by_id[device_id].index
-        )
+        rest = sorted(offered - set(must), key=lambda device_id: self._by_id[device_id].index)
         if len(chosen) + len(rest) < size:
             raise RequestError(
                 f"{where}: allocation_size {size} exceeds the {len(chosen) + len(rest)} "

@@ -4,6 +4,7 @@ folders, and a guard that fails any test leaving asyncio tasks running."""
 from __future__ import annotations
 
 import asyncio
+import os
 import shutil
 import tarfile
 import tempfile
@@ -19,6 +20,15 @@ REPO = Path(__file__).resolve().parent.parent
 SNAPSHOTS = REPO.parent / "shared" / "fixtures" / "sysfs"
 
 configure_logging("debug")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Under CI (``CI=true``) the real snapshots must be there: a missing ../shared is an
+    error, not a row of silent skips."""
+    if os.environ.get("CI") == "true" and not SNAPSHOTS.is_dir():
+        raise pytest.UsageError(
+            f"CI=true but {SNAPSHOTS} is absent: clone the project with ../shared beside it"
+        )
 
 
 @pytest.fixture

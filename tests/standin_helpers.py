@@ -3,12 +3,24 @@
 from __future__ import annotations
 
 import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 from numa_device_plugin.config import Config
+from numa_device_plugin.fake_sysfs import SysfsTree
 from numa_device_plugin.kubelet_standin import KubeletStandIn
 from numa_device_plugin.manager import PluginManager
+
+REPO = Path(__file__).resolve().parent.parent
 
 
 @asynccontextmanager
@@ -37,3 +49,73 @@ async def eventually(predicate: Callable[[], bool], timeout: float = 10.0) -> No
     async with asyncio.timeout(timeout):
         while not predicate():  # noqa: ASYNC110 - nothing announces this state: poll it
             await asyncio.sleep(0.01)
+
+
+@dataclass
+class ServeProcess:
+    """A real ``numa-device-plugin serve`` child process; its stderr goes to ``log_path``."""
+
+    process: subprocess.Popen[bytes]
+    log_path: Path
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def events(self) -> list[dict[str, Any]]:
+        """The JSON log lines (the process logs with ``--log-format json``)."""
+        return [json.loads(line) for line in self.log().splitlines() if line.startswith("{")]
+
+    async def wait_exit(self, timeout: float = 10.0) -> int:
+        """Wait for the process to exit; kills it and fails after ``timeout`` seconds."""
+        async with asyncio.timeout(timeout):
+            while self.process.poll() is None:  # noqa: ASYNC110 - a child process: poll it
+                await asyncio.sleep(0.02)
+        return self.process.returncode
+
+    async def terminate(self, timeout: float = 10.0) -> int:
+        """SIGTERM, then the exit status."""
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+        return await self.wait_exit(timeout)
+
+
+def serve_args(tree: SysfsTree, folder: Path, *flags: str) -> list[str]:
+    """The command line of a ``serve`` process on ``tree`` and ``folder``."""
+    return [
+        sys.executable,
+        "-m",
+        "numa_device_plugin",
+        "serve",
+        *("--sysfs-root", str(tree.root), "--socket-dir", str(folder)),
+        *("--log-format", "json"),
+        *flags,
+    ]
+
+
+@asynccontextmanager
+async def serve_process(
+    tree: SysfsTree, folder: Path, *flags: str, env: dict[str, str] | None = None
+) -> AsyncIterator[ServeProcess]:
+    """Start ``serve`` (``flags`` after the defaults, so they win); at the end kill it if
+    it still runs. The log file lives beside ``folder`` (a temp folder of the test)."""
+    log_path = Path(tempfile.mkstemp(prefix="serve-", suffix=".log", dir=folder.parent)[1])
+    environment = dict(os.environ, PYTHONPATH=str(REPO), **(env or {}))
+    with log_path.open("ab") as log:
+        process = subprocess.Popen(
+            serve_args(tree, folder, *flags),
+            env=environment,
+            stderr=log,
+            stdin=subprocess.DEVNULL,
+        )
+    served = ServeProcess(process, log_path)
+    try:
+        yield served
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait(10)
+        log_path.unlink(missing_ok=True)

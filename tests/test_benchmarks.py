@@ -16,7 +16,9 @@ from benchmarks.soak import soak
 
 
 async def test_soak_100_restarts_ends_with_one_live_registration_per_resource() -> None:
-    result = await soak(restarts=100, nodes=3, seed=11)
+    """Invariants only (growth thresholds belong to `make soak`): one live registration
+    per resource, no hung Allocate, fds back at their baseline once settled."""
+    result = await soak(restarts=100, nodes=3, seed=11, growth_bound=None)
     assert result.failures == []
     assert result.restarts == 100
     assert result.sockets_deleted > 0

@@ -3,6 +3,7 @@ snapshot, the demo, and a real `serve` process under SIGHUP and SIGTERM."""
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import json
 import os
@@ -14,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from numa_device_plugin import __version__
-from numa_device_plugin.cli import OPTIONS, main
+from numa_device_plugin.cli import _resolve_env, build_parser, config_from_args, main
 from numa_device_plugin.fake_sysfs import SysfsTree
 from numa_device_plugin.kubelet_standin import KubeletStandIn
 from tests.conftest import REPO
@@ -39,23 +40,50 @@ def test_version(capsys: pytest.CaptureFixture[str]) -> None:
     assert out.strip() == f"numa-device-plugin {__version__}"
 
 
+# The serve flags and their variables, written out: the contract with the DaemonSet and
+# with operators' scripts (not read from OPTIONS, so a renamed variable fails here).
+SERVE_FLAGS = [
+    ("--sysfs-root", "NUMA_SYSFS_ROOT"),
+    ("--socket-dir", "NUMA_SOCKET_DIR"),
+    ("--resource-prefix", "NUMA_RESOURCE_PREFIX"),
+    ("--capacity", "NUMA_CAPACITY"),
+    ("--include-cpuless-nodes", "NUMA_INCLUDE_CPULESS_NODES"),
+    ("--register-timeout", "NUMA_REGISTER_TIMEOUT"),
+    ("--shutdown-grace", "NUMA_SHUTDOWN_GRACE"),
+    ("--log-level", "NUMA_LOG_LEVEL"),
+    ("--log-format", "NUMA_LOG_FORMAT"),
+    ("--metrics-address", "NUMA_METRICS_ADDRESS"),
+    ("--health-address", "NUMA_HEALTH_ADDRESS"),
+]
+
+
 def test_serve_help_lists_every_flag_and_env_var(capsys: pytest.CaptureFixture[str]) -> None:
     code, out, _ = run_main(["serve", "--help"], capsys)
     assert code == 0
     flat = " ".join(out.split())
-    for name in (
-        "sysfs_root",
-        "socket_dir",
-        "resource_prefix",
-        "capacity",
-        "include_cpuless_nodes",
-        "register_timeout",
-        "shutdown_grace",
-        "log_level",
-        "log_format",
-    ):
-        assert OPTIONS[name].flag in flat
-        assert f"env {OPTIONS[name].env}" in flat
+    for flag, env in SERVE_FLAGS:
+        assert flag in flat
+        assert f"env {env}" in flat
+
+
+def _serve_args(argv: list[str]) -> argparse.Namespace:
+    parser, parsers = build_parser()
+    args = parser.parse_args(argv)
+    _resolve_env(parsers["serve"], args, args._options)
+    return args
+
+
+def test_timeouts_reach_the_config(monkeypatch: pytest.MonkeyPatch) -> None:
+    config = config_from_args(
+        _serve_args(["serve", "--register-timeout", "7.5", "--shutdown-grace", "0"])
+    )
+    assert (config.register_timeout, config.shutdown_grace) == (7.5, 0.0)
+    monkeypatch.setenv("NUMA_REGISTER_TIMEOUT", "3")
+    monkeypatch.setenv("NUMA_SHUTDOWN_GRACE", "2.5")
+    monkeypatch.setenv("NUMA_SOCKET_DIR", "/run/dp")
+    config = config_from_args(_serve_args(["serve"]))
+    assert (config.register_timeout, config.shutdown_grace) == (3.0, 2.5)
+    assert config.socket_dir == Path("/run/dp")
 
 
 @pytest.mark.parametrize(
@@ -70,6 +98,7 @@ def test_serve_help_lists_every_flag_and_env_var(capsys: pytest.CaptureFixture[s
         (["serve", "--log-level", "loud"], "invalid choice"),
         (["serve", "--include-cpuless-nodes", "perhaps"], "not a boolean"),
         (["serve", "--no-such-flag"], "unrecognized arguments"),
+        (["serve", "--shutdown-grace", "-1"], "zero or a positive number of seconds"),
         (["discover", "--output", "xml"], "invalid choice"),
         (["launch"], "invalid choice"),
         ([], "required"),
@@ -91,6 +120,9 @@ def test_bad_flags_exit_2_with_usage(
         ("NUMA_RESOURCE_PREFIX", "UPPER", "NUMA_RESOURCE_PREFIX='UPPER'"),
         ("NUMA_LOG_FORMAT", "xml", "choose from text, json"),
         ("NUMA_INCLUDE_CPULESS_NODES", "sometimes", "not a boolean"),
+        ("NUMA_REGISTER_TIMEOUT", "0", "NUMA_REGISTER_TIMEOUT='0'"),
+        ("NUMA_SHUTDOWN_GRACE", "soon", "NUMA_SHUTDOWN_GRACE='soon'"),
+        ("NUMA_HEALTH_ADDRESS", "nine", "NUMA_HEALTH_ADDRESS='nine'"),
     ],
 )
 def test_bad_env_values_exit_2_naming_the_variable(
@@ -239,19 +271,70 @@ async def test_real_serve_process_sighup_and_sigterm(two_nodes: SysfsTree, sock_
             if process.poll() is None:
                 process.kill()
             stderr = process.communicate()[1].decode()
-        assert sorted(p.name for p in sock_dir.iterdir()) == ["kubelet.sock"]
+        assert sorted(p.name for p in sock_dir.iterdir()) == [".numa-device-plugin", "kubelet.sock"]
         await kubelet.wait_until(lambda: kubelet.clients == {})
     events = [json.loads(line)["event"] for line in stderr.splitlines() if line.startswith("{")]
     assert "device plugin stopped" in events
     assert events.count("registered with the kubelet") == 4
 
 
-def test_serve_with_unusable_socket_dir_exits_1(
-    two_nodes: SysfsTree, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+def test_unknown_serve_flag_prints_serves_usage(capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = run_main(["serve", "--bogus"], capsys)
+    assert code == 2
+    assert err.startswith("usage: numa-device-plugin serve ")
+    assert "unrecognized arguments: --bogus" in err
+
+
+def _unusable(kind: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    if kind == "a file":
+        blocker = tmp_path / "a-file"
+        blocker.write_text("")
+        return blocker
+    if kind == "under a file":
+        blocker = tmp_path / "a-file"
+        blocker.write_text("")
+        return blocker / "dp"
+    if kind == "read-only":
+        folder = tmp_path / "ro"
+        folder.mkdir()
+        real_access = os.access
+        # As root, permission bits do not stop writes: stand in for a read-only mount.
+        monkeypatch.setattr(
+            os, "access", lambda path, mode: Path(path) != folder and real_access(path, mode)
+        )
+        return folder
+    return tmp_path / ("d" * 100)  # kubelet.sock in it is over the unix socket limit
+
+
+@pytest.mark.parametrize("kind", ["a file", "under a file", "read-only", "too long"])
+def test_serve_with_unusable_socket_dir_exits_2_naming_option_and_path(
+    kind: str,
+    two_nodes: SysfsTree,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    blocker = tmp_path / "a-file"
-    blocker.write_text("")
-    args = ["serve", "--sysfs-root", str(two_nodes.root), "--socket-dir", str(blocker / "dp")]
+    folder = _unusable(kind, tmp_path, monkeypatch)
+    args = ["serve", "--sysfs-root", str(two_nodes.root), "--socket-dir", str(folder)]
     code, _, err = run_main(args, capsys)
-    assert code == 1
-    assert "a-file/dp" in err
+    assert code == 2
+    assert err.startswith("usage: numa-device-plugin serve ")
+    assert "--socket-dir" in err
+    assert str(folder.parent if kind == "under a file" else folder) in err
+    assert not folder.is_dir() or not any(folder.iterdir()), "nothing may be created"
+
+
+def test_resource_socket_path_too_long_exits_2(
+    two_nodes: SysfsTree, sock_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A valid but long --resource-prefix makes the resources' socket paths too long for
+    grpc: exit 2 at start naming the path, its length and the limit (once retried forever)."""
+    prefix = "a" * 40 + "." + "b" * 40 + ".example.com"  # a valid 93-character domain
+    args = ["serve", "--sysfs-root", str(two_nodes.root), "--socket-dir", str(sock_dir)]
+    code, _, err = run_main([*args, "--resource-prefix", prefix], capsys)
+    assert code == 2
+    path = sock_dir / f"{prefix}_numa-0.sock"
+    assert str(path) in err
+    assert f"is {len(str(path))} bytes" in err
+    assert "at most 105" in err
+    assert sorted(os.listdir(sock_dir)) == [], "no socket, no lock: nothing was touched"

@@ -122,6 +122,7 @@ async def test_ten_quick_restarts_end_with_one_live_registration_per_resource(
             assert kubelet.allocatable(name) == 5
         await eventually(lambda: m.registered == set(NAMES))
         assert sorted(p.name for p in sock_dir.iterdir()) == [
+            ".numa-device-plugin",
             "kubelet.sock",
             "numa-align_numa-0.sock",
             "numa-align_numa-1.sock",
@@ -293,7 +294,7 @@ async def test_stop_removes_sockets_and_ends_streams(two_nodes: SysfsTree, sock_
     async with KubeletStandIn(sock_dir) as kubelet:
         async with running(make_config(two_nodes, sock_dir)):
             await wait_all_live(kubelet, NAMES)
-        assert sorted(os.listdir(sock_dir)) == ["kubelet.sock"]
+        assert sorted(os.listdir(sock_dir)) == [".numa-device-plugin", "kubelet.sock"]
         await kubelet.wait_until(lambda: kubelet.clients == {})
 
 
@@ -373,3 +374,27 @@ async def test_hung_register_does_not_delay_a_new_kubelet(
                 await wait_all_live(kubelet, NAMES, timeout=5)
     finally:
         await hung.stop(0)
+
+
+async def test_socket_deleted_right_after_bind_is_served_again(
+    two_nodes: SysfsTree, sock_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Regression: the socket deleted between bind and the identity check left the
+    resource unserved (and Register retried) until the next kubelet restart."""
+    from numa_device_plugin import server as server_module
+
+    real = server_module.file_identity
+    victim = sock_dir / "numa-align_numa-1.sock"
+    deleted = {"done": False}
+
+    def racing(path: Path) -> tuple[int, int, int] | None:
+        if path == victim and not deleted["done"]:
+            deleted["done"] = True
+            path.unlink()
+        return real(path)
+
+    monkeypatch.setattr(server_module, "file_identity", racing)
+    async with KubeletStandIn(sock_dir) as kubelet, running(make_config(two_nodes, sock_dir)) as m:
+        await wait_all_live(kubelet, NAMES, timeout=5)
+        await eventually(lambda: m.registered == set(NAMES), timeout=5)
+    assert deleted["done"]

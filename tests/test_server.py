@@ -11,7 +11,7 @@ import pytest
 from numa_device_plugin.api.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
 from numa_device_plugin.config import detect_socket_dir
 from numa_device_plugin.devices import build_resource
-from numa_device_plugin.server import SocketPathError, UnixSocketServer
+from numa_device_plugin.server import MAX_UNIX_PATH_BYTES, SocketPathError, UnixSocketServer
 from numa_device_plugin.servicer import NumaDevicePluginServicer
 
 
@@ -58,10 +58,37 @@ async def test_directory_in_the_way_is_a_clear_error(sock_dir: Path) -> None:
         await plugin_server(sock_dir / "p.sock").start()
 
 
-def test_socket_path_over_107_bytes_is_refused(sock_dir: Path) -> None:
-    long_path = sock_dir / ("x" * 120 + ".sock")
-    with pytest.raises(SocketPathError, match="AF_UNIX allows 107"):
+def _path_of_length(folder: Path, length: int) -> Path:
+    stem = str(folder) + "/"
+    return Path(stem + "x" * (length - len(stem)))
+
+
+def test_socket_path_over_the_limit_is_refused(sock_dir: Path) -> None:
+    long_path = _path_of_length(sock_dir, MAX_UNIX_PATH_BYTES + 1)
+    with pytest.raises(SocketPathError) as caught:
         plugin_server(long_path)
+    message = str(caught.value)
+    assert str(long_path) in message
+    assert f"is {MAX_UNIX_PATH_BYTES + 1} bytes" in message
+    assert f"at most {MAX_UNIX_PATH_BYTES}" in message
+
+
+async def test_the_limit_is_what_the_installed_grpcio_enforces(sock_dir: Path) -> None:
+    """grpcio refuses unix socket paths below the kernel's 107 bytes: the limit is
+    measured, so a grpcio that changes it fails here rather than in the field."""
+    at_limit = _path_of_length(sock_dir, MAX_UNIX_PATH_BYTES)
+    server = plugin_server(at_limit)
+    await server.start()
+    try:
+        assert (await options_via(at_limit)).get_preferred_allocation_available
+    finally:
+        await server.stop(0)
+    over = grpc.aio.server()
+    try:
+        with pytest.raises(RuntimeError):
+            over.add_insecure_port(f"unix://{_path_of_length(sock_dir, MAX_UNIX_PATH_BYTES + 1)}")
+    finally:
+        await over.stop(0)
 
 
 async def test_is_intact_notices_deletion_and_replacement(sock_dir: Path) -> None:
@@ -110,3 +137,25 @@ def test_detect_socket_dir(tmp_path: Path) -> None:
     k0s.mkdir()
     (k0s / "kubelet.sock").touch()
     assert detect_socket_dir(candidates) == k0s
+
+
+async def test_socket_deleted_between_bind_and_identity_is_not_intact(
+    sock_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The file vanishing before its identity is read must not count as intact
+    (``None == None``): the manager would then never serve the resource again."""
+    from numa_device_plugin import server as server_module
+
+    real = server_module.file_identity
+
+    def deleted_first(path: Path) -> tuple[int, int, int] | None:
+        path.unlink(missing_ok=True)
+        return real(path)
+
+    monkeypatch.setattr(server_module, "file_identity", deleted_first)
+    server = plugin_server(sock_dir / "p.sock")
+    await server.start()
+    try:
+        assert not server.is_intact()
+    finally:
+        await server.stop(0)

@@ -107,13 +107,37 @@ async def test_list_and_watch_stays_open_until_close(served: Served) -> None:
 
 
 async def test_client_going_away_reports_stream_lost(served: Served) -> None:
+    served.servicer.expect_kubelet()
     call = served.stub.ListAndWatch(api_pb2.Empty())
     await call.read()
     assert served.servicer.open_streams == 1
+    assert served.servicer.kubelet_stream_open
     await served.channel.close()
     await eventually(lambda: bool(served.lost), timeout=5)
     assert served.lost == ["numa-align/numa-1"]
     assert served.servicer.open_streams == 0
+    assert not served.servicer.kubelet_stream_open
+
+
+async def test_only_the_kubelets_stream_counts(served: Served, sock_dir: Path) -> None:
+    """A stream opened before Register (an operator's grpcurl) and one opened after the
+    kubelet's may come and go; only the first stream after expect_kubelet() counts."""
+    async with grpc.aio.insecure_channel(f"unix://{served.server.path}") as operator:
+        early = api_pb2_grpc.DevicePluginStub(operator).ListAndWatch(api_pb2.Empty())
+        await early.read()
+        served.servicer.expect_kubelet()
+        kubelet = served.stub.ListAndWatch(api_pb2.Empty())
+        await kubelet.read()
+        late = api_pb2_grpc.DevicePluginStub(operator).ListAndWatch(api_pb2.Empty())
+        await late.read()
+        assert served.servicer.open_streams == 3
+    # The operator's channel is closed: both of its streams end, the kubelet's stays.
+    await eventually(lambda: served.servicer.open_streams == 1, timeout=5)
+    assert served.lost == []
+    assert served.servicer.kubelet_stream_open
+    await served.channel.close()
+    await eventually(lambda: bool(served.lost), timeout=5)
+    assert served.lost == ["numa-align/numa-1"]
 
 
 async def test_allocate_injects_numa_node(served: Served) -> None:
@@ -158,6 +182,32 @@ async def test_error_message_lists_at_most_five_ids(served: Served) -> None:
     assert "bogus-5" not in (caught.value.details() or "")
 
 
+@pytest.mark.parametrize("length", [65, 100_000, 1_000_000])
+async def test_huge_device_ids_get_a_bounded_invalid_argument(served: Served, length: int) -> None:
+    """A 1 MB id once got RESOURCE_EXHAUSTED: the message outgrew gRPC's metadata limit."""
+    ids = ["x" * length, "numa1-slot0000", "y" * length]
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await served.stub.Allocate(allocate_request(ids))
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    details = caught.value.details() or ""
+    assert len(details.encode()) <= 1024
+    assert f"({length} characters)" in details
+    assert "'" + "x" * 64 + "'..." in details
+    with pytest.raises(grpc.aio.AioRpcError) as many:
+        await served.stub.Allocate(allocate_request([f"{i}" * 60_000 for i in range(10)]))
+    assert many.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert len((many.value.details() or "").encode()) <= 1024
+
+
+def test_bounded_cuts_at_a_byte_limit() -> None:
+    from numa_device_plugin.servicer import bounded
+
+    assert bounded("short") == "short"
+    cut = bounded("é" * 2000)
+    assert len(cut.encode()) <= 1024
+    assert cut.endswith("...")
+
+
 ALL = [f"numa1-slot000{i}" for i in range(4)]
 
 
@@ -169,7 +219,6 @@ ALL = [f"numa1-slot000{i}" for i in range(4)]
         (ALL, ["numa1-slot0003"], 2, ["numa1-slot0003", "numa1-slot0000"]),
         (ALL[1:], ["numa1-slot0002"], 3, ["numa1-slot0002", "numa1-slot0001", "numa1-slot0003"]),
         (ALL, ["numa1-slot0001", "numa1-slot0000"], 2, ["numa1-slot0000", "numa1-slot0001"]),
-        (ALL[2:], ["numa1-slot0000"], 2, ["numa1-slot0000", "numa1-slot0002"]),
         (ALL, [], 4, ALL),
     ],
 )
@@ -190,6 +239,10 @@ async def test_preferred_allocation(
         (preferred(ALL, ALL[:3], 2), "3 must-include devices do not fit allocation_size 2"),
         (preferred(["numa0-slot0000"], [], 1), "available_deviceIDs"),
         (preferred(ALL, ["nope"], 1), "must_include_deviceIDs"),
+        (
+            preferred(ALL[2:], ["numa1-slot0000"], 2),
+            "must_include_deviceIDs 'numa1-slot0000' are not in available_deviceIDs",
+        ),
     ],
 )
 async def test_bad_preferred_allocation_is_invalid_argument(
