@@ -362,7 +362,9 @@ def discovery_json(discovery: Discovery) -> dict[str, Any]:
                 "id": node.id,
                 "cpus": sysfs.format_cpulist(node.cpus),
                 "memory_bytes": node.memory_bytes,
-                "distances": {str(other): value for other, value in sorted(node.distances.items())},
+                "distances": None
+                if node.distances is None
+                else {str(other): value for other, value in sorted(node.distances.items())},
                 "advertised": plan.advertised,
                 "reason": plan.reason,
             }
@@ -374,7 +376,7 @@ def _discovery_table(document: dict[str, Any]) -> str:
     header = ("NODE", "CPUS", "MEMORY_BYTES", "DISTANCES", "ADVERTISED", "REASON")
     rows = [header]
     for node in document["nodes"]:
-        distances = ",".join(f"{k}:{v}" for k, v in node["distances"].items()) or "-"
+        distances = ",".join(f"{k}:{v}" for k, v in (node["distances"] or {}).items()) or "-"
         memory = "-" if node["memory_bytes"] is None else str(node["memory_bytes"])
         rows.append(
             (

@@ -120,7 +120,7 @@ def discover(config: Config) -> Discovery:
             log.info("advertising NUMA node", **fields)
         else:
             log.warning("not advertising NUMA node", **fields)
-    for warning in topology_warnings(plans):
+    for warning in (*topology.warnings, *topology_warnings(plans)):
         log.warning(warning)
     if not resources:
         log.error("no NUMA node can be advertised; serving nothing until the next reload")

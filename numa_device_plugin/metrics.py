@@ -101,7 +101,7 @@ class PrometheusRecorder:
             self.cpus.labels(node).set(len(plan.node.cpus))
             if plan.node.memory_bytes is not None:
                 self.memory.labels(node).set(plan.node.memory_bytes)
-            for other, value in plan.node.distances.items():
+            for other, value in (plan.node.distances or {}).items():
                 self.distance.labels(node, str(other)).set(value)
             self.advertised.labels(node).set(1 if plan.advertised else 0)
         for resource, count in devices.items():

@@ -20,7 +20,9 @@ stripped along with surrounding whitespace.
 
 from __future__ import annotations
 
+import os
 import re
+import stat
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TypeVar
@@ -34,6 +36,13 @@ _MEMTOTAL = re.compile(r"^Node\s+\d+\s+MemTotal:\s+(\d+)\s+kB\s*$", re.MULTILINE
 # The kernel never numbers CPUs beyond this (CONFIG_NR_CPUS tops out at 8192);
 # a larger number in a cpulist is garbage, not a big machine.
 MAX_CPU_ID = 65535
+# sysfs attributes are at most a page; node meminfo and distance rows of the
+# largest machines stay far below this.
+MAX_FILE_BYTES = 1 << 20
+
+
+# Characters of a malformed file's content quoted in the error (the rest is cut).
+_MAX_QUOTED = 256
 
 
 class SysfsError(Exception):
@@ -51,22 +60,53 @@ class SysfsFormatError(SysfsError):
         self.path = path
         self.content = content
         self.reason = reason
-        super().__init__(f"malformed sysfs file {path}: {reason} (content: {content!r})")
+        shown = content if len(content) <= _MAX_QUOTED else content[:_MAX_QUOTED] + "..."
+        super().__init__(f"malformed sysfs file {path}: {reason} (content: {shown!r})")
+
+
+def _file_kind(mode: int) -> str:
+    for test, kind in (
+        (stat.S_ISDIR, "a folder"),
+        (stat.S_ISFIFO, "a FIFO"),
+        (stat.S_ISSOCK, "a socket"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+    ):
+        if test(mode):
+            return kind
+    return "not a regular file"
 
 
 def read_text(path: Path) -> str | None:
     """Return the file's content with trailing NULs and surrounding whitespace removed.
 
-    Returns None when the file does not exist. Raises :class:`SysfsError` naming
-    the file for any other OS error, and :class:`SysfsFormatError` when the
-    content is not UTF-8 text.
+    Only regular files are read (sysfs attributes are regular files): anything
+    else at the path (a FIFO, which would block the reader for good, a device, a
+    folder) raises :class:`SysfsFormatError` naming it, as does a file larger
+    than :data:`MAX_FILE_BYTES` or content that is not UTF-8 text. Returns None
+    when the file does not exist. Raises :class:`SysfsError` naming the file for
+    any other OS error.
     """
     try:
-        raw = path.read_bytes()
+        # O_NONBLOCK: opening a FIFO for reading would otherwise wait for a writer.
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except FileNotFoundError:
         return None
     except OSError as exc:
         raise SysfsError(f"cannot read sysfs file {path}: {exc.strerror or exc}") from exc
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            raise SysfsFormatError(path, "", f"{_file_kind(mode)}, not a regular file")
+        raw = os.read(fd, MAX_FILE_BYTES + 1)
+    except OSError as exc:
+        raise SysfsError(f"cannot read sysfs file {path}: {exc.strerror or exc}") from exc
+    finally:
+        os.close(fd)
+    if len(raw) > MAX_FILE_BYTES:
+        raise SysfsFormatError(
+            path, raw[:80].decode("utf-8", "replace"), f"larger than {MAX_FILE_BYTES} bytes"
+        )
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:

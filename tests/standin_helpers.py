@@ -57,12 +57,16 @@ class ServeProcess:
 
     process: subprocess.Popen[bytes]
     log_path: Path
+    final_log: str | None = None
 
     @property
     def pid(self) -> int:
         return self.process.pid
 
     def log(self) -> str:
+        """Everything the process logged so far (kept after the log file is gone)."""
+        if self.final_log is not None:
+            return self.final_log
         return self.log_path.read_text(errors="replace")
 
     def events(self) -> list[dict[str, Any]]:
@@ -118,4 +122,5 @@ async def serve_process(
         if process.poll() is None:
             process.kill()
             process.wait(10)
+        served.final_log = served.log()
         log_path.unlink(missing_ok=True)

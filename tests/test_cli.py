@@ -191,11 +191,31 @@ def test_discover_table(two_nodes: SysfsTree, capsys: pytest.CaptureFixture[str]
 def test_discover_malformed_sysfs_exits_1_naming_the_file(
     two_nodes: SysfsTree, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    two_nodes.write("node/node1/distance", "21 ten\n")
+    two_nodes.write("node/node1/cpulist", "4-ten\n")
     code, _, err = run_main(["discover", "--sysfs-root", str(two_nodes.root)], capsys)
     assert code == 1
+    assert "node1/cpulist" in err
+    assert "'4-ten'" in err
+
+
+def test_discover_with_odd_informative_files_reports_null_and_warns(
+    two_nodes: SysfsTree, capsys: pytest.CaptureFixture[str]
+) -> None:
+    two_nodes.write("node/node1/distance", "0\n")
+    two_nodes.write("node/node0/meminfo", "Node 0 MemTotal: lots\n")
+    args = ["discover", "--sysfs-root", str(two_nodes.root), "--output", "json"]
+    code, out, err = run_main(args, capsys)
+    assert code == 0
+    nodes = json.loads(out)["nodes"]
+    assert (nodes[0]["memory_bytes"], nodes[1]["distances"]) == (None, None)
+    assert nodes[0]["distances"] == {"0": 10, "1": 21}
+    assert [node["advertised"] for node in nodes] == [True, True]
     assert "node1/distance" in err
-    assert "'21 ten'" in err
+    assert "(content: '0')" in err
+    assert "node0/meminfo" in err
+    code, out, _ = run_main(args[:-2], capsys)
+    assert code == 0
+    assert out.splitlines()[1].split()[:4] == ["0", "0-3", "-", "0:10,1:21"]
 
 
 @pytest.mark.parametrize("name", sorted(SNAPSHOT_TABLE))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -9,6 +10,7 @@ import pytest
 from numa_device_plugin import sysfs
 from numa_device_plugin.fake_sysfs import SysfsTree
 from numa_device_plugin.topology import (
+    MAX_OVERLAP_LINES,
     NumaNode,
     Topology,
     plan_nodes,
@@ -28,7 +30,7 @@ def test_modern_sysfs_with_online_and_cpulist(two_nodes: SysfsTree) -> None:
     node1 = topology.node(1)
     assert node1.cpus == {4, 5, 6, 7}
     assert node1.memory_bytes == 1048576 * 1024
-    assert dict(node1.distances) == {0: 21, 1: 10}
+    assert dict(node1.distances or {}) == {0: 21, 1: 10}
     assert topology.numa_in_sysfs
 
 
@@ -127,7 +129,7 @@ def test_sparse_ids_and_distances_follow_online_order(sysfs_tree: SysfsTree) -> 
     sysfs_tree.write("node/online", "0,33\n")
     sysfs_tree.node(0, "0-1", distance="10 22").node(33, "2-3", distance="22 10")
     node = read_topology(sysfs_tree.root).node(33)
-    assert dict(node.distances) == {0: 22, 33: 10}
+    assert dict(node.distances or {}) == {0: 22, 33: 10}
 
 
 def test_memory_unknown_without_meminfo(sysfs_tree: SysfsTree) -> None:
@@ -151,8 +153,6 @@ def test_online_node_without_folder_is_kept_but_not_advertised(sysfs_tree: Sysfs
         ("node/online", "0-x\n", "node/online"),
         ("node/online", "\n", "no NUMA node is online"),
         ("node/node0/cpulist", "0-3,zz\n", "node0/cpulist"),
-        ("node/node0/distance", "10 20 30\n", "3 values but 2 NUMA nodes"),
-        ("node/node0/meminfo", "garbage\n", "MemTotal"),
         ("cpu/online", "0-\n", "cpu/online"),
         ("cpu/cpu1/online", "maybe\n", "cpu1/online"),
     ],
@@ -166,6 +166,107 @@ def test_malformed_file_names_file_and_content(
     message = str(caught.value)
     assert needle in message
     assert repr(content.strip()) in message
+
+
+@pytest.mark.parametrize(
+    ("relative", "content", "field", "needle"),
+    [
+        ("node/node0/distance", "10 20 30\n", "distances", "3 values for 2 online NUMA nodes"),
+        ("node/node0/distance", "0\n", "distances", "distance values must be positive"),
+        ("node/node0/distance", "ten twenty\n", "distances", "must be integers"),
+        ("node/node0/meminfo", "garbage\n", "memory_bytes", "MemTotal"),
+        ("node/node0/meminfo", "", "memory_bytes", "MemTotal"),
+    ],
+)
+def test_malformed_informative_file_is_a_warning_and_an_unknown_field(
+    two_nodes: SysfsTree, relative: str, content: str, field: str, needle: str
+) -> None:
+    """Distances and memory never decide what is advertised: a real machine whose
+    distance or meminfo file is odd is served, with that field unknown."""
+    two_nodes.write(relative, content)
+    topology = read_topology(two_nodes.root)
+    assert getattr(topology.node(0), field) is None
+    assert getattr(topology.node(1), field) is not None
+    assert [plan.advertised for plan in plan_nodes(topology)] == [True, True]
+    (warning,) = topology.warnings
+    assert str(two_nodes.system / relative) in warning
+    assert needle in warning
+    assert repr(content.strip().split(" ")[0])[1:-1] in warning
+
+
+def test_distance_row_counting_possible_nodes(sysfs_tree: SysfsTree) -> None:
+    """Some kernels and dumps give one distance per *possible* NUMA node."""
+    sysfs_tree.cpus(4, online="0-3")
+    sysfs_tree.write("node/online", "0,2\n")
+    sysfs_tree.write("node/possible", "0-3\n")
+    sysfs_tree.node(0, "0-1", distance="10 20 21 22").node(2, "2-3", distance="21 20 10 22")
+    topology = read_topology(sysfs_tree.root)
+    assert dict(topology.node(0).distances or {}) == {0: 10, 2: 21}
+    assert dict(topology.node(2).distances or {}) == {0: 21, 2: 10}
+    assert topology.warnings == ()
+
+
+def test_empty_per_cpu_online_file_reads_as_online_with_one_warning(
+    sysfs_tree: SysfsTree,
+) -> None:
+    sysfs_tree.cpus(4)
+    sysfs_tree.node(0, "0-3")
+    for cpu in (1, 2, 3):
+        sysfs_tree.write(f"cpu/cpu{cpu}/online", "")
+    topology = read_topology(sysfs_tree.root)
+    assert topology.node(0).cpus == {0, 1, 2, 3}
+    (warning,) = topology.warnings
+    assert "online is empty for CPUs 1-3" in warning
+
+
+@pytest.mark.parametrize("kind", ["fifo", "folder", "char-device"])
+def test_only_regular_files_are_read(sysfs_tree: SysfsTree, kind: str) -> None:
+    """A FIFO where cpulist belongs once hung discovery for good."""
+    sysfs_tree.cpus(2, online="0-1")
+    sysfs_tree.node(0)
+    path = sysfs_tree.system / "node/node0/cpulist"
+    if kind == "fifo":
+        os.mkfifo(path)
+    elif kind == "folder":
+        path.mkdir()
+    else:
+        path.symlink_to("/dev/zero")
+    with pytest.raises(sysfs.SysfsFormatError) as caught:
+        read_topology(sysfs_tree.root)
+    assert str(path) in str(caught.value)
+    assert "not a regular file" in str(caught.value)
+
+
+def test_a_fifo_as_an_informative_file_is_a_warning(sysfs_tree: SysfsTree) -> None:
+    sysfs_tree.cpus(2, online="0-1")
+    sysfs_tree.node(0, "0-1", mem_kb=None)
+    os.mkfifo(sysfs_tree.system / "node/node0/meminfo")
+    topology = read_topology(sysfs_tree.root)
+    assert topology.node(0).memory_bytes is None
+    assert "a FIFO, not a regular file" in topology.warnings[0]
+
+
+def test_overlap_warnings_are_bounded(sysfs_tree: SysfsTree) -> None:
+    """256 nodes listing the same CPUs once gave 32,897 warning lines."""
+    sysfs_tree.cpus(4, online="0-3")
+    sysfs_tree.write("node/online", "0-255\n")
+    for node in range(256):
+        sysfs_tree.node(node, "0-3", mem_kb=None)
+    warnings = topology_warnings(plan_nodes(read_topology(sysfs_tree.root)))
+    overlaps = [w for w in warnings if "list CPUs" in w]
+    assert len(overlaps) == 1
+    assert "NUMA nodes 0,1,2,3,4,5,6,7,8,9,10,11,12,13,14,15 and 240 more" in overlaps[0]
+    assert len(warnings) <= 2 + MAX_OVERLAP_LINES
+
+
+def test_many_distinct_overlaps_end_in_a_summary(sysfs_tree: SysfsTree) -> None:
+    sysfs_tree.cpus(20, online="0-19")
+    sysfs_tree.write("node/online", "0-19\n")
+    for node in range(20):
+        sysfs_tree.node(node, f"{node},{(node + 1) % 20}", mem_kb=None)
+    overlaps = [w for w in topology_warnings(plan_nodes(read_topology(sysfs_tree.root)))]
+    assert len(overlaps) == MAX_OVERLAP_LINES + 2  # + the over-8-nodes warning
+    assert overlaps[-1] == "... and 15 more groups of NUMA nodes sharing CPUs"
 
 
 def test_not_a_sysfs_root(tmp_path: Path) -> None:
@@ -215,8 +316,8 @@ def test_warning_on_overlapping_cpu_sets(sysfs_tree: SysfsTree) -> None:
     sysfs_tree.node(0, "0-2").node(1, "2-3")
     warnings = topology_warnings(plan_nodes(read_topology(sysfs_tree.root)))
     assert warnings == [
-        "NUMA nodes 0 and 1 both list CPUs 2 (broken firmware tables?); "
-        "alignment to either node may not be exclusive"
+        "NUMA nodes 0,1 all list CPUs 2 (broken firmware tables?); "
+        "alignment to any of them may not be exclusive"
     ]
 
 
@@ -257,5 +358,5 @@ def test_snapshot_memory_tiers_are_cpuless(snapshots_root: Path) -> None:
 
 def test_snapshot_distances_and_memory(snapshots_root: Path) -> None:
     topology = read_topology(snapshots_root / "32em64t-2n8c+dax+nvme+mic+dimms")
-    assert dict(topology.node(0).distances) == {0: 10, 1: 21}
+    assert dict(topology.node(0).distances or {}) == {0: 10, 1: 21}
     assert topology.node(1).memory_bytes == 16777216 * 1024
