@@ -31,6 +31,7 @@ from numa_device_plugin.devices import (
 from numa_device_plugin.kubelet_standin import KubeletStandIn
 from numa_device_plugin.logs import LEVELS, configure_logging
 from numa_device_plugin.manager import Discovery, PluginManager, discover
+from numa_device_plugin.memory import limit_malloc_arenas
 from numa_device_plugin.server import SocketPathError
 
 log = structlog.get_logger(__name__)
@@ -598,6 +599,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         except ValueError as exc:
             child.error(str(exc))
         if args.command == "serve":
+            limit_malloc_arenas()
             try:
                 check_socket_dir(config.socket_dir)
             except ValueError as exc:

@@ -27,8 +27,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ctypes
-import ctypes.util
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
@@ -39,6 +37,7 @@ from numa_device_plugin.api.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
 from numa_device_plugin.config import Config
 from numa_device_plugin.devices import Resource, build_resources
 from numa_device_plugin.lock import InstanceLock
+from numa_device_plugin.memory import release_free_memory
 from numa_device_plugin.recorder import NullRecorder, Recorder
 from numa_device_plugin.registration import Backoff, RegistrationError, register, register_request
 from numa_device_plugin.server import UnixSocketServer, check_socket_path, file_identity
@@ -52,30 +51,6 @@ from numa_device_plugin.topology import (
 from numa_device_plugin.watcher import SocketDirWatcher
 
 log = structlog.get_logger(__name__)
-
-
-def _load_malloc_trim() -> Callable[[int], int] | None:
-    """glibc's ``malloc_trim``, or None on other C libraries."""
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        trim: Callable[[int], int] = libc.malloc_trim
-    except (OSError, AttributeError):
-        return None
-    return trim
-
-
-_MALLOC_TRIM = _load_malloc_trim()
-
-
-def release_free_memory() -> None:
-    """Hand freed heap back to the OS (glibc ``malloc_trim(0)``); a no-op elsewhere.
-
-    A kubelet restart storm makes grpc allocate and free many connection
-    buffers; glibc keeps freed memory mapped, so RSS would stay at the storm's
-    peak. Called once the plugin has settled after serving again.
-    """
-    if _MALLOC_TRIM is not None:
-        _MALLOC_TRIM(0)
 
 
 # Seconds between attempts to take the instance lock while another instance holds it.
@@ -192,6 +167,8 @@ class PluginManager:
         self._lock_problem: str | None = None
         self._lock_lost = False
         self.started = asyncio.Event()
+        self._idle = False
+        self._state_changed = asyncio.Event()
 
     # -- public API ------------------------------------------------------------------------
 
@@ -240,6 +217,7 @@ class PluginManager:
     def wake(self, reason: str, name: str = "") -> None:
         """Record why the loop should look at the world again, and wake it (loop thread only)."""
         self._reasons.append((reason, name))
+        self._announce()
         if self._woken is not None:
             self._woken.set()
 
@@ -351,7 +329,9 @@ class PluginManager:
                 # Settled after serving again: give the burst's memory back.
                 self._trim_pending = False
                 release_free_memory()
+            self._set_idle(delay is None)
             await self._sleep(delay)
+            self._set_idle(False)
             self._evaluate(self._drain())
 
     async def _step(self) -> None:
@@ -372,6 +352,35 @@ class PluginManager:
             return
         if self.config.debounce and not self._stopping:
             await asyncio.sleep(self.config.debounce)
+
+    def _set_idle(self, idle: bool) -> None:
+        self._idle = idle
+        self._announce()
+
+    def _announce(self) -> None:
+        changed, self._state_changed = self._state_changed, asyncio.Event()
+        changed.set()
+
+    def settled(self) -> bool:
+        """True when the loop sleeps with nothing left to do: no event unhandled, no
+        retry timer, no registration in flight (what tests wait for instead of a
+        fixed sleep)."""
+        return (
+            self._idle
+            and not self._reasons
+            and not self._reload
+            and not self._to_restart
+            and all(
+                endpoint.registration is None or endpoint.registration.done()
+                for endpoint in self._endpoints.values()
+            )
+        )
+
+    async def wait_settled(self, timeout: float = 10.0) -> None:
+        """Wait until :meth:`settled`; raises TimeoutError after ``timeout`` seconds."""
+        async with asyncio.timeout(timeout):
+            while not self.settled():
+                await self._state_changed.wait()
 
     def _woken_now(self) -> bool:
         return self._woken is not None and self._woken.is_set()
@@ -520,6 +529,7 @@ class PluginManager:
                 log.exception("registration crashed; will retry", resource=name)
             await asyncio.sleep(backoff.next_delay())
         self.recorder.registration(name, True)
+        self._announce()
         if self._endpoints.get(name) is endpoint:
             self.registered.add(name)
             self.recorder.registered(name, True)

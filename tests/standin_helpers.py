@@ -19,14 +19,15 @@ from numa_device_plugin.config import Config
 from numa_device_plugin.fake_sysfs import SysfsTree
 from numa_device_plugin.kubelet_standin import KubeletStandIn
 from numa_device_plugin.manager import PluginManager
+from numa_device_plugin.recorder import Recorder
 
 REPO = Path(__file__).resolve().parent.parent
 
 
 @asynccontextmanager
-async def running(config: Config) -> AsyncIterator[PluginManager]:
+async def running(config: Config, recorder: Recorder | None = None) -> AsyncIterator[PluginManager]:
     """Run ``PluginManager.serve`` in a task for the block; stop it and re-raise its error."""
-    manager = PluginManager(config)
+    manager = PluginManager(config, recorder=recorder)
     task = asyncio.create_task(manager.serve())
     try:
         yield manager

@@ -16,8 +16,21 @@ from numa_device_plugin.api.deviceplugin.v1beta1 import api_pb2
 from numa_device_plugin.config import Config
 from numa_device_plugin.fake_sysfs import SysfsTree
 from numa_device_plugin.kubelet_standin import KubeletStandIn
+from numa_device_plugin.recorder import NullRecorder
 from numa_device_plugin.sysfs import SysfsFormatError
 from tests.standin_helpers import all_live, eventually, running, wait_all_live
+
+
+class _FailureRecorder(NullRecorder):
+    """Counts failed Register calls, by resource."""
+
+    def __init__(self, failures: list[str]) -> None:
+        self.failures = failures
+
+    def registration(self, resource: str, ok: bool) -> None:
+        if not ok:
+            self.failures.append(resource)
+
 
 NAMES = ["numa-align/numa-0", "numa-align/numa-1"]
 
@@ -114,7 +127,7 @@ async def test_ten_quick_restarts_end_with_one_live_registration_per_resource(
         for _ in range(10):
             await kubelet.restart()
         await wait_all_live(kubelet, NAMES)
-        await asyncio.sleep(0.3)  # let any late event run; the state must hold
+        await m.wait_settled()  # every event handled; the state must hold
         for name in NAMES:
             assert kubelet.live(name)
             assert kubelet.open_streams(name) == 1
@@ -135,13 +148,13 @@ async def test_restarts_at_random_moments_during_registration(
     """Restarts that land while the plugin is mid-registration still end in one live
     registration per resource."""
     rng = __import__("random").Random(7)
-    async with KubeletStandIn(sock_dir) as kubelet, running(make_config(two_nodes, sock_dir)):
+    async with KubeletStandIn(sock_dir) as kubelet, running(make_config(two_nodes, sock_dir)) as m:
         await wait_all_live(kubelet, NAMES)
         for _ in range(15):
             await kubelet.restart()
             await asyncio.sleep(rng.uniform(0, 0.02))
         await wait_all_live(kubelet, NAMES)
-        await asyncio.sleep(0.3)
+        await m.wait_settled()
         assert all(kubelet.live(name) for name in NAMES)
 
 
@@ -149,7 +162,7 @@ async def test_kubelet_absent_at_start_then_present(two_nodes: SysfsTree, sock_d
     kubelet = KubeletStandIn(sock_dir)
     async with running(make_config(two_nodes, sock_dir)) as manager:
         await asyncio.wait_for(manager.started.wait(), 5)
-        await asyncio.sleep(0.2)
+        await manager.wait_settled()
         assert manager.registered == set()
         assert not any(sock_dir.glob("numa-align_*.sock")), "no server before a kubelet exists"
         await kubelet.start()
@@ -178,8 +191,10 @@ async def test_stale_kubelet_socket_without_listener_is_retried(
     stale = socket.socket(socket.AF_UNIX)
     stale.bind(str(sock_dir / "kubelet.sock"))
     stale.close()
-    async with running(make_config(two_nodes, sock_dir)) as manager:
-        await asyncio.sleep(0.5)
+    failures: list[str] = []
+    recorder = _FailureRecorder(failures)
+    async with running(make_config(two_nodes, sock_dir), recorder=recorder) as manager:
+        await eventually(lambda: len(failures) >= 4)  # two attempts per resource
         assert manager.registered == set()
         kubelet = KubeletStandIn(sock_dir)
         await kubelet.restart()  # a new kubelet: cleans the folder, creates kubelet.sock
@@ -243,8 +258,9 @@ async def test_kubelet_gone_for_good_then_back(two_nodes: SysfsTree, sock_dir: P
     async with running(make_config(two_nodes, sock_dir)) as manager:
         await wait_all_live(kubelet, NAMES)
         await kubelet.stop()
-        await asyncio.sleep(0.3)
-        assert manager.registered == set()
+        await eventually(lambda: manager.registered == set())
+        await manager.wait_settled()
+        assert not any(sock_dir.glob("numa-align_*.sock")), "no kubelet: nothing served"
         await kubelet.restart()
         try:
             await wait_all_live(kubelet, NAMES)
@@ -276,7 +292,7 @@ async def test_reload_with_malformed_sysfs_keeps_serving(
         await wait_all_live(kubelet, NAMES)
         two_nodes.write("node/node1/cpulist", "4-?\n")
         m.reload()
-        await asyncio.sleep(0.3)
+        await m.wait_settled()
         assert set(m.resources) == set(NAMES)
         assert all_live(kubelet, NAMES)
 
@@ -398,3 +414,128 @@ async def test_socket_deleted_right_after_bind_is_served_again(
         await wait_all_live(kubelet, NAMES, timeout=5)
         await eventually(lambda: m.registered == set(NAMES), timeout=5)
     assert deleted["done"]
+
+
+# -- tests that a mutation run found missing ------------------------------------------------
+
+
+def test_backoff_grows_to_its_ceiling_then_resets() -> None:
+    from numa_device_plugin.registration import Backoff
+
+    backoff = Backoff(initial=0.05, maximum=5.0)
+    delays = [backoff.next_delay() for _ in range(12)]
+    for attempt, delay in enumerate(delays):
+        ceiling = min(5.0, 0.05 * 2**attempt)
+        assert ceiling / 2 <= delay <= ceiling
+    assert delays[6] > 0.05 * 2**5, "the delay must grow"
+    backoff.reset()
+    assert backoff.next_delay() <= 0.05
+
+
+async def test_a_hung_register_times_out_and_is_retried(
+    two_nodes: SysfsTree, sock_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A kubelet whose Register never answers once: the call must time out
+    (--register-timeout) and be retried, not wait for good."""
+    kubelet = KubeletStandIn(sock_dir)
+    real_register = kubelet._register
+    hung: list[str] = []
+
+    async def hang_once(request: api_pb2.RegisterRequest) -> str | None:
+        if request.resource_name == "numa-align/numa-1" and not hung:
+            hung.append(request.resource_name)
+            await asyncio.Event().wait()
+        return await real_register(request)
+
+    monkeypatch.setattr(kubelet, "_register", hang_once)
+    config = make_config(two_nodes, sock_dir, register_timeout=0.3)
+    async with kubelet, running(config) as manager:
+        await wait_all_live(kubelet, NAMES)
+        await eventually(lambda: manager.registered == set(NAMES))
+    assert hung == ["numa-align/numa-1"]
+
+
+async def test_a_register_finishing_after_its_endpoint_was_removed_does_not_count(
+    two_nodes: SysfsTree, sock_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from numa_device_plugin import manager as manager_module
+    from numa_device_plugin.manager import PluginManager, _Endpoint, discover
+    from numa_device_plugin.servicer import NumaDevicePluginServicer
+
+    async def accepted(*args: object, **kwargs: object) -> None:
+        return None
+
+    monkeypatch.setattr(manager_module, "register", accepted)
+    config = make_config(two_nodes, sock_dir)
+    manager = PluginManager(config)
+    resource = discover(config).resources["numa-align/numa-0"]
+    endpoint = _Endpoint(config, resource, NumaDevicePluginServicer(resource), (0, 0, 0))
+    await manager._keep_registering(endpoint)  # the endpoint is not (any more) the current one
+    assert manager.registered == set()
+
+
+async def test_an_error_in_the_loop_schedules_a_restart(
+    two_nodes: SysfsTree, sock_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The loop's own error handler: a pass that raises is followed by serving afresh."""
+    from numa_device_plugin.manager import PluginManager
+
+    real_restart = PluginManager._restart
+    raised: list[bool] = []
+
+    async def explode_once(self: PluginManager, names: set[str]) -> None:
+        if not raised:
+            raised.append(True)
+            raise RuntimeError("surprise in the loop")
+        await real_restart(self, names)
+
+    monkeypatch.setattr(PluginManager, "_restart", explode_once)
+    async with KubeletStandIn(sock_dir) as kubelet, running(make_config(two_nodes, sock_dir)) as m:
+        await wait_all_live(kubelet, NAMES)
+        await eventually(lambda: m.registered == set(NAMES))
+    assert raised == [True]
+
+
+async def test_a_server_that_fails_to_start_once_is_started_again(
+    two_nodes: SysfsTree, sock_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from numa_device_plugin.server import UnixSocketServer
+
+    real_start = UnixSocketServer.start
+    failed: list[Path] = []
+
+    async def fail_once(self: UnixSocketServer) -> None:
+        if self.path.name == "numa-align_numa-0.sock" and not failed:
+            failed.append(self.path)
+            raise RuntimeError("cannot bind (simulated)")
+        await real_start(self)
+
+    monkeypatch.setattr(UnixSocketServer, "start", fail_once)
+    async with KubeletStandIn(sock_dir) as kubelet, running(make_config(two_nodes, sock_dir)) as m:
+        await wait_all_live(kubelet, NAMES)
+        await eventually(lambda: m.registered == set(NAMES))
+    assert len(failed) == 1
+
+
+async def test_streams_are_ended_before_the_server_stops(
+    two_nodes: SysfsTree, sock_dir: Path
+) -> None:
+    """Ending the servicer's streams first makes the grace period cost nothing: a
+    re-serve with a 30 s grace and the kubelet's stream open still takes milliseconds."""
+    config = make_config(two_nodes, sock_dir, shutdown_grace=30.0)
+    async with KubeletStandIn(sock_dir) as kubelet, running(config):
+        await wait_all_live(kubelet, NAMES)
+        (sock_dir / "numa-align_numa-1.sock").unlink()
+        await kubelet.wait_until(lambda: len(kubelet.registrations) == 3, timeout=5)
+        await wait_all_live(kubelet, NAMES, timeout=5)
+
+
+async def test_readiness_needs_the_kubelets_stream(two_nodes: SysfsTree, sock_dir: Path) -> None:
+    async with KubeletStandIn(sock_dir) as kubelet, running(make_config(two_nodes, sock_dir)) as m:
+        await wait_all_live(kubelet, NAMES)
+        await eventually(lambda: m.readiness_problems() == [])
+        m.servicers["numa-align/numa-1"].close()  # its streams end; still "registered"
+        assert "numa-align/numa-1" in m.registered
+        assert m.readiness_problems() == [
+            "numa-align/numa-1: the kubelet has no ListAndWatch stream open"
+        ]
