@@ -23,8 +23,10 @@ import structlog
 from numa_device_plugin import __version__, sysfs
 from numa_device_plugin.config import Config, check_socket_dir, detect_socket_dir
 from numa_device_plugin.devices import (
+    CPUS,
     DEFAULT_CAPACITY,
     DEFAULT_RESOURCE_PREFIX,
+    Capacity,
     validate_capacity,
     validate_resource_prefix,
 )
@@ -44,11 +46,13 @@ _FALSE = {"0", "false", "no", "off", ""}
 # -- value types (argparse turns ValueError/ArgumentTypeError into exit 2 with usage) ------------
 
 
-def _capacity(text: str) -> int:
+def _capacity(text: str) -> Capacity:
+    if text.strip().lower() == CPUS:
+        return CPUS
     try:
         value = int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number or {CPUS!r}") from None
     try:
         return validate_capacity(value)
     except ValueError as exc:
@@ -101,6 +105,13 @@ def _address(text: str) -> str:
     return text
 
 
+def _cpulist(text: str) -> frozenset[int]:
+    try:
+        return sysfs.parse_cpulist(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a cpulist like 0-1,8: {exc}") from None
+
+
 def _folder(text: str) -> Path:
     if not text:
         raise argparse.ArgumentTypeError("an empty path")
@@ -149,7 +160,15 @@ OPTIONS = {
             None,
             "DOMAIN",
         ),
-        _Option("--capacity", "slot devices per NUMA node", _capacity, DEFAULT_CAPACITY, None, "N"),
+        _Option(
+            "--capacity",
+            "slot devices per NUMA node, or 'cpus': one device per exclusive CPU the NUMA "
+            "node can still hand out (live, from the pod resources API)",
+            _capacity,
+            DEFAULT_CAPACITY,
+            None,
+            "N|cpus",
+        ),
         _Option(
             "--include-cpuless-nodes",
             "also advertise NUMA nodes without a usable CPU (memory-only nodes)",
@@ -198,11 +217,36 @@ OPTIONS = {
         _Option("--check", "which probe", str, "readyz", ("readyz", "healthz")),
         _Option(
             "--pod-resources-socket",
-            "the kubelet's pod resources API socket",
+            "the kubelet's pod resources API socket (default: pod-resources/kubelet.sock "
+            "beside the device-plugin folder)",
             _folder,
-            Path("/var/lib/kubelet/pod-resources/kubelet.sock"),
+            None,
             None,
             "PATH",
+        ),
+        _Option(
+            "--pod-resources-interval",
+            "seconds between reads of the pod resources API",
+            _seconds,
+            5.0,
+            None,
+            "S",
+        ),
+        _Option(
+            "--reserved-cpus",
+            "with --capacity cpus: the kubelet's reserved CPUs (cpulist), used while the "
+            "pod resources API cannot be read",
+            _cpulist,
+            frozenset(),
+            None,
+            "LIST",
+        ),
+        _Option(
+            "--allow-unaligned",
+            "keep devices Healthy on a kubelet whose CPU manager policy is not static",
+            _boolean,
+            False,
+            switch=True,
         ),
     )
 }
@@ -219,10 +263,16 @@ SERVE_OPTIONS = (
     "log_format",
     "metrics_address",
     "health_address",
+    "pod_resources_socket",
+    "pod_resources_interval",
+    "reserved_cpus",
+    "allow_unaligned",
 )
 HEALTH_OPTIONS = ("address", "check", "log_level")
 STATUS_OPTIONS = (
     "pod_resources_socket",
+    "socket_dir",
+    "reserved_cpus",
     "sysfs_root",
     "resource_prefix",
     "capacity",
@@ -344,7 +394,14 @@ def config_from_args(args: argparse.Namespace) -> Config:
         "capacity": getattr(args, "capacity", DEFAULT_CAPACITY),
         "include_cpuless_nodes": args.include_cpuless_nodes,
     }
-    for name in ("register_timeout", "shutdown_grace"):
+    for name in (
+        "register_timeout",
+        "shutdown_grace",
+        "pod_resources_socket",
+        "pod_resources_interval",
+        "reserved_cpus",
+        "allow_unaligned",
+    ):
         if hasattr(args, name):
             values[name] = getattr(args, name)
     return Config(**values)
@@ -475,19 +532,14 @@ def _probe_servers(
 def _run_status(args: argparse.Namespace) -> int:
     from numa_device_plugin.status import StatusError, build_status, fetch, render_table
 
-    config = Config(
-        sysfs_root=args.sysfs_root,
-        resource_prefix=args.resource_prefix,
-        capacity=args.capacity,
-        include_cpuless_nodes=args.include_cpuless_nodes,
-    )
+    config = config_from_args(args)
     discovery = discover(config)
     try:
-        pods, allocatable = asyncio.run(fetch(args.pod_resources_socket))
+        pods, allocatable = asyncio.run(fetch(config.pod_resources_path))
     except StatusError as exc:
         print(f"numa-device-plugin: {exc}", file=sys.stderr)
         return 1
-    document = build_status(discovery, config.capacity, pods, allocatable)
+    document = build_status(discovery, config, pods, allocatable)
     print(json.dumps(document, indent=2) if args.output == "json" else render_table(document))
     return 0
 
@@ -593,7 +645,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "discover":
             return _run_discover(args)
         if args.command == "status":
-            return _run_status(args)
+            try:
+                return _run_status(args)
+            except ValueError as exc:
+                child.error(str(exc))
         try:
             config = config_from_args(args)
         except ValueError as exc:

@@ -12,8 +12,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from numa_device_plugin.devices import (
+    CPUS,
     DEFAULT_CAPACITY,
     DEFAULT_RESOURCE_PREFIX,
+    Capacity,
     validate_capacity,
     validate_resource_prefix,
 )
@@ -36,6 +38,13 @@ def detect_socket_dir(candidates: Sequence[Path] = KNOWN_SOCKET_DIRS) -> Path:
         if (folder / KUBELET_SOCKET_NAME).exists():
             return folder
     return candidates[0]
+
+
+def podresources_socket(device_plugin_dir: Path) -> Path:
+    """``pod-resources/kubelet.sock`` beside the device-plugin folder, as kubelets lay
+    them out (``/var/lib/kubelet/pod-resources/kubelet.sock`` for the standard folder,
+    the matching path for k0s and microk8s)."""
+    return device_plugin_dir.parent / "pod-resources" / KUBELET_SOCKET_NAME
 
 
 def check_socket_dir(folder: Path) -> None:
@@ -67,24 +76,35 @@ class Config:
     ``sysfs_root``: folder holding ``devices/system`` (``/sys`` on a node).
     ``socket_dir``: the kubelet's device-plugin folder (holds ``kubelet.sock``).
     ``resource_prefix``: domain of the resource names, ``<prefix>/numa-<id>``.
-    ``capacity``: slot devices per NUMA node. ``include_cpuless_nodes``: also
-    advertise NUMA nodes without a usable CPU. ``register_timeout``: seconds
-    one Register call may take. ``shutdown_grace``: seconds in-flight calls get
-    when a server stops. ``debounce``: seconds to gather a burst of file
-    events into one restart.
+    ``capacity``: slot devices per NUMA node, or ``cpus`` (one device per
+    exclusive CPU, kept live from the pod resources API).
+    ``include_cpuless_nodes``: also advertise NUMA nodes without a usable CPU.
+    ``register_timeout``: seconds one Register call may take.
+    ``shutdown_grace``: seconds in-flight calls get when a server stops.
+    ``debounce``: seconds to gather a burst of file events into one restart.
+    ``pod_resources_socket``: the kubelet's pod resources API (None: beside the
+    device-plugin folder, :func:`podresources_socket`); ``pod_resources_interval``:
+    seconds between reads of it. ``reserved_cpus``: CPUs the kubelet keeps for
+    itself, used in ``cpus`` mode only while the API cannot be read.
+    ``allow_unaligned``: keep devices Healthy on a kubelet whose CPU manager is
+    not ``static``.
 
-    Raises ValueError from ``__post_init__`` for an invalid prefix, capacity or
-    a non-positive duration.
+    Raises ValueError from ``__post_init__`` for an invalid prefix, capacity,
+    a non-positive duration, or settings that contradict ``cpus`` mode.
     """
 
     sysfs_root: Path = Path("/sys")
     socket_dir: Path = DEFAULT_SOCKET_DIR
     resource_prefix: str = DEFAULT_RESOURCE_PREFIX
-    capacity: int = DEFAULT_CAPACITY
+    capacity: Capacity = DEFAULT_CAPACITY
     include_cpuless_nodes: bool = False
     register_timeout: float = 5.0
     shutdown_grace: float = 1.0
     debounce: float = 0.002
+    pod_resources_socket: Path | None = None
+    pod_resources_interval: float = 5.0
+    reserved_cpus: frozenset[int] = frozenset()
+    allow_unaligned: bool = False
 
     def __post_init__(self) -> None:
         validate_resource_prefix(self.resource_prefix)
@@ -95,6 +115,26 @@ class Config:
             raise ValueError(f"shutdown grace must not be negative, got {self.shutdown_grace}")
         if self.debounce < 0:
             raise ValueError(f"debounce must not be negative, got {self.debounce}")
+        if not self.pod_resources_interval > 0:
+            raise ValueError(
+                f"pod resources interval must be positive, got {self.pod_resources_interval}"
+            )
+        if self.capacity == CPUS and self.include_cpuless_nodes:
+            raise ValueError(
+                "--capacity cpus gives a NUMA node one device per CPU: a CPU-less node "
+                "would have none (drop --include-cpuless-nodes)"
+            )
+        if self.reserved_cpus and self.capacity != CPUS:
+            raise ValueError("--reserved-cpus only applies with --capacity cpus")
+
+    @property
+    def cpus_mode(self) -> bool:
+        return self.capacity == CPUS
+
+    @property
+    def pod_resources_path(self) -> Path:
+        """The pod resources API socket: as given, else beside the device-plugin folder."""
+        return self.pod_resources_socket or podresources_socket(self.socket_dir)
 
     @property
     def kubelet_socket(self) -> Path:

@@ -1,7 +1,13 @@
 """From advertised NUMA nodes to extended resources and their slot devices.
 
 The model is a plain tree, resource name -> :class:`Resource` -> its
-:class:`Device` tuple, built purely from a plan (:func:`build_resources`). Two
+:class:`Device` tuple, built purely from a plan (:func:`build_resources`).
+
+Two capacity modes: an integer N gives every NUMA node N "slot" devices
+(``numa1-slot0042``); ``cpus`` gives a NUMA node one device per CPU it can hand
+out exclusively (``numa1-cpu0012``, numbered by CPU id), so a pod asks for as
+many devices as it asks integer CPUs and the count the scheduler sees is a CPU
+count (:mod:`numa_device_plugin.capacity` keeps it live). Two
 builds from the same plan and settings are equal, which is what makes device
 ids stable across plugin and kubelet restarts: the kubelet re-admits running
 pods by the device ids it recorded, and fails them if those ids vanish.
@@ -12,11 +18,15 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from typing import Literal
 
 from numa_device_plugin.topology import NodePlan
 
 DEFAULT_RESOURCE_PREFIX = "numa-align"
 DEFAULT_CAPACITY = 100
+# --capacity cpus: one device per exclusive CPU of the NUMA node.
+CPUS: Literal["cpus"] = "cpus"
+Capacity = int | Literal["cpus"]
 # Each Device costs ~40 bytes in a ListAndWatch message; the kubelet's default
 # 4 MiB gRPC limit would allow ~100k, this keeps messages far below it.
 MAX_CAPACITY = 10_000
@@ -34,8 +44,9 @@ _REQUESTS_PREFIX = "requests."
 
 @dataclass(frozen=True)
 class Device:
-    """One slot of a NUMA node's resource: v1beta1 ``Device{ID, health, topology}``,
-    where ``topology`` is ``TopologyInfo{nodes: [NUMANode{ID: node_id}]}``."""
+    """One device of a NUMA node's resource: v1beta1 ``Device{ID, health, topology}``,
+    where ``topology`` is ``TopologyInfo{nodes: [NUMANode{ID: node_id}]}``.
+    ``index`` orders devices (the slot number, or the CPU id in ``cpus`` mode)."""
 
     id: str
     node_id: int
@@ -116,8 +127,18 @@ def device_id(node_id: int, index: int) -> str:
     return f"numa{node_id}-slot{index:04d}"
 
 
-def validate_capacity(capacity: int) -> int:
-    """Return ``capacity`` when 1 <= capacity <= MAX_CAPACITY; raise ValueError otherwise."""
+def cpu_device_id(node_id: int, cpu: int) -> str:
+    """Device id of a CPU in ``cpus`` mode, e.g. ``numa1-cpu0012``."""
+    return f"numa{node_id}-cpu{cpu:04d}"
+
+
+def validate_capacity(capacity: Capacity) -> Capacity:
+    """Return ``capacity`` when it is ``cpus`` or 1 <= capacity <= MAX_CAPACITY; raise
+    ValueError otherwise."""
+    if capacity == CPUS:
+        return capacity
+    if isinstance(capacity, bool) or not isinstance(capacity, int):
+        raise ValueError(f"capacity must be a whole number or {CPUS!r}, got {capacity!r}")
     if not 1 <= capacity <= MAX_CAPACITY:
         raise ValueError(f"capacity must be between 1 and {MAX_CAPACITY}, got {capacity}")
     return capacity
@@ -132,21 +153,40 @@ def build_resource(prefix: str, node_id: int, capacity: int) -> Resource:
     return Resource(name=resource_name(prefix, node_id), node_id=node_id, devices=devices)
 
 
+def cpu_devices(node_id: int, cpus: Iterable[int]) -> tuple[Device, ...]:
+    """One healthy device per CPU, in CPU order (``cpus`` mode)."""
+    return tuple(
+        Device(id=cpu_device_id(node_id, cpu), node_id=node_id, index=cpu) for cpu in sorted(cpus)
+    )
+
+
 def build_resources(
     plans: Iterable[NodePlan],
     *,
     prefix: str = DEFAULT_RESOURCE_PREFIX,
-    capacity: int = DEFAULT_CAPACITY,
+    capacity: Capacity = DEFAULT_CAPACITY,
+    reserved_cpus: frozenset[int] = frozenset(),
 ) -> Mapping[str, Resource]:
     """One resource per advertised NUMA node, keyed by resource name, in NUMA id order.
 
+    In ``cpus`` mode a node's devices are its usable CPUs minus ``reserved_cpus``
+    (the starting point; the kubelet's pod resources API refines it live).
     Raises ValueError for an invalid prefix or capacity.
     """
     validate_resource_prefix(prefix)
     validate_capacity(capacity)
     resources = {}
     for plan in sorted(plans, key=lambda plan: plan.node.id):
-        if plan.advertised:
-            resource = build_resource(prefix, plan.node.id, capacity)
-            resources[resource.name] = resource
+        if not plan.advertised:
+            continue
+        node_id = plan.node.id
+        if not isinstance(capacity, int):
+            resource = Resource(
+                name=resource_name(prefix, node_id),
+                node_id=node_id,
+                devices=cpu_devices(node_id, plan.node.cpus - reserved_cpus),
+            )
+        else:
+            resource = build_resource(prefix, node_id, capacity)
+        resources[resource.name] = resource
     return resources

@@ -34,10 +34,12 @@ import structlog
 
 from numa_device_plugin import sysfs
 from numa_device_plugin.api.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
+from numa_device_plugin.capacity import KubeletView, NodeCapacity, live_devices, node_capacity
 from numa_device_plugin.config import Config
-from numa_device_plugin.devices import Resource, build_resources
+from numa_device_plugin.devices import HEALTHY, Resource, build_resources
 from numa_device_plugin.lock import InstanceLock
 from numa_device_plugin.memory import release_free_memory
+from numa_device_plugin.podresources import PodResourcesClient, PodResourcesError
 from numa_device_plugin.recorder import NullRecorder, Recorder
 from numa_device_plugin.registration import Backoff, RegistrationError, register, register_request
 from numa_device_plugin.server import UnixSocketServer, check_socket_path, file_identity
@@ -55,6 +57,11 @@ log = structlog.get_logger(__name__)
 
 # Seconds between attempts to take the instance lock while another instance holds it.
 LOCK_POLL = 0.2
+# Seconds after an Allocate to read the pod resources API again: the kubelet's CPU
+# manager assigns the container's CPUs right after the device manager's Allocate.
+ALLOCATE_POLL_DELAY = 0.5
+# Seconds one pod resources call may take at most.
+POLL_TIMEOUT = 2.0
 
 STREAM_LOST = "ListAndWatch stream lost"
 RELOAD = "reload requested"
@@ -81,7 +88,12 @@ def discover(config: Config) -> Discovery:
     """
     topology = read_topology(config.sysfs_root)
     plans = plan_nodes(topology, include_cpuless=config.include_cpuless_nodes)
-    resources = build_resources(plans, prefix=config.resource_prefix, capacity=config.capacity)
+    resources = build_resources(
+        plans,
+        prefix=config.resource_prefix,
+        capacity=config.capacity,
+        reserved_cpus=config.reserved_cpus,
+    )
     for plan in plans:
         node = plan.node
         fields = {
@@ -169,6 +181,11 @@ class PluginManager:
         self.started = asyncio.Event()
         self._idle = False
         self._state_changed = asyncio.Event()
+        self.view: KubeletView | None = None
+        self._polled = False
+        self._api_reachable: bool | None = None
+        self._poll_now: asyncio.Event | None = None
+        self._poll_timer: asyncio.TimerHandle | None = None
 
     # -- public API ------------------------------------------------------------------------
 
@@ -191,13 +208,141 @@ class PluginManager:
         self._servicers = {
             name: kept.get(name)
             or NumaDevicePluginServicer(
-                resource, on_stream_lost=self._stream_lost, recorder=self.recorder
+                resource,
+                on_stream_lost=self._stream_lost,
+                on_allocate=self._allocated,
+                recorder=self.recorder,
             )
             for name, resource in discovery.resources.items()
         }
         self.recorder.topology(
             discovery.plans, {name: len(r.devices) for name, r in discovery.resources.items()}
         )
+        if self._polled:
+            self._apply_view(self.view)
+
+    # -- live capacity (the pod resources API) ----------------------------------------------
+
+    def _node_cpus(self, node_id: int) -> frozenset[int]:
+        assert self.discovery is not None
+        return next(p.node.cpus for p in self.discovery.plans if p.node.id == node_id)
+
+    def capacities(self) -> list[NodeCapacity]:
+        """Per advertised NUMA node, its CPUs and devices as the kubelet last showed them."""
+        return [
+            node_capacity(
+                name,
+                resource.node_id,
+                self._node_cpus(resource.node_id),
+                self._servicers[name].devices,
+                self.view,
+                self.config.reserved_cpus,
+            )
+            for name, resource in self.resources.items()
+        ]
+
+    def _apply_view(self, view: KubeletView | None) -> None:
+        """Advertise the device lists ``view`` calls for (ListAndWatch sends changes)."""
+        self.view = view
+        self._polled = True
+        for name, resource in self.resources.items():
+            servicer = self._servicers[name]
+            devices = live_devices(
+                self.config.capacity,
+                resource.node_id,
+                self._node_cpus(resource.node_id),
+                name,
+                resource.devices,
+                view,
+                reserved_cpus=self.config.reserved_cpus,
+                allow_unaligned=self.config.allow_unaligned,
+            )
+            if devices != servicer.devices:
+                healthy = sum(1 for device in devices if device.health == HEALTHY)
+                log.info(
+                    "device list changed",
+                    resource=name,
+                    devices=len(devices),
+                    healthy=healthy,
+                )
+                servicer.set_devices(devices)
+            self.recorder.devices(name, servicer.devices)
+        self.recorder.capacity(self.capacities(), view.memory if view is not None else {})
+
+    def unaligned(self) -> bool:
+        """True when the kubelet's CPU manager is not static and devices are withheld."""
+        return (
+            self.view is not None
+            and not self.view.cpu_manager_static
+            and not self.config.allow_unaligned
+        )
+
+    def _warn_unaligned(self, resources: list[str]) -> None:
+        log.warning(
+            "the kubelet's CPU manager is not static (its pod resources API lists no "
+            "allocatable CPUs): nothing can be aligned, so every device is reported "
+            "Unhealthy. Set cpuManagerPolicy: static (--cpu-manager-policy=static) and "
+            "topologyManagerPolicy: single-numa-node, or pass --allow-unaligned",
+            resources=resources,
+        )
+
+    def request_poll(self, delay: float = 0.0) -> None:
+        """Read the pod resources API ``delay`` seconds from now (loop thread only)."""
+        if self._poll_now is None:
+            return
+        if delay <= 0:
+            self._poll_now.set()
+            return
+        if self._poll_timer is None or self._poll_timer.cancelled():
+            loop = asyncio.get_running_loop()
+            self._poll_timer = loop.call_later(delay, self._poll_timer_fired)
+
+    def _poll_timer_fired(self) -> None:
+        self._poll_timer = None
+        if self._poll_now is not None:
+            self._poll_now.set()
+
+    def _allocated(self, name: str) -> None:
+        # The kubelet assigns the container's CPUs right after Allocate (device manager
+        # first, then CPU manager): look again a moment later.
+        self.request_poll(ALLOCATE_POLL_DELAY)
+
+    async def _poll_once(self, client: PodResourcesClient) -> None:
+        timeout = min(self.config.pod_resources_interval, POLL_TIMEOUT)
+        try:
+            view: KubeletView | None = await client.view(timeout)
+        except PodResourcesError as exc:
+            view = None
+            if self._api_reachable is not False:
+                log.warning(
+                    "the kubelet's pod resources API cannot be read; counting each NUMA "
+                    "node's usable CPUs minus --reserved-cpus and skipping the CPU manager "
+                    "check until it can",
+                    socket=str(exc.socket),
+                    code=exc.code.name,
+                    details=exc.details[:200],
+                )
+            self._api_reachable = False
+        else:
+            if self._api_reachable is False:
+                log.info("the kubelet's pod resources API can be read again")
+            self._api_reachable = True
+        was_unaligned = self.unaligned()
+        self._apply_view(view)
+        if self.unaligned() and not was_unaligned:
+            self._warn_unaligned(sorted(self.resources))
+
+    async def _poll_loop(self, client: PodResourcesClient) -> None:
+        """Read the API every ``pod_resources_interval`` seconds, or when asked sooner."""
+        assert self._poll_now is not None
+        while True:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._poll_now.wait(), self.config.pod_resources_interval)
+            self._poll_now.clear()
+            try:
+                await self._poll_once(client)
+            except Exception:
+                log.exception("reading the pod resources API failed unexpectedly")
 
     def readiness_problems(self) -> list[str]:
         """Why the plugin is not ready, one line per resource; [] when every advertised
@@ -252,6 +397,8 @@ class PluginManager:
         self.config.socket_dir.mkdir(parents=True, exist_ok=True)
         watcher = SocketDirWatcher(self.config.socket_dir, self.wake, asyncio.get_running_loop())
         watcher.start()
+        client = PodResourcesClient(self.config.pod_resources_path)
+        self._poll_now = asyncio.Event()
         try:
             while not self._stopping:
                 if not await self._acquire_lock():
@@ -263,12 +410,21 @@ class PluginManager:
                 )
                 self._to_restart = set(self.resources)
                 self._lock_lost = False
+                await self._poll_once(client)  # advertise live counts from the start
+                poller = asyncio.create_task(self._poll_loop(client), name="pod resources")
                 self.started.set()
-                await self._main_loop()
+                try:
+                    await self._main_loop()
+                finally:
+                    poller.cancel()
+                    await asyncio.gather(poller, return_exceptions=True)
                 if self._lock_lost:
                     await self._stop_endpoints(set(self._endpoints), self.config.shutdown_grace)
         finally:
             watcher.stop()
+            if self._poll_timer is not None:
+                self._poll_timer.cancel()
+            await client.close()
             await self._stop_endpoints(set(self._endpoints), self.config.shutdown_grace)
             self.lock.release()
             log.info("device plugin stopped")
@@ -533,12 +689,17 @@ class PluginManager:
         if self._endpoints.get(name) is endpoint:
             self.registered.add(name)
             self.recorder.registered(name, True)
+            devices = endpoint.servicer.devices
             log.info(
                 "registered with the kubelet",
                 resource=name,
                 endpoint=request.endpoint,
-                devices=len(endpoint.resource.devices),
+                devices=len(devices),
+                healthy=sum(1 for device in devices if device.health == HEALTHY),
             )
+            if self.unaligned():
+                self._warn_unaligned([name])
+            self.request_poll()
 
     def _stream_lost(self, name: str) -> None:
         self.registered.discard(name)

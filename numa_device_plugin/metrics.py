@@ -7,17 +7,24 @@ Topology, per NUMA node (label ``node``): ``numa_node_cpus_count``,
 ``..._allocate_errors_total``, ``..._registrations_total``,
 ``..._registration_failures_total``, ``..._kubelet_restarts_total``,
 ``..._allocate_duration_seconds`` (histogram), ``..._registered`` (0/1).
+Live capacity, per NUMA node (label ``numa_node``, from the kubelet's pod
+resources API): ``numa_node_allocatable_cpus``, ``numa_node_assigned_cpus``
+(``holder`` = ``numa-align`` or ``other``), ``numa_node_misaligned_containers``,
+``numa_node_allocatable_memory_bytes`` (``memory_type``).
 ``numa_device_plugin_build_info`` carries versions as labels.
 """
 
 from __future__ import annotations
 
 import platform
+from collections.abc import Mapping, Sequence
 
 import grpc
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from numa_device_plugin import __version__
+from numa_device_plugin.capacity import OTHERS, OURS, NodeCapacity
+from numa_device_plugin.devices import HEALTHY, UNHEALTHY, Device
 from numa_device_plugin.topology import NodePlan
 
 # Allocate answers in about a millisecond; buckets from 100 us to 1 s.
@@ -48,7 +55,7 @@ class PrometheusRecorder:
             registry=r,
         )
         prefix = "numa_device_plugin"
-        self.devices = Gauge(
+        self.devices_gauge = Gauge(
             f"{prefix}_devices", "Devices advertised", ["resource", "health"], registry=r
         )
         self.allocations = Counter(
@@ -85,6 +92,32 @@ class PrometheusRecorder:
         self.registered_now = Gauge(
             f"{prefix}_registered", "1 while registered with the kubelet", ["resource"], registry=r
         )
+        self.allocatable_cpus = Gauge(
+            "numa_node_allocatable_cpus",
+            "CPUs of the NUMA node the kubelet may hand out exclusively (pod resources API)",
+            ["numa_node"],
+            registry=r,
+        )
+        self.assigned_cpus = Gauge(
+            "numa_node_assigned_cpus",
+            "Exclusive CPUs of the NUMA node assigned to containers holding its resource "
+            "(holder=numa-align) or not (holder=other)",
+            ["numa_node", "holder"],
+            registry=r,
+        )
+        self.misaligned = Gauge(
+            "numa_node_misaligned_containers",
+            "Containers holding the NUMA node's resource whose exclusive CPUs are elsewhere "
+            "(or who have none)",
+            ["numa_node"],
+            registry=r,
+        )
+        self.allocatable_memory = Gauge(
+            "numa_node_allocatable_memory_bytes",
+            "Memory the kubelet's Memory Manager may hand out on the NUMA node, by type",
+            ["numa_node", "memory_type"],
+            registry=r,
+        )
         build = Gauge(
             f"{prefix}_build_info",
             "Versions of the plugin and its runtime",
@@ -94,7 +127,7 @@ class PrometheusRecorder:
         build.labels(__version__, platform.python_version(), grpc.__version__).set(1)
 
     def topology(self, plans: tuple[NodePlan, ...], devices: dict[str, int]) -> None:
-        for metric in (self.cpus, self.memory, self.distance, self.advertised, self.devices):
+        for metric in (self.cpus, self.memory, self.distance, self.advertised, self.devices_gauge):
             metric.clear()
         for plan in plans:
             node = str(plan.node.id)
@@ -105,8 +138,8 @@ class PrometheusRecorder:
                 self.distance.labels(node, str(other)).set(value)
             self.advertised.labels(node).set(1 if plan.advertised else 0)
         for resource, count in devices.items():
-            self.devices.labels(resource, "Healthy").set(count)
-            self.devices.labels(resource, "Unhealthy").set(0)
+            self.devices_gauge.labels(resource, HEALTHY).set(count)
+            self.devices_gauge.labels(resource, UNHEALTHY).set(0)
             self.registered_now.labels(resource).set(0)
             # Create every per-resource series at 0, so a rate() sees the first event.
             for counter in (
@@ -131,6 +164,31 @@ class PrometheusRecorder:
 
     def kubelet_restart(self, resource: str) -> None:
         self.kubelet_restarts.labels(resource).inc()
+
+    def devices(self, resource: str, devices: Sequence[Device]) -> None:
+        healthy = sum(1 for device in devices if device.health == HEALTHY)
+        self.devices_gauge.labels(resource, HEALTHY).set(healthy)
+        self.devices_gauge.labels(resource, UNHEALTHY).set(len(devices) - healthy)
+
+    def capacity(
+        self, nodes: Sequence[NodeCapacity], memory: Mapping[int, Mapping[str, int]]
+    ) -> None:
+        for metric in (
+            self.allocatable_cpus,
+            self.assigned_cpus,
+            self.misaligned,
+            self.allocatable_memory,
+        ):
+            metric.clear()
+        for node in nodes:
+            label = str(node.node_id)
+            self.allocatable_cpus.labels(label).set(len(node.allocatable_cpus))
+            self.assigned_cpus.labels(label, OURS).set(len(node.assigned_ours))
+            self.assigned_cpus.labels(label, OTHERS).set(len(node.assigned_other))
+            self.misaligned.labels(label).set(node.misaligned)
+        for node_id, per_type in memory.items():
+            for memory_type, size in per_type.items():
+                self.allocatable_memory.labels(str(node_id), memory_type).set(size)
 
     def render(self) -> bytes:
         """The registry in the Prometheus text exposition format."""

@@ -8,9 +8,14 @@ prometheus-client only then).
 
 from __future__ import annotations
 
-from typing import Protocol
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Protocol
 
 from numa_device_plugin.topology import NodePlan
+
+if TYPE_CHECKING:
+    from numa_device_plugin.capacity import NodeCapacity
+    from numa_device_plugin.devices import Device
 
 
 class Recorder(Protocol):
@@ -31,6 +36,15 @@ class Recorder(Protocol):
     def kubelet_restart(self, resource: str) -> None:
         """The resource was served again because a new kubelet.sock appeared."""
 
+    def devices(self, resource: str, devices: Sequence[Device]) -> None:
+        """The device list the resource advertises now (its health follows the live count)."""
+
+    def capacity(
+        self, nodes: Sequence[NodeCapacity], memory: Mapping[int, Mapping[str, int]]
+    ) -> None:
+        """Per advertised NUMA node its CPUs as the kubelet sees them, and the memory the
+        kubelet reports per NUMA node and type (bytes; empty without the Memory Manager)."""
+
 
 class NullRecorder:
     """Records nothing."""
@@ -48,4 +62,12 @@ class NullRecorder:
         pass
 
     def kubelet_restart(self, resource: str) -> None:
+        pass
+
+    def devices(self, resource: str, devices: Sequence[Device]) -> None:
+        pass
+
+    def capacity(
+        self, nodes: Sequence[NodeCapacity], memory: Mapping[int, Mapping[str, int]]
+    ) -> None:
         pass

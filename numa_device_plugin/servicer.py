@@ -89,12 +89,14 @@ class NumaDevicePluginServicer(api_pb2_grpc.DevicePluginServicer):  # type: igno
         resource: Resource,
         *,
         on_stream_lost: Callable[[str], None] | None = None,
+        on_allocate: Callable[[str], None] | None = None,
         recorder: Recorder | None = None,
     ) -> None:
         self.resource_name = resource.name
         self._recorder: Recorder = recorder or NullRecorder()
         self.node_id = resource.node_id
         self._on_stream_lost = on_stream_lost
+        self._on_allocate = on_allocate
         self._devices: tuple[Device, ...] = ()
         self._by_id: dict[str, Device] = {}
         self._response = api_pb2.ListAndWatchResponse()
@@ -195,6 +197,8 @@ class NumaDevicePluginServicer(api_pb2_grpc.DevicePluginServicer):  # type: igno
             await self._refuse(context, "Allocate", exc)
         self._recorder.allocated(self.resource_name, time.perf_counter() - started, True)
         log.debug("Allocate", resource=self.resource_name, containers=len(responses))
+        if self._on_allocate is not None:
+            self._on_allocate(self.resource_name)
         return api_pb2.AllocateResponse(container_responses=responses)
 
     async def GetPreferredAllocation(

@@ -1,133 +1,157 @@
 """``numa-device-plugin status``: who holds which NUMA node, from the kubelet's view.
 
 Reads the kubelet's pod resources API (``v1.PodResourcesLister``: ``List`` and
-``GetAllocatableResources`` on ``/var/lib/kubelet/pod-resources/kubelet.sock``)
-and this node's topology from sysfs, and reports per advertised NUMA node:
-capacity, allocatable and allocated slots, and each container holding one,
-with the exclusive CPUs the kubelet gave it and whether they lie on that NUMA
-node. A container whose CPUs are elsewhere, or that has no exclusive CPUs at
-all, is flagged: the Topology Manager did not align it.
+``GetAllocatableResources`` on ``pod-resources/kubelet.sock`` beside the
+device-plugin folder) and this node's topology from sysfs, and reports per
+advertised NUMA node: capacity, allocatable and allocated devices; the CPUs the
+kubelet may hand out exclusively there, how many are assigned to containers
+holding the node's resource (ours) or not (others), and how many are free; the
+memory the Memory Manager reports there; and each container holding the
+resource, with the exclusive CPUs the kubelet gave it and whether they lie on
+that NUMA node. A container whose CPUs are elsewhere, or that has no exclusive
+CPUs at all, is flagged: the Topology Manager did not align it. In ``cpus``
+mode a container holding a different number of devices than exclusive CPUs is
+flagged too: the live count assumes a pod asks as many devices as CPUs.
 """
 
 from __future__ import annotations
 
 from collections import Counter
-from pathlib import Path
 from typing import Any
-
-import grpc
 
 from numa_device_plugin import sysfs
 from numa_device_plugin.api.podresources.v1 import api_pb2 as pr_pb2
-from numa_device_plugin.api.podresources.v1 import api_pb2_grpc as pr_grpc
+from numa_device_plugin.capacity import live_devices, misalignment, node_capacity, view_from
+from numa_device_plugin.config import Config
+from numa_device_plugin.devices import CPUS
 from numa_device_plugin.manager import Discovery
-from numa_device_plugin.registration import FRESH_CONNECTION
+from numa_device_plugin.podresources import PodResourcesError as StatusError
+from numa_device_plugin.podresources import fetch
 
-DEFAULT_POD_RESOURCES_SOCKET = Path("/var/lib/kubelet/pod-resources/kubelet.sock")
-
-
-class StatusError(Exception):
-    """The pod resources API could not be read; the message says why."""
-
-
-async def fetch(
-    socket: Path, timeout: float = 5.0
-) -> tuple[pr_pb2.ListPodResourcesResponse, pr_pb2.AllocatableResourcesResponse]:
-    """List and GetAllocatableResources from the kubelet at ``socket`` (seconds).
-
-    Raises :class:`StatusError` naming the socket and the gRPC status.
-    """
-    target = f"unix://{socket}"
-    async with grpc.aio.insecure_channel(target, options=FRESH_CONNECTION) as channel:
-        stub = pr_grpc.PodResourcesListerStub(channel)
-        try:
-            pods = await stub.List(pr_pb2.ListPodResourcesRequest(), timeout=timeout)
-            allocatable = await stub.GetAllocatableResources(
-                pr_pb2.AllocatableResourcesRequest(), timeout=timeout
-            )
-        except grpc.aio.AioRpcError as exc:
-            raise StatusError(
-                f"cannot read the pod resources API at {socket}: {exc.code().name}: {exc.details()}"
-            ) from exc
-    return pods, allocatable
+__all__ = ["StatusError", "build_status", "fetch", "render_table"]
 
 
 def build_status(
     discovery: Discovery,
-    capacity: int,
+    config: Config,
     pods: pr_pb2.ListPodResourcesResponse,
     allocatable: pr_pb2.AllocatableResourcesResponse,
 ) -> dict[str, Any]:
-    """The status document: ``{"nodes": [{"id", "resource", "cpus", "capacity",
-    "allocatable", "allocated", "holders": [{"namespace", "pod", "container",
-    "devices", "cpus", "aligned", "problem"}]}], "misaligned": int}``; pure."""
+    """The status document; pure.
+
+    ``{"nodes": [{"id", "resource", "cpus", "capacity", "allocatable",
+    "allocated", "allocatable_cpus", "assigned_cpus": {"ours", "others"},
+    "free_cpus", "memory": {type: bytes} | null, "holders": [{"namespace",
+    "pod", "container", "devices", "cpus", "aligned", "problem"}]}],
+    "misaligned": int, "miscounted": int, "cpu_manager_static": bool}``.
+    ``capacity`` is the plugin's device count for the node (the slots, or in
+    ``cpus`` mode its allocatable CPUs); ``allocatable`` the healthy devices the
+    kubelet lists; ``allocated`` distinct held devices (an init container's device
+    handed on to an app container counts once).
+    """
+    view = view_from(pods, allocatable)
     free = Counter(entry.resource_name for entry in allocatable.devices for _ in entry.device_ids)
     nodes = []
-    misaligned = 0
+    misaligned = miscounted = 0
     for name, resource in discovery.resources.items():
         node_cpus = next(p.node.cpus for p in discovery.plans if p.node.id == resource.node_id)
+        devices = live_devices(
+            config.capacity, resource.node_id, node_cpus, name, resource.devices, view,
+            reserved_cpus=config.reserved_cpus, allow_unaligned=True,
+        )  # fmt: skip
+        figures = node_capacity(name, resource.node_id, node_cpus, devices, view)
         holders: list[dict[str, Any]] = []
-        held: set[str] = set()  # init containers hand their devices on: count each once
-        for pod in pods.pod_resources:
-            for container in pod.containers:
-                ids = [
-                    i for d in container.devices if d.resource_name == name for i in d.device_ids
-                ]
-                if not ids:
-                    continue
-                cpus = set(container.cpu_ids)
-                if not cpus:
-                    aligned = False
-                    problem: str | None = "no exclusive CPUs (not Guaranteed with integer CPUs?)"
-                elif cpus <= node_cpus:
-                    aligned, problem = True, None
-                else:
-                    outside = sysfs.format_cpulist(cpus - node_cpus)
-                    aligned = False
-                    problem = f"CPUs {outside} are not on NUMA node {resource.node_id}"
-                misaligned += 0 if aligned else 1
-                held.update(ids)
-                holders.append(
-                    {
-                        "namespace": pod.namespace,
-                        "pod": pod.name,
-                        "container": container.name,
-                        "devices": ids,
-                        "cpus": sysfs.format_cpulist(cpus),
-                        "aligned": aligned,
-                        "problem": problem,
-                    }
+        for holder in view.holders:
+            ids = list(holder.devices.get(name, ()))
+            if not ids:
+                continue
+            problem = misalignment(holder, resource.node_id, node_cpus)
+            misaligned += problem is not None
+            aligned = problem is None
+            if config.capacity == CPUS and holder.cpus and len(ids) != len(holder.cpus):
+                miscounted += 1
+                count = (
+                    f"{len(ids)} device(s) for {len(holder.cpus)} exclusive CPUs: with "
+                    "--capacity cpus a container asks as many devices as CPUs"
                 )
+                problem = count if problem is None else f"{problem}; {count}"
+            holders.append(
+                {
+                    "namespace": holder.namespace,
+                    "pod": holder.pod,
+                    "container": holder.container,
+                    "devices": ids,
+                    "cpus": sysfs.format_cpulist(holder.cpus),
+                    "aligned": aligned,
+                    "problem": problem,
+                }
+            )
         nodes.append(
             {
                 "id": resource.node_id,
                 "resource": name,
                 "cpus": sysfs.format_cpulist(node_cpus),
-                "capacity": capacity,
+                "capacity": len(devices),
                 "allocatable": free.get(name, 0),
-                "allocated": len(held),
+                "allocated": len(figures.held),
+                "allocatable_cpus": len(figures.allocatable_cpus),
+                "assigned_cpus": {
+                    "ours": len(figures.assigned_ours),
+                    "others": len(figures.assigned_other),
+                },
+                "free_cpus": figures.free_cpus,
+                "memory": dict(view.memory[resource.node_id])
+                if resource.node_id in view.memory
+                else None,
                 "holders": holders,
             }
         )
-    return {"nodes": nodes, "misaligned": misaligned}
+    return {
+        "nodes": nodes,
+        "misaligned": misaligned,
+        "miscounted": miscounted,
+        "cpu_manager_static": view.cpu_manager_static,
+    }
 
 
 def render_table(document: dict[str, Any]) -> str:
-    """The status document as text: a line per NUMA node, then its holders."""
+    """The status document as text: a line per NUMA node, its CPUs, then its holders."""
     lines = []
+    if not document["cpu_manager_static"]:
+        lines.append(
+            "the kubelet lists no allocatable CPUs: its CPU manager policy is not static, "
+            "so nothing is aligned"
+        )
     for node in document["nodes"]:
         lines.append(
             f"NUMA node {node['id']} ({node['resource']}, CPUs {node['cpus']}): "
             f"capacity {node['capacity']}, allocatable {node['allocatable']}, "
             f"allocated {node['allocated']}"
         )
+        assigned = node["assigned_cpus"]
+        memory = ", ".join(f"{kind} {size}" for kind, size in (node["memory"] or {}).items())
+        lines.append(
+            f"  exclusive CPUs: allocatable {node['allocatable_cpus']}, assigned "
+            f"{assigned['ours'] + assigned['others']} (ours {assigned['ours']}, others "
+            f"{assigned['others']}), free {node['free_cpus']}"
+            + (f"; memory (bytes): {memory}" if memory else "")
+        )
         for holder in node["holders"]:
-            flag = "aligned" if holder["aligned"] else f"MISALIGNED: {holder['problem']}"
+            if holder["aligned"] and holder["problem"] is None:
+                flag = "aligned"
+            elif holder["aligned"]:
+                flag = f"aligned, MISCOUNTED: {holder['problem']}"
+            else:
+                flag = f"MISALIGNED: {holder['problem']}"
             lines.append(
                 f"  {holder['namespace']}/{holder['pod']} {holder['container']}: "
-                f"{len(holder['devices'])} slot(s), CPUs {holder['cpus'] or '-'}, {flag}"
+                f"{len(holder['devices'])} device(s), CPUs {holder['cpus'] or '-'}, {flag}"
             )
         if not node["holders"]:
             lines.append("  (no pod holds this NUMA node)")
     lines.append(f"misaligned containers: {document['misaligned']}")
+    if document["miscounted"]:
+        lines.append(
+            f"containers whose device count differs from their CPUs: {document['miscounted']}"
+        )
     return "\n".join(lines)

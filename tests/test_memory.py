@@ -63,6 +63,7 @@ def test_serve_sets_the_limit_before_serving(monkeypatch: pytest.MonkeyPatch) ->
     from numa_device_plugin import cli
 
     calls: list[str] = []
+
     def limit() -> bool:
         calls.append("limit")
         return True

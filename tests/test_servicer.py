@@ -98,7 +98,10 @@ async def test_list_and_watch_stays_open_until_close(served: Served) -> None:
     call = served.stub.ListAndWatch(api_pb2.Empty())
     await call.read()
     nothing = asyncio.ensure_future(call.read())
-    await asyncio.sleep(0.2)
+    # Round trips on the same connection: had the stream sent or ended meanwhile,
+    # the read would have completed first.
+    for _ in range(3):
+        await served.stub.GetDevicePluginOptions(api_pb2.Empty())
     assert not nothing.done(), "the stream must stay open without sending"
     served.servicer.close()
     assert await asyncio.wait_for(nothing, 5) is grpc.aio.EOF

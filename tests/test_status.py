@@ -67,8 +67,22 @@ async def test_status_lists_holders_and_flags_misalignment(
     assert (
         "NUMA node 1 (numa-align/numa-1, CPUs 4-7): capacity 5, allocatable 5, allocated 2" in table
     )
-    assert "db/bad pg: 1 slot(s), CPUs 1-2, MISALIGNED: CPUs 1-2 are not on NUMA node 1" in table
-    assert "search/shard-1 engine: 1 slot(s), CPUs 4-6, aligned" in table
+    assert "db/bad pg: 1 device(s), CPUs 1-2, MISALIGNED: CPUs 1-2 are not on NUMA node 1" in table
+    assert "search/shard-1 engine: 1 device(s), CPUs 4-6, aligned" in table
+    # CPUs 1-7 allocatable; node 0 (0-3): 1-2 held by db/bad (a holder of numa-1: "other"
+    # for node 0); node 1 (4-7): 4-6 ours, 7 another pod's.
+    assert (node0["allocatable_cpus"], node0["assigned_cpus"], node0["free_cpus"]) == (
+        3,
+        {"ours": 0, "others": 2},
+        1,
+    )
+    assert (node1["allocatable_cpus"], node1["assigned_cpus"], node1["free_cpus"]) == (
+        4,
+        {"ours": 3, "others": 1},
+        0,
+    )
+    assert node1["memory"] is None
+    assert "exclusive CPUs: allocatable 4, assigned 4 (ours 3, others 1), free 0" in table
     assert table.rstrip().endswith("misaligned containers: 2")
 
 

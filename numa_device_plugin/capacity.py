@@ -1,0 +1,247 @@
+"""The live device list of each resource, from what the kubelet's pod resources API says.
+
+Pure functions over a :class:`KubeletView` (the answers of the kubelet's
+``v1.PodResourcesLister``: ``GetAllocatableResources`` and ``List``) and the
+topology; nothing here does I/O.
+
+``cpus`` mode (``--capacity cpus``): NUMA node N's resource has one device per
+CPU in (the kubelet's allocatable CPUs ∩ N's usable CPUs), plus any device a
+container still holds. Exclusive CPUs of N already assigned to containers
+(other Guaranteed pods, or ours holding more CPUs than devices) cannot go to a
+new pod, so only
+
+    healthy(N) = held(N) + max(0, |allocatable CPUs of N| - |exclusive CPUs of N assigned|)
+
+devices are Healthy: every held device, then the lowest-numbered free ones.
+The kubelet's allocatable for the resource is that healthy count, and the
+scheduler subtracts what running pods requested, leaving exactly the free
+exclusive CPUs of N.
+
+Both modes: a kubelet whose CPU manager is not ``static`` reports no
+allocatable ``cpu_ids`` and can align nothing; every device is then Unhealthy
+unless ``allow_unaligned``. Without the API (``view`` None) the check is
+skipped and allocatable CPUs are N's usable CPUs minus ``reserved_cpus``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, replace
+
+from numa_device_plugin import sysfs
+from numa_device_plugin.api.podresources.v1 import api_pb2 as pr_pb2
+from numa_device_plugin.devices import CPUS, HEALTHY, UNHEALTHY, Capacity, Device, cpu_devices
+
+# The label value of our own containers in numa_node_assigned_cpus{holder=...}.
+OURS = "numa-align"
+OTHERS = "other"
+
+
+@dataclass(frozen=True)
+class Holder:
+    """One container as ``List()`` reports it: its exclusive ``cpus`` (CPU ids; empty
+    for shared-pool containers) and ``devices`` (resource name -> device ids)."""
+
+    namespace: str
+    pod: str
+    container: str
+    cpus: frozenset[int]
+    devices: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class KubeletView:
+    """What the pod resources API said at one moment.
+
+    ``allocatable_cpus``: ``GetAllocatableResources().cpu_ids`` (empty unless the
+    CPU manager policy is ``static``); ``holders``: every container of ``List()``;
+    ``memory``: per NUMA node id and memory type (``memory``,
+    ``hugepages-2Mi``...), allocatable bytes (only under the Memory Manager's
+    ``Static`` policy; empty otherwise).
+    """
+
+    allocatable_cpus: frozenset[int]
+    holders: tuple[Holder, ...] = ()
+    memory: Mapping[int, Mapping[str, int]] = field(default_factory=dict)
+
+    @property
+    def cpu_manager_static(self) -> bool:
+        """False when the kubelet hands out no exclusive CPUs (CPU manager ``none``)."""
+        return bool(self.allocatable_cpus)
+
+
+def view_from(
+    pods: pr_pb2.ListPodResourcesResponse, allocatable: pr_pb2.AllocatableResourcesResponse
+) -> KubeletView:
+    """The :class:`KubeletView` of a ``List`` and a ``GetAllocatableResources`` answer."""
+    holders = []
+    for pod in pods.pod_resources:
+        for container in pod.containers:
+            devices: dict[str, tuple[str, ...]] = {}
+            for entry in container.devices:
+                devices[entry.resource_name] = (
+                    *devices.get(entry.resource_name, ()),
+                    *entry.device_ids,
+                )
+            holders.append(
+                Holder(
+                    namespace=pod.namespace,
+                    pod=pod.name,
+                    container=container.name,
+                    cpus=frozenset(container.cpu_ids),
+                    devices=devices,
+                )
+            )
+    memory: dict[int, dict[str, int]] = {}
+    for block in allocatable.memory:
+        for node in block.topology.nodes:
+            per_type = memory.setdefault(node.ID, {})
+            per_type[block.memory_type] = per_type.get(block.memory_type, 0) + block.size
+    return KubeletView(
+        allocatable_cpus=frozenset(allocatable.cpu_ids), holders=tuple(holders), memory=memory
+    )
+
+
+@dataclass(frozen=True)
+class NodeCapacity:
+    """One advertised NUMA node's CPUs as the kubelet sees them, for metrics and status.
+
+    ``allocatable_cpus``: CPUs of the node the kubelet may hand out exclusively;
+    ``assigned_ours``/``assigned_other``: those already assigned to containers
+    that hold / do not hold the node's resource; ``held``: device ids of the
+    resource held by containers; ``healthy``/``devices``: device counts;
+    ``misaligned``: containers holding the resource whose exclusive CPUs are not
+    all on the node (or who have none).
+    """
+
+    node_id: int
+    resource: str
+    allocatable_cpus: frozenset[int]
+    assigned_ours: frozenset[int]
+    assigned_other: frozenset[int]
+    held: frozenset[str]
+    devices: int
+    healthy: int
+    misaligned: int
+
+    @property
+    def free_cpus(self) -> int:
+        """Allocatable CPUs of the node no container has yet."""
+        return len(self.allocatable_cpus - self.assigned_ours - self.assigned_other)
+
+
+def misalignment(holder: Holder, node_id: int, node_cpus: frozenset[int]) -> str | None:
+    """Why a container holding NUMA node ``node_id``'s resource is not aligned to it,
+    or None when all its exclusive CPUs lie on the node."""
+    if not holder.cpus:
+        return "no exclusive CPUs (not Guaranteed with integer CPUs?)"
+    outside = holder.cpus - node_cpus
+    if outside:
+        return f"CPUs {sysfs.format_cpulist(outside)} are not on NUMA node {node_id}"
+    return None
+
+
+def node_capacity(
+    resource: str,
+    node_id: int,
+    node_cpus: frozenset[int],
+    devices: Iterable[Device],
+    view: KubeletView | None,
+    reserved_cpus: frozenset[int] = frozenset(),
+) -> NodeCapacity:
+    """Figures of one NUMA node (``node_cpus``: its usable CPUs) from ``view``."""
+    device_list = tuple(devices)
+    if view is None:
+        allocatable = node_cpus - reserved_cpus
+        holders: tuple[Holder, ...] = ()
+    else:
+        allocatable = view.allocatable_cpus & node_cpus
+        holders = view.holders
+    held: set[str] = set()
+    ours: set[int] = set()
+    other: set[int] = set()
+    misaligned = 0
+    for holder in holders:
+        ids = holder.devices.get(resource, ())
+        if ids:
+            held.update(ids)
+            ours.update(holder.cpus & allocatable)
+            misaligned += misalignment(holder, node_id, node_cpus) is not None
+        else:
+            other.update(holder.cpus & allocatable)
+    return NodeCapacity(
+        node_id=node_id,
+        resource=resource,
+        allocatable_cpus=frozenset(allocatable),
+        assigned_ours=frozenset(ours),
+        assigned_other=frozenset(other - ours),
+        held=frozenset(held),
+        devices=len(device_list),
+        healthy=sum(1 for device in device_list if device.health == HEALTHY),
+        misaligned=misaligned,
+    )
+
+
+def live_devices(
+    capacity: Capacity,
+    node_id: int,
+    node_cpus: frozenset[int],
+    resource: str,
+    base: tuple[Device, ...],
+    view: KubeletView | None,
+    *,
+    reserved_cpus: frozenset[int] = frozenset(),
+    allow_unaligned: bool = False,
+) -> tuple[Device, ...]:
+    """The device list to advertise for ``resource`` (NUMA node ``node_id``) now.
+
+    ``base``: the resource's devices as built at discovery (the slots, in slots
+    mode). ``view`` None: the pod resources API is unreachable. Deterministic:
+    the same inputs give the same list, ids in CPU (or slot) order.
+    """
+    unaligned = view is not None and not view.cpu_manager_static and not allow_unaligned
+    if capacity != CPUS:
+        health = UNHEALTHY if unaligned else HEALTHY
+        return tuple(replace(device, health=health) for device in base)
+    if view is None or not view.cpu_manager_static:
+        # No API, or no exclusive CPUs at all: the CPUs the kubelet would have.
+        allocatable = node_cpus - reserved_cpus
+        holders: tuple[Holder, ...] = () if view is None else view.holders
+    else:
+        allocatable = view.allocatable_cpus & node_cpus
+        holders = view.holders
+    held = {device_id for holder in holders for device_id in holder.devices.get(resource, ())}
+    assigned: set[int] = set()
+    for holder in holders:
+        assigned.update(holder.cpus & allocatable)
+    by_id = {device.id: device for device in cpu_devices(node_id, allocatable)}
+    for device_id in held - by_id.keys():
+        # Held but no longer allocatable (the kubelet's reserved set changed, or a
+        # slot id from an earlier slots-mode run): still listed, or the kubelet
+        # fails the pod when it re-admits it.
+        by_id[device_id] = Device(id=device_id, node_id=node_id, index=_index(device_id))
+    ordered = sorted(by_id.values(), key=lambda device: (device.index, device.id))
+    free = max(0, len(allocatable) - len(assigned))
+    devices = []
+    for device in ordered:
+        if unaligned:
+            health = UNHEALTHY
+        elif device.id in held:
+            health = HEALTHY
+        elif free > 0:
+            health = HEALTHY
+            free -= 1
+        else:
+            health = UNHEALTHY
+        devices.append(replace(device, health=health))
+    return tuple(devices)
+
+
+def _index(device_id: str) -> int:
+    """The number at the end of a device id (``numa1-cpu0012`` -> 12), for ordering."""
+    digits = ""
+    for char in reversed(device_id):
+        if not char.isdigit():
+            break
+        digits = char + digits
+    return int(digits) if digits else 1 << 30
