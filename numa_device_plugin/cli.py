@@ -586,12 +586,18 @@ async def _demo(args: argparse.Namespace) -> int:
         folder = Path(tmp)
         config = Config(
             sysfs_root=args.sysfs_root,
-            socket_dir=folder,
+            socket_dir=folder / "dp",
             resource_prefix=args.resource_prefix,
             capacity=args.capacity,
             include_cpuless_nodes=args.include_cpuless_nodes,
+            pod_resources_socket=folder / "pr" / "kubelet.sock",
         )
-        async with KubeletStandIn(folder) as kubelet:
+        # A kubelet with the static CPU manager policy that reserves no CPU.
+        cpus = sorted({cpu for plan in discover(config).plans for cpu in plan.node.cpus})
+        standin = KubeletStandIn(
+            config.socket_dir, pod_resources_dir=folder / "pr", allocatable_cpus=cpus
+        )
+        async with standin as kubelet:
             manager = PluginManager(config)
             serving = asyncio.create_task(manager.serve())
             try:

@@ -18,7 +18,11 @@ as the kubelet does toward device plugins (device plugin API v1beta1; see
   never reopens a stream by itself.
 - With ``pod_resources_dir`` it also serves ``v1.PodResourcesLister`` (List,
   GetAllocatableResources, Get) on ``kubelet.sock`` there, for the pods that
-  :meth:`KubeletStandIn.add_pod` placed.
+  :meth:`KubeletStandIn.add_pod` placed (containers holding exclusive CPUs,
+  with or without devices). ``GetAllocatableResources().cpu_ids`` are
+  ``allocatable_cpus`` (every CPU minus the reserved set) under
+  ``cpu_manager_policy`` ``static``, and empty under ``none``, as the kubelet's
+  CPU manager reports them; ``memory`` lists ``allocatable_memory`` per NUMA node.
 - :meth:`KubeletStandIn.restart` does what a kubelet restart does: the old
   process's connections go away, every file in the folder except
   ``kubelet_internal_checkpoint`` is deleted, and ``kubelet.sock`` is created anew.
@@ -92,10 +96,15 @@ class KubeletStandIn:
         dial_timeout: float = DIAL_TIMEOUT,
         pod_resources_dir: Path | None = None,
         allocatable_cpus: Sequence[int] = (),
+        cpu_manager_policy: str = "static",
+        allocatable_memory: dict[int, int] | None = None,
     ) -> None:
         self.directory = directory
         self.pods: list[pr_pb2.PodResources] = []
         self.allocatable_cpus = list(allocatable_cpus)
+        self.cpu_manager_policy = cpu_manager_policy
+        self.allocatable_memory = dict(allocatable_memory or {})
+        self.pod_resources_calls = 0
         self._pod_resources: UnixSocketServer | None = None
         if pod_resources_dir is not None:
             self._pod_resources = UnixSocketServer(
@@ -206,10 +215,21 @@ class KubeletStandIn:
                 )
         self.pods.append(pod)
 
+    def remove_pod(self, namespace: str, name: str) -> None:
+        """The pod is gone: its containers no longer hold devices or CPUs."""
+        self.pods = [p for p in self.pods if (p.namespace, p.name) != (namespace, name)]
+
     def allocatable_resources(self) -> pr_pb2.AllocatableResourcesResponse:
         """As the kubelet: every healthy device of every registered plugin, with its
         topology, and the CPUs the CPU manager may hand out."""
-        response = pr_pb2.AllocatableResourcesResponse(cpu_ids=self.allocatable_cpus)
+        cpus = self.allocatable_cpus if self.cpu_manager_policy == "static" else []
+        response = pr_pb2.AllocatableResourcesResponse(cpu_ids=cpus)
+        for node, size in sorted(self.allocatable_memory.items()):
+            response.memory.add(
+                memory_type="memory",
+                size=size,
+                topology=pr_pb2.TopologyInfo(nodes=[pr_pb2.NUMANode(ID=node)]),
+            )
         for resource, client in sorted(self.clients.items()):
             if not client.stream_open:
                 continue
@@ -410,6 +430,7 @@ class _PodResourcesServicer(pr_grpc.PodResourcesListerServicer):  # type: ignore
     async def List(
         self, request: pr_pb2.ListPodResourcesRequest, context: Context
     ) -> pr_pb2.ListPodResourcesResponse:
+        self._kubelet.pod_resources_calls += 1
         return pr_pb2.ListPodResourcesResponse(pod_resources=self._kubelet.pods)
 
     async def GetAllocatableResources(
