@@ -1,6 +1,7 @@
 """Benchmarks of a real ``numa-device-plugin serve`` process against the kubelet stand-in.
 
-Usage: python -m benchmarks.bench {all,reregistration,allocate,startup,footprint} [--json]
+Usage: python -m benchmarks.bench {all,reregistration,allocate,startup,footprint,polling}
+[--json]
 
 Every figure comes from a real plugin process on a synthetic sysfs tree, talking
 to the in-process kubelet stand-in over unix sockets in /tmp. Latencies include
@@ -22,6 +23,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from benchmarks.harness import Rig, machine_info, percentile, rig, settle
+from numa_device_plugin.devices import CPUS
 
 MB = 1024 * 1024
 
@@ -181,6 +183,66 @@ async def footprint(idle_seconds: float, calls: int) -> list[Figure]:
     return figures
 
 
+# -- pod resources polling -------------------------------------------------------------------
+
+
+def place_containers(bench: Rig, count: int) -> None:
+    """``count`` Guaranteed containers: every other one holds a device of ours and a
+    CPU on NUMA node 0 or 1, the rest a CPU without our devices."""
+    for index in range(count):
+        node = index % 2
+        cpu = node * 128 + index // 2
+        devices: dict[str, list[str]] = {}
+        if index % 4 < 2:
+            resource = f"numa-align/numa-{node}"
+            devices[resource] = [f"numa{node}-cpu{cpu:04d}"]
+        bench.kubelet.add_pod("bench", f"pod-{index}", [("app", devices, [cpu])])
+
+
+async def polling(idle_seconds: float, window: float = 8.0) -> list[Figure]:
+    """Plugin CPU per pod resources read (List + GetAllocatableResources + the live
+    count) at 10 and 200 containers, read every 50 ms for a few seconds; then idle CPU
+    with the default 5 s interval. 2 NUMA nodes x 128 CPUs, --capacity cpus."""
+    figures = []
+    for containers in (10, 200):
+        fast = ("--pod-resources-interval", "0.05")
+        async with rig(2, CPUS, cpus_per_node=128, extra=fast, pod_resources=True) as bench:
+            place_containers(bench, containers)
+            await settle(1.0)
+            calls, before = bench.kubelet.pod_resources_calls, bench.plugin.cpu_seconds()
+            await asyncio.sleep(window)
+            polls = bench.kubelet.pod_resources_calls - calls
+            used = bench.plugin.cpu_seconds() - before
+            figures.append(
+                Figure(
+                    "pod resources",
+                    f"{containers} containers, {polls} reads",
+                    "CPU per read",
+                    used / max(polls, 1) * 1000,
+                    "ms",
+                    1.0 if containers == 200 else None,
+                    extra={"resolution_ms": 10 / max(polls, 1)},
+                )
+            )
+    async with rig(2, CPUS, cpus_per_node=128, pod_resources=True) as bench:
+        place_containers(bench, 10)
+        await settle(2.0)
+        before = bench.plugin.cpu_seconds()
+        await asyncio.sleep(idle_seconds)
+        used = bench.plugin.cpu_seconds() - before
+        figures.append(
+            Figure(
+                "pod resources",
+                f"10 containers, read every 5 s, idle {idle_seconds:g} s",
+                "CPU per idle minute",
+                used * 60 / idle_seconds,
+                "s",
+                extra={"resolution_s": 0.01},
+            )
+        )
+    return figures
+
+
 # -- output ---------------------------------------------------------------------------------
 
 
@@ -204,7 +266,8 @@ def render_table(figures: list[Figure], machine: dict[str, Any]) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.bench", description=__doc__)
     parser.add_argument(
-        "which", choices=("all", "reregistration", "allocate", "startup", "footprint")
+        "which",
+        choices=("all", "reregistration", "allocate", "startup", "footprint", "polling"),
     )
     parser.add_argument("--json", action="store_true", help="print the figures as JSON")
     parser.add_argument("--restarts", type=int, default=200, help="kubelet restarts per size")
@@ -212,6 +275,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--concurrency", type=int, default=8, help="concurrent Allocate callers")
     parser.add_argument("--runs", type=int, default=3, help="process starts per size")
     parser.add_argument("--idle-seconds", type=float, default=60.0, help="idle CPU window")
+    parser.add_argument(
+        "--window", type=float, default=8.0, help="seconds of fast pod resources reads"
+    )
     args = parser.parse_args(argv)
 
     async def run_reregistration() -> list[Figure]:
@@ -222,6 +288,7 @@ def main(argv: list[str] | None = None) -> int:
         "allocate": lambda: allocate(args.calls, args.concurrency),
         "startup": lambda: startup(args.runs),
         "footprint": lambda: footprint(args.idle_seconds, args.calls),
+        "polling": lambda: polling(args.idle_seconds, args.window),
     }
     selected = list(jobs) if args.which == "all" else [args.which]
     figures: list[Figure] = []

@@ -60,7 +60,9 @@ def machine_info() -> dict[str, Any]:
 class PluginProcess:
     """A ``numa-device-plugin serve`` child process; /proc figures about it."""
 
-    def __init__(self, sysfs_root: Path, socket_dir: Path, capacity: int) -> None:
+    def __init__(
+        self, sysfs_root: Path, socket_dir: Path, capacity: int | str, extra: Sequence[str] = ()
+    ) -> None:
         self.args = [
             sys.executable,
             "-m",
@@ -74,6 +76,7 @@ class PluginProcess:
             str(capacity),
             "--log-level",
             "warning",
+            *extra,
         ]
         self.log_path = socket_dir.parent / "plugin.log"
         self.process: subprocess.Popen[bytes] | None = None
@@ -152,17 +155,35 @@ class Rig:
 
 
 @asynccontextmanager
-async def rig(nodes: int, capacity: int = 100, *, start: bool = True) -> AsyncIterator[Rig]:
+async def rig(
+    nodes: int,
+    capacity: int | str = 100,
+    *,
+    start: bool = True,
+    cpus_per_node: int = 2,
+    extra: Sequence[str] = (),
+    pod_resources: bool = False,
+) -> AsyncIterator[Rig]:
     """A temp folder (short path) with a sysfs tree, the stand-in and the plugin process.
 
-    With ``start`` the plugin is started and registered before the block runs.
+    With ``start`` the plugin is started and registered before the block runs. With
+    ``pod_resources`` the stand-in also serves the pod resources API (every CPU
+    allocatable) and the plugin is pointed at it.
     """
     folder = Path(tempfile.mkdtemp(prefix="ndpb-", dir="/tmp"))
     try:
-        tree = build_machine(folder / "sys", nodes)
+        tree = build_machine(folder / "sys", nodes, cpus_per_node)
         socket_dir = folder / "dp"
-        async with KubeletStandIn(socket_dir) as kubelet:
-            plugin = PluginProcess(tree.root, socket_dir, capacity)
+        standin = KubeletStandIn(socket_dir)
+        if pod_resources:
+            standin = KubeletStandIn(
+                socket_dir,
+                pod_resources_dir=folder / "pr",
+                allocatable_cpus=range(nodes * cpus_per_node),
+            )
+            extra = (*extra, "--pod-resources-socket", str(folder / "pr" / "kubelet.sock"))
+        async with standin as kubelet:
+            plugin = PluginProcess(tree.root, socket_dir, capacity, extra)
             bench = Rig(kubelet, plugin, resource_names(nodes))
             try:
                 if start:

@@ -26,27 +26,37 @@ skipped and allocatable CPUs are N's usable CPUs minus ``reserved_cpus``.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
+from functools import cached_property, lru_cache
+from types import MappingProxyType
+from typing import NamedTuple
 
 from numa_device_plugin import sysfs
 from numa_device_plugin.api.podresources.v1 import api_pb2 as pr_pb2
-from numa_device_plugin.devices import CPUS, HEALTHY, UNHEALTHY, Capacity, Device, cpu_devices
+from numa_device_plugin.devices import (
+    CPUS,
+    HEALTHY,
+    UNHEALTHY,
+    Capacity,
+    Device,
+    cpu_device_id,
+)
 
 # The label value of our own containers in numa_node_assigned_cpus{holder=...}.
 OURS = "numa-align"
 OTHERS = "other"
 
 
-@dataclass(frozen=True)
-class Holder:
+class Holder(NamedTuple):
     """One container as ``List()`` reports it: its exclusive ``cpus`` (CPU ids; empty
-    for shared-pool containers) and ``devices`` (resource name -> device ids)."""
+    for shared-pool containers) and ``devices`` (resource name -> device ids).
+    A named tuple: a poll builds one per container, so it must be cheap."""
 
     namespace: str
     pod: str
     container: str
     cpus: frozenset[int]
-    devices: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    devices: Mapping[str, tuple[str, ...]] = MappingProxyType({})
 
 
 @dataclass(frozen=True)
@@ -54,15 +64,22 @@ class KubeletView:
     """What the pod resources API said at one moment.
 
     ``allocatable_cpus``: ``GetAllocatableResources().cpu_ids`` (empty unless the
-    CPU manager policy is ``static``); ``holders``: every container of ``List()``;
-    ``memory``: per NUMA node id and memory type (``memory``,
-    ``hugepages-2Mi``...), allocatable bytes (only under the Memory Manager's
-    ``Static`` policy; empty otherwise).
+    CPU manager policy is ``static``); ``holders``: the containers of ``List()``
+    that hold devices (others may be listed too); ``foreign_cpus``: exclusive CPUs
+    of the containers left out of ``holders``; ``memory``: per NUMA node id and
+    memory type (``memory``, ``hugepages-2Mi``...), allocatable bytes (only under
+    the Memory Manager's ``Static`` policy; empty otherwise).
     """
 
     allocatable_cpus: frozenset[int]
     holders: tuple[Holder, ...] = ()
     memory: Mapping[int, Mapping[str, int]] = field(default_factory=dict)
+    foreign_cpus: frozenset[int] = frozenset()
+
+    @cached_property
+    def assigned_cpus(self) -> frozenset[int]:
+        """Every exclusive CPU assigned to any container."""
+        return self.foreign_cpus.union(*(holder.cpus for holder in self.holders))
 
     @property
     def cpu_manager_static(self) -> bool:
@@ -75,8 +92,12 @@ def view_from(
 ) -> KubeletView:
     """The :class:`KubeletView` of a ``List`` and a ``GetAllocatableResources`` answer."""
     holders = []
+    foreign: set[int] = set()
     for pod in pods.pod_resources:
         for container in pod.containers:
+            if not container.devices:
+                foreign.update(container.cpu_ids)
+                continue
             devices: dict[str, tuple[str, ...]] = {}
             for entry in container.devices:
                 devices[entry.resource_name] = (
@@ -85,11 +106,7 @@ def view_from(
                 )
             holders.append(
                 Holder(
-                    namespace=pod.namespace,
-                    pod=pod.name,
-                    container=container.name,
-                    cpus=frozenset(container.cpu_ids),
-                    devices=devices,
+                    pod.namespace, pod.name, container.name, frozenset(container.cpu_ids), devices
                 )
             )
     memory: dict[int, dict[str, int]] = {}
@@ -98,7 +115,10 @@ def view_from(
             per_type = memory.setdefault(node.ID, {})
             per_type[block.memory_type] = per_type.get(block.memory_type, 0) + block.size
     return KubeletView(
-        allocatable_cpus=frozenset(allocatable.cpu_ids), holders=tuple(holders), memory=memory
+        allocatable_cpus=frozenset(allocatable.cpu_ids),
+        holders=tuple(holders),
+        memory=memory,
+        foreign_cpus=frozenset(foreign),
     )
 
 
@@ -154,12 +174,13 @@ def node_capacity(
     if view is None:
         allocatable = node_cpus - reserved_cpus
         holders: tuple[Holder, ...] = ()
+        assigned: frozenset[int] = frozenset()
     else:
         allocatable = view.allocatable_cpus & node_cpus
         holders = view.holders
+        assigned = view.assigned_cpus & allocatable
     held: set[str] = set()
     ours: set[int] = set()
-    other: set[int] = set()
     misaligned = 0
     for holder in holders:
         ids = holder.devices.get(resource, ())
@@ -167,14 +188,12 @@ def node_capacity(
             held.update(ids)
             ours.update(holder.cpus & allocatable)
             misaligned += misalignment(holder, node_id, node_cpus) is not None
-        else:
-            other.update(holder.cpus & allocatable)
     return NodeCapacity(
         node_id=node_id,
         resource=resource,
         allocatable_cpus=frozenset(allocatable),
         assigned_ours=frozenset(ours),
-        assigned_other=frozenset(other - ours),
+        assigned_other=frozenset(assigned - ours),
         held=frozenset(held),
         devices=len(device_list),
         healthy=sum(1 for device in device_list if device.health == HEALTHY),
@@ -202,39 +221,52 @@ def live_devices(
     unaligned = view is not None and not view.cpu_manager_static and not allow_unaligned
     if capacity != CPUS:
         health = UNHEALTHY if unaligned else HEALTHY
-        return tuple(replace(device, health=health) for device in base)
+        return tuple(_device(d.id, node_id, d.index, health) for d in base)
     if view is None or not view.cpu_manager_static:
         # No API, or no exclusive CPUs at all: the CPUs the kubelet would have.
         allocatable = node_cpus - reserved_cpus
-        holders: tuple[Holder, ...] = () if view is None else view.holders
     else:
         allocatable = view.allocatable_cpus & node_cpus
-        holders = view.holders
-    held = {device_id for holder in holders for device_id in holder.devices.get(resource, ())}
-    assigned: set[int] = set()
+    holders = () if view is None else view.holders
+    held: set[str] = set()
     for holder in holders:
-        assigned.update(holder.cpus & allocatable)
-    by_id = {device.id: device for device in cpu_devices(node_id, allocatable)}
-    for device_id in held - by_id.keys():
+        ids = holder.devices.get(resource)
+        if ids:
+            held.update(ids)
+    assigned = frozenset() if view is None else view.assigned_cpus & allocatable
+    ordered = [(cpu, _cpu_id(node_id, cpu)) for cpu in sorted(allocatable)]
+    extra = held.difference(device_id for _, device_id in ordered)
+    if extra:
         # Held but no longer allocatable (the kubelet's reserved set changed, or a
         # slot id from an earlier slots-mode run): still listed, or the kubelet
         # fails the pod when it re-admits it.
-        by_id[device_id] = Device(id=device_id, node_id=node_id, index=_index(device_id))
-    ordered = sorted(by_id.values(), key=lambda device: (device.index, device.id))
+        ordered = sorted([*ordered, *((_index(device_id), device_id) for device_id in extra)])
     free = max(0, len(allocatable) - len(assigned))
     devices = []
-    for device in ordered:
+    for index, device_id in ordered:
         if unaligned:
             health = UNHEALTHY
-        elif device.id in held:
+        elif device_id in held:
             health = HEALTHY
         elif free > 0:
             health = HEALTHY
             free -= 1
         else:
             health = UNHEALTHY
-        devices.append(replace(device, health=health))
+        devices.append(_device(device_id, node_id, index, health))
     return tuple(devices)
+
+
+@lru_cache(maxsize=65536)
+def _device(device_id: str, node_id: int, index: int, health: str) -> Device:
+    """Devices are immutable: one object per (id, health), reused across polls, so a
+    poll builds no objects and an unchanged list compares by identity."""
+    return Device(id=device_id, node_id=node_id, index=index, health=health)
+
+
+@lru_cache(maxsize=65536)
+def _cpu_id(node_id: int, cpu: int) -> str:
+    return cpu_device_id(node_id, cpu)
 
 
 def _index(device_id: str) -> int:

@@ -62,6 +62,10 @@ LOCK_POLL = 0.2
 ALLOCATE_POLL_DELAY = 0.5
 # Seconds one pod resources call may take at most.
 POLL_TIMEOUT = 2.0
+# GetAllocatableResources (the kubelet's allocatable CPUs, its CPU manager policy)
+# changes only when the kubelet restarts, and every registration reads it; between
+# registrations it is read again every this many polls, List at every poll.
+ALLOCATABLE_EVERY = 12
 
 STREAM_LOST = "ListAndWatch stream lost"
 RELOAD = "reload requested"
@@ -186,6 +190,8 @@ class PluginManager:
         self._api_reachable: bool | None = None
         self._poll_now: asyncio.Event | None = None
         self._poll_timer: asyncio.TimerHandle | None = None
+        self._poll_allocatable = False
+        self._polls = 0
 
     # -- public API ------------------------------------------------------------------------
 
@@ -286,10 +292,12 @@ class PluginManager:
             resources=resources,
         )
 
-    def request_poll(self, delay: float = 0.0) -> None:
-        """Read the pod resources API ``delay`` seconds from now (loop thread only)."""
+    def request_poll(self, delay: float = 0.0, *, allocatable: bool = False) -> None:
+        """Read the pod resources API ``delay`` seconds from now (loop thread only);
+        ``allocatable``: read ``GetAllocatableResources`` too, not only ``List``."""
         if self._poll_now is None:
             return
+        self._poll_allocatable |= allocatable
         if delay <= 0:
             self._poll_now.set()
             return
@@ -309,8 +317,11 @@ class PluginManager:
 
     async def _poll_once(self, client: PodResourcesClient) -> None:
         timeout = min(self.config.pod_resources_interval, POLL_TIMEOUT)
+        self._polls += 1
+        allocatable = self._poll_allocatable or self._polls % ALLOCATABLE_EVERY == 0
+        self._poll_allocatable = False
         try:
-            view: KubeletView | None = await client.view(timeout)
+            view: KubeletView | None = await client.view(timeout, allocatable=allocatable)
         except PodResourcesError as exc:
             view = None
             if self._api_reachable is not False:
@@ -327,6 +338,8 @@ class PluginManager:
             if self._api_reachable is False:
                 log.info("the kubelet's pod resources API can be read again")
             self._api_reachable = True
+        if self._polled and view == self.view:
+            return  # nothing changed since the last read: the usual case, kept cheap
         was_unaligned = self.unaligned()
         self._apply_view(view)
         if self.unaligned() and not was_unaligned:
@@ -699,7 +712,8 @@ class PluginManager:
             )
             if self.unaligned():
                 self._warn_unaligned([name])
-            self.request_poll()
+            # A (new) kubelet: its allocatable CPUs may differ from the last one's.
+            self.request_poll(allocatable=True)
 
     def _stream_lost(self, name: str) -> None:
         self.registered.discard(name)

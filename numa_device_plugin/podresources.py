@@ -47,11 +47,15 @@ class PodResourcesClient:
     def __init__(self, socket: Path) -> None:
         self.socket = socket
         self._channel: grpc.aio.Channel | None = None
+        self._allocatable: pr_pb2.AllocatableResourcesResponse | None = None
 
     async def responses(
-        self, timeout: float
+        self, timeout: float, *, allocatable: bool = True
     ) -> tuple[pr_pb2.ListPodResourcesResponse, pr_pb2.AllocatableResourcesResponse]:
-        """Both answers; raises :class:`PodResourcesError` (and drops the connection)."""
+        """``List`` and ``GetAllocatableResources``; with ``allocatable`` False the last
+        ``GetAllocatableResources`` answer is reused (it changes only when the kubelet
+        restarts with other settings), saving a call. Raises
+        :class:`PodResourcesError` (and drops the connection and that answer)."""
         if self._channel is None:
             self._channel = grpc.aio.insecure_channel(
                 f"unix://{self.socket}", options=FRESH_CONNECTION
@@ -59,19 +63,21 @@ class PodResourcesClient:
         stub = pr_grpc.PodResourcesListerStub(self._channel)
         try:
             pods = await stub.List(pr_pb2.ListPodResourcesRequest(), timeout=timeout)
-            allocatable = await stub.GetAllocatableResources(
-                pr_pb2.AllocatableResourcesRequest(), timeout=timeout
-            )
+            if allocatable or self._allocatable is None:
+                self._allocatable = await stub.GetAllocatableResources(
+                    pr_pb2.AllocatableResourcesRequest(), timeout=timeout
+                )
         except grpc.aio.AioRpcError as exc:
             await self.close()
             raise PodResourcesError(self.socket, exc.code(), exc.details() or "") from exc
-        return pods, allocatable
+        return pods, self._allocatable
 
-    async def view(self, timeout: float) -> KubeletView:
+    async def view(self, timeout: float, *, allocatable: bool = True) -> KubeletView:
         """The answers as a :class:`KubeletView`; raises :class:`PodResourcesError`."""
-        return view_from(*await self.responses(timeout))
+        return view_from(*await self.responses(timeout, allocatable=allocatable))
 
     async def close(self) -> None:
+        self._allocatable = None
         channel, self._channel = self._channel, None
         if channel is not None:
             await channel.close()
