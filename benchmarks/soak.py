@@ -28,6 +28,12 @@ from benchmarks.harness import Rig, machine_info, rig, settle
 ALLOCATE_TIMEOUT = 2.0
 # `make soak` bounds the settled fds and RSS to within 5% of their baseline.
 GROWTH_BOUND = 0.05
+# Under load grpc sometimes keeps a closed channel's connection open until the peer
+# closes its end: a Register connection until that kubelet restarts, the kubelet's
+# dial to a plugin socket until that server stops. At most one of each per resource
+# at a time (they never pile up: fds after 1,000 restarts equal those after 50), so
+# the invariant allows that many above the baseline.
+LINGERING_PER_RESOURCE = 2
 
 
 @dataclass
@@ -133,8 +139,9 @@ async def soak(
     failed check (it is listed in ``failures``).
 
     Invariants always checked: one live registration per resource at the end, no
-    hung Allocate, at least one answered, and the open fds back at (or below) their
-    baseline within ``fd_settle_seconds``. ``growth_bound`` (a fraction, 0.05 = 5%)
+    hung Allocate, at least one answered, and the open fds back within
+    ``LINGERING_PER_RESOURCE`` per resource of their baseline within
+    ``fd_settle_seconds``. ``growth_bound`` (a fraction, 0.05 = 5%)
     also bounds the settled fd count and RSS against their baseline; None leaves
     growth thresholds out (the test suite: on a busy machine RSS figures are noise).
     """
@@ -166,12 +173,14 @@ async def soak(
             result.failures.append(f"the Allocate caller crashed: {outcome!r}")
         try:
             result.final = await _settled_figures(bench)
-            limit = result.baseline.get("open_fds")
-            if limit is not None:
+            baseline = result.baseline.get("open_fds")
+            if baseline is not None:
+                limit = baseline + LINGERING_PER_RESOURCE * nodes
                 fds = await _fds_back_to(bench, limit, fd_settle_seconds)
                 if fds > limit:
                     result.failures.append(
-                        f"open fds still {fds} (baseline {limit}) after {fd_settle_seconds} s: "
+                        f"open fds still {fds} (baseline {baseline}, at most {limit} with "
+                        f"lingering connections) after {fd_settle_seconds} s: "
                         + ", ".join(bench.plugin.fd_targets())
                     )
         except RuntimeError as exc:
