@@ -349,8 +349,12 @@ class PluginManager:
         """Read the API every ``pod_resources_interval`` seconds, or when asked sooner."""
         assert self._poll_now is not None
         while True:
+            # asyncio.timeout, not wait_for: Python 3.11's wait_for swallows a
+            # cancellation that arrives as the event is set, and the poller would
+            # outlive the plugin's shutdown by an interval.
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._poll_now.wait(), self.config.pod_resources_interval)
+                async with asyncio.timeout(self.config.pod_resources_interval):
+                    await self._poll_now.wait()
             self._poll_now.clear()
             try:
                 await self._poll_once(client)
@@ -472,7 +476,8 @@ class PluginManager:
                 )
                 announced = True
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._woken.wait(), LOCK_POLL)
+                async with asyncio.timeout(LOCK_POLL):
+                    await self._woken.wait()
             if not self._stopping:
                 self._woken.clear()
         return False
@@ -516,7 +521,8 @@ class PluginManager:
     async def _sleep(self, delay: float | None) -> None:
         assert self._woken is not None
         try:
-            await asyncio.wait_for(self._woken.wait(), delay)
+            async with asyncio.timeout(delay):
+                await self._woken.wait()
         except TimeoutError:
             return
         if self.config.debounce and not self._stopping:

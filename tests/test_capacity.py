@@ -4,6 +4,7 @@ its pod resources API."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -362,3 +363,21 @@ async def test_metrics_follow_the_live_count(two_nodes: SysfsTree, sock_dir: Pat
     assert 'numa_node_assigned_cpus{holder="other",numa_node="0"} 1.0' in text
     assert 'numa_device_plugin_devices{health="Healthy",resource="numa-align/numa-1"} 3.0' in text
     assert 'numa_device_plugin_devices{health="Unhealthy",resource="numa-align/numa-1"} 1.0' in text
+
+
+async def test_the_poller_stops_when_cancelled_as_a_read_is_requested(sock_dir: Path) -> None:
+    """Regression: with asyncio.wait_for (Python 3.11) a cancel arriving as a read was
+    requested was swallowed, and stopping the plugin waited a whole interval more."""
+    from numa_device_plugin.config import Config
+    from numa_device_plugin.manager import PluginManager
+    from numa_device_plugin.podresources import PodResourcesClient
+
+    manager = PluginManager(Config(socket_dir=sock_dir, pod_resources_interval=3600))
+    manager._poll_now = asyncio.Event()
+    async with PodResourcesClient(sock_dir / "nowhere.sock") as client:
+        task = asyncio.create_task(manager._poll_loop(client))
+        await asyncio.sleep(0)  # the poller waits for its event now
+        manager.request_poll()
+        task.cancel()
+        await asyncio.wait({task}, timeout=5)
+        assert task.cancelled()
