@@ -169,9 +169,11 @@ class NumaDevicePluginServicer(api_pb2_grpc.DevicePluginServicer):  # type: igno
                 await changed.wait()
         finally:
             self.open_streams -= 1
-            if self._kubelet_stream is not stream:
+            if generation != self._generation:
+                log.debug("ListAndWatch ended by the plugin", resource=self.resource_name)
+            elif self._kubelet_stream is not stream:
                 log.debug("ListAndWatch closed", resource=self.resource_name, kubelet=False)
-            elif generation == self._generation:
+            else:
                 self._kubelet_stream = None
                 log.info(
                     "ListAndWatch stream lost: the kubelet went away", resource=self.resource_name

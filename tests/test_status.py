@@ -29,7 +29,10 @@ async def test_status_lists_holders_and_flags_misalignment(
     two_nodes: SysfsTree, sock_dir: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     standin = KubeletStandIn(
-        sock_dir / "dp", pod_resources_dir=sock_dir / "pr", allocatable_cpus=range(1, 8)
+        sock_dir / "dp",
+        pod_resources_dir=sock_dir / "pr",
+        allocatable_cpus=range(1, 8),
+        allocatable_memory={1: 4 * 2**30},  # the Memory Manager's Static policy, node 1
     )
     async with standin as kubelet, running(make_config(two_nodes, sock_dir / "dp")):
         await wait_all_live(kubelet, NAMES)
@@ -81,8 +84,12 @@ async def test_status_lists_holders_and_flags_misalignment(
         {"ours": 3, "others": 1},
         0,
     )
-    assert node1["memory"] is None
-    assert "exclusive CPUs: allocatable 4, assigned 4 (ours 3, others 1), free 0" in table
+    assert node1["memory"] == {"memory": 4 * 2**30}
+    assert node0["memory"] is None
+    assert (
+        "exclusive CPUs: allocatable 4, assigned 4 (ours 3, others 1), free 0; "
+        "memory (bytes): memory 4294967296" in table
+    )
     assert table.rstrip().endswith("misaligned containers: 2")
 
 
