@@ -615,13 +615,12 @@ class PluginManager:
         return False
 
     def _note_kubelet(self, kubelet: tuple[int, int, int] | None) -> None:
-        """Count a kubelet restart per resource when a kubelet.sock other than the last
+        """Count a kubelet restart (once) when a kubelet.sock other than the last
         one seen appears (the first one seen is not a restart)."""
         if kubelet is None:
             return
         if self._seen_kubelet is not None and kubelet != self._seen_kubelet:
-            for name in self.resources:
-                self.recorder.kubelet_restart(name)
+            self.recorder.kubelet_restart()
         self._seen_kubelet = kubelet
 
     async def _rediscover(self) -> None:

@@ -1,11 +1,13 @@
 """Prometheus metrics of the device plugin (prometheus-client, own registry).
 
-Topology, per NUMA node (label ``node``): ``numa_node_cpus_count``,
-``numa_node_memory_bytes``, ``numa_node_distance`` (``node``, ``to_node``),
-``numa_node_advertised``. Plugin, per resource (label ``resource``):
+Topology, per NUMA node (label ``numa_node``): ``numa_node_cpus_count`` (the
+name openFuyao's numa-exporter dashboards query), ``numa_node_memory_bytes``,
+``numa_node_distance`` (``numa_node``, ``to_numa_node``), ``numa_node_advertised``.
+Plugin, per resource (label ``resource``):
 ``numa_device_plugin_devices`` (``health``), ``..._allocations_total``,
 ``..._allocate_errors_total``, ``..._registrations_total``,
-``..._registration_failures_total``, ``..._kubelet_restarts_total``,
+``..._registration_failures_total``, ``..._kubelet_restarts_total`` (no labels:
+one kubelet restart counts once),
 ``..._allocate_duration_seconds`` (histogram), ``..._registered`` (0/1).
 Live capacity, per NUMA node (label ``numa_node``, from the kubelet's pod
 resources API): ``numa_node_allocatable_cpus``, ``numa_node_assigned_cpus``
@@ -20,7 +22,17 @@ import platform
 from collections.abc import Mapping, Sequence
 
 import grpc
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    GCCollector,
+    Histogram,
+    PlatformCollector,
+    ProcessCollector,
+    disable_created_metrics,
+    generate_latest,
+)
 
 from numa_device_plugin import __version__
 from numa_device_plugin.capacity import OTHERS, OURS, NodeCapacity
@@ -36,22 +48,28 @@ class PrometheusRecorder:
     in its own ``registry``; :meth:`render` gives the text exposition format."""
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        # No *_created series: they double the series count and no dashboard reads them.
+        disable_created_metrics()  # type: ignore[no-untyped-call]
         self.registry = registry or CollectorRegistry()
         r = self.registry
-        self.cpus = Gauge("numa_node_cpus_count", "Usable (online) CPUs", ["node"], registry=r)
+        # Process (RSS: the memory limit is sized from it), platform and GC collectors.
+        ProcessCollector(registry=r)
+        PlatformCollector(registry=r)
+        GCCollector(registry=r)
+        self.cpus = Gauge("numa_node_cpus_count", "Usable (online) CPUs", ["numa_node"], registry=r)
         self.memory = Gauge(
-            "numa_node_memory_bytes", "MemTotal of the NUMA node", ["node"], registry=r
+            "numa_node_memory_bytes", "MemTotal of the NUMA node", ["numa_node"], registry=r
         )
         self.distance = Gauge(
             "numa_node_distance",
             "Kernel NUMA distance (10 = local)",
-            ["node", "to_node"],
+            ["numa_node", "to_numa_node"],
             registry=r,
         )
         self.advertised = Gauge(
             "numa_node_advertised",
             "1 if the NUMA node has an extended resource",
-            ["node"],
+            ["numa_node"],
             registry=r,
         )
         prefix = "numa_device_plugin"
@@ -78,8 +96,7 @@ class PrometheusRecorder:
         )
         self.kubelet_restarts = Counter(
             f"{prefix}_kubelet_restarts",
-            "New kubelet.sock seen by the resource",
-            ["resource"],
+            "Kubelet restarts seen (a new kubelet.sock)",
             registry=r,
         )
         self.allocate_duration = Histogram(
@@ -147,7 +164,6 @@ class PrometheusRecorder:
                 self.allocate_errors,
                 self.registrations,
                 self.registration_failures,
-                self.kubelet_restarts,
                 self.allocate_duration,
             ):
                 counter.labels(resource)
@@ -162,8 +178,8 @@ class PrometheusRecorder:
     def registered(self, resource: str, now: bool) -> None:
         self.registered_now.labels(resource).set(1 if now else 0)
 
-    def kubelet_restart(self, resource: str) -> None:
-        self.kubelet_restarts.labels(resource).inc()
+    def kubelet_restart(self) -> None:
+        self.kubelet_restarts.inc()
 
     def devices(self, resource: str, devices: Sequence[Device]) -> None:
         healthy = sum(1 for device in devices if device.health == HEALTHY)

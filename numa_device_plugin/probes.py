@@ -21,6 +21,8 @@ from typing import Any
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 LOOP_DEADLINE = 2.0
+# What prometheus-client's generate_latest() writes: the text format 0.0.4.
+METRICS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 Environ = dict[str, Any]
 StartResponse = Callable[[str, list[tuple[str, str]]], Any]
@@ -93,7 +95,7 @@ class ProbeServer:
         path = environ.get("PATH_INFO", "")
         if path == "/metrics" and self._metrics is not None:
             body = self._metrics()
-            return _reply(start_response, "200 OK", body, "text/plain; version=0.0.4")
+            return _reply(start_response, "200 OK", body, METRICS_CONTENT_TYPE)
         if path == "/healthz" and self._health:
             if self._on_loop(lambda: None) is _STUCK:
                 return _reply(start_response, "503 Service Unavailable", b"event loop stuck\n")
@@ -122,7 +124,10 @@ _STUCK = object()
 
 
 def _reply(
-    start_response: StartResponse, status: str, body: bytes, content_type: str = "text/plain"
+    start_response: StartResponse,
+    status: str,
+    body: bytes,
+    content_type: str = "text/plain; charset=utf-8",
 ) -> list[bytes]:
     start_response(status, [("Content-Type", content_type), ("Content-Length", str(len(body)))])
     return [body]

@@ -33,8 +33,8 @@ class Recorder(Protocol):
     def registered(self, resource: str, now: bool) -> None:
         """Whether the resource is registered with the kubelet now."""
 
-    def kubelet_restart(self, resource: str) -> None:
-        """The resource was served again because a new kubelet.sock appeared."""
+    def kubelet_restart(self) -> None:
+        """A new kubelet.sock appeared: the kubelet restarted (counted once)."""
 
     def devices(self, resource: str, devices: Sequence[Device]) -> None:
         """The device list the resource advertises now (its health follows the live count)."""
@@ -61,7 +61,7 @@ class NullRecorder:
     def registered(self, resource: str, now: bool) -> None:
         pass
 
-    def kubelet_restart(self, resource: str) -> None:
+    def kubelet_restart(self) -> None:
         pass
 
     def devices(self, resource: str, devices: Sequence[Device]) -> None:

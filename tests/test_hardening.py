@@ -256,11 +256,11 @@ async def test_serve_process_on_odd_sysfs_warns_and_serves(
     assert "node1/meminfo: no 'Node N MemTotal: X kB' line" in warnings
     assert "node2/meminfo: a FIFO, not a regular file" in warnings
     assert "online is empty for CPUs 3" in warnings
-    assert 'numa_node_memory_bytes{node="0"}' in metrics
-    assert 'numa_node_memory_bytes{node="1"}' not in metrics
-    assert 'numa_node_distance{node="1"' not in metrics
-    assert 'numa_node_distance{node="2",to_node="2"} 10.0' in metrics
-    assert 'numa_node_cpus_count{node="1"} 2.0' in metrics
+    assert 'numa_node_memory_bytes{numa_node="0"}' in metrics
+    assert 'numa_node_memory_bytes{numa_node="1"}' not in metrics
+    assert 'numa_node_distance{numa_node="1"' not in metrics
+    assert 'numa_node_distance{numa_node="2",to_numa_node="2"} 10.0' in metrics
+    assert 'numa_node_cpus_count{numa_node="1"} 2.0' in metrics
 
 
 async def test_rediscovery_runs_off_the_event_loop(two_nodes: SysfsTree, sock_dir: Path) -> None:

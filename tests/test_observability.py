@@ -91,10 +91,18 @@ async def test_metrics_after_registration_and_allocations(
         status, text = await asyncio.to_thread(get, port, "/metrics")
     assert status == 200
     v = samples(text)
-    assert value(v, "numa_node_cpus_count", node="0") == 4
-    assert value(v, "numa_node_memory_bytes", node="1") == 1024**3
-    assert value(v, "numa_node_distance", node="0", to_node="1") == 21
-    assert value(v, "numa_node_advertised", node="1") == 1
+    assert value(v, "numa_node_cpus_count", numa_node="0") == 4
+    assert value(v, "numa_node_memory_bytes", numa_node="1") == 1024**3
+    assert value(v, "numa_node_distance", numa_node="0", to_numa_node="1") == 21
+    assert value(v, "numa_node_advertised", numa_node="1") == 1
+    assert not [key for key in v if key[0].endswith("_created")], "no *_created series"
+    assert value(v, "process_resident_memory_bytes") > 0
+    assert any(key[0] == "python_info" for key in v)
+    assert any(key[0] == "python_gc_collections_total" for key in v)
+    assert value(v, "numa_device_plugin_kubelet_restarts_total") == 0
+    for family in ("numa_node_cpus_count", "numa_node_memory_bytes", "numa_node_advertised"):
+        labels = {label for key in v if key[0] == family for label, _ in key[1]}
+        assert labels == {"numa_node"}, family
     r1 = {"resource": "numa-align/numa-1"}
     assert value(v, "numa_device_plugin_devices", health="Healthy", **r1) == 5
     assert value(v, "numa_device_plugin_devices", health="Unhealthy", **r1) == 0
@@ -104,7 +112,6 @@ async def test_metrics_after_registration_and_allocations(
     assert value(v, "numa_device_plugin_registrations_total", **r1) == 1
     assert value(v, "numa_device_plugin_registration_failures_total", **r1) == 0
     assert value(v, "numa_device_plugin_registered", **r1) == 1
-    assert value(v, "numa_device_plugin_kubelet_restarts_total", **r1) == 0
     build = [key for key in v if key[0] == "numa_device_plugin_build_info"]
     assert len(build) == 1
     assert dict(build[0][1])["version"]
@@ -135,8 +142,9 @@ async def test_readyz_goes_503_while_the_kubelet_is_down(
             await eventually(lambda: manager.registered == set(NAMES))
             assert await asyncio.to_thread(get, port, "/readyz") == (200, "ok\n")
             v = samples((await asyncio.to_thread(get, port, "/metrics"))[1])
+            # One kubelet restart counts once, whatever the number of resources.
+            assert value(v, "numa_device_plugin_kubelet_restarts_total") == 1
             for name in NAMES:
-                assert value(v, "numa_device_plugin_kubelet_restarts_total", resource=name) == 1
                 assert value(v, "numa_device_plugin_registrations_total", resource=name) == 2
     finally:
         await kubelet.stop()
@@ -294,3 +302,20 @@ async def test_health_address_takes_the_probes_off_the_metrics_listener(
         assert (await asyncio.to_thread(get, health_port, "/metrics"))[0] == 404
         assert (await asyncio.to_thread(get, metrics_port, "/metrics"))[0] == 200
         assert (await asyncio.to_thread(get, metrics_port, "/readyz"))[0] == 404
+
+
+async def test_content_types_carry_a_charset() -> None:
+    probes = ProbeServer(("127.0.0.1", 0), asyncio.get_running_loop(), list, lambda: b"x 1\n")
+
+    def content_type(path: str) -> str:
+        with urllib.request.urlopen(f"http://127.0.0.1:{probes.port}{path}", timeout=5) as r:
+            return str(r.headers["Content-Type"])
+
+    probes.start()
+    try:
+        assert await asyncio.to_thread(content_type, "/metrics") == (
+            "text/plain; version=0.0.4; charset=utf-8"
+        )
+        assert await asyncio.to_thread(content_type, "/readyz") == "text/plain; charset=utf-8"
+    finally:
+        await asyncio.to_thread(probes.stop)
