@@ -135,15 +135,28 @@ def test_every_configmap_key_is_a_cli_setting() -> None:
     assert keys <= known, f"unknown settings: {sorted(keys - known)}"
 
 
-def test_probes_use_the_health_endpoints_on_the_metrics_port(
+def test_probes_use_a_fixed_health_listener_independent_of_the_configmap(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     args = _serve_args(monkeypatch)
-    (port,) = container()["ports"]
-    assert port["name"] == "metrics"
-    assert port["containerPort"] == parse_address(args.metrics_address)[1]
-    assert container()["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "metrics"}
-    assert container()["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "metrics"}
+    ports = {port["name"]: port["containerPort"] for port in container()["ports"]}
+    assert ports["metrics"] == parse_address(args.metrics_address)[1]
+    assert "--health-address=:9202" in container()["args"], "not from the ConfigMap"
+    assert ports["health"] == parse_address(args.health_address)[1] == 9202
+    assert container()["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "health"}
+    assert container()["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "health"}
+    assert "NUMA_HEALTH_ADDRESS" not in by_kind("ConfigMap")["data"]
+
+
+def test_selinux_type_for_device_plugins() -> None:
+    options = container()["securityContext"]["seLinuxOptions"]
+    assert options == {"type": "container_device_plugin_t"}
+
+
+def test_kubelet_folders_are_never_created_by_the_plugin_pod() -> None:
+    pod = daemonset()["spec"]["template"]["spec"]
+    types = {v["name"]: v["hostPath"]["type"] for v in pod["volumes"] if "hostPath" in v}
+    assert types == {"device-plugins": "Directory", "pod-resources": "Directory"}
 
 
 # -- security settings, one test each ---------------------------------------------------------
