@@ -166,19 +166,8 @@ async def footprint(idle_seconds: float, calls: int) -> list[Figure]:
             ]
             if nodes == 8:
                 await settle(2.0)  # let the Allocate run's aftermath pass
-                before = bench.plugin.cpu_seconds()
-                await asyncio.sleep(idle_seconds)
-                used = bench.plugin.cpu_seconds() - before
                 figures.append(
-                    Figure(
-                        "footprint",
-                        f"{config}, idle {idle_seconds:g} s",
-                        "CPU per idle minute",
-                        used * 60 / idle_seconds,
-                        "s",
-                        0.01,
-                        extra={"resolution_s": 0.01},
-                    )
+                    await idle_cpu(bench, idle_seconds, "footprint", config, target=0.01)
                 )
     return figures
 
@@ -227,20 +216,28 @@ async def polling(idle_seconds: float, window: float = 8.0) -> list[Figure]:
     async with rig(2, CPUS, cpus_per_node=128, pod_resources=True) as bench:
         place_containers(bench, 10)
         await settle(2.0)
-        before = bench.plugin.cpu_seconds()
-        await asyncio.sleep(idle_seconds)
-        used = bench.plugin.cpu_seconds() - before
-        figures.append(
-            Figure(
-                "pod resources",
-                f"10 containers, read every 5 s, idle {idle_seconds:g} s",
-                "CPU per idle minute",
-                used * 60 / idle_seconds,
-                "s",
-                extra={"resolution_s": 0.01},
-            )
-        )
+        config = "10 containers, read every 5 s"
+        figures.append(await idle_cpu(bench, idle_seconds, "pod resources", config))
     return figures
+
+
+async def idle_cpu(
+    bench: Rig, seconds: float, benchmark: str, config: str, target: float | None = None
+) -> Figure:
+    """The plugin's CPU seconds per minute over ``seconds`` of doing nothing asked
+    (the clock counts 0.01 s steps)."""
+    before = bench.plugin.cpu_seconds()
+    await asyncio.sleep(seconds)
+    used = bench.plugin.cpu_seconds() - before
+    return Figure(
+        benchmark,
+        f"{config}, idle {seconds:g} s",
+        "CPU per idle minute",
+        used * 60 / seconds,
+        "s",
+        target,
+        extra={"resolution_s": 0.01},
+    )
 
 
 # -- output ---------------------------------------------------------------------------------

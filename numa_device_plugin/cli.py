@@ -530,13 +530,14 @@ def _probe_servers(
 
 
 def _run_status(args: argparse.Namespace) -> int:
-    from numa_device_plugin.status import StatusError, build_status, fetch, render_table
+    from numa_device_plugin.podresources import PodResourcesError, fetch
+    from numa_device_plugin.status import build_status, render_table
 
     config = config_from_args(args)
     discovery = discover(config)
     try:
         pods, allocatable = asyncio.run(fetch(config.pod_resources_path))
-    except StatusError as exc:
+    except PodResourcesError as exc:
         print(f"numa-device-plugin: {exc}", file=sys.stderr)
         return 1
     document = build_status(discovery, config, pods, allocatable)
@@ -593,12 +594,13 @@ async def _demo(args: argparse.Namespace) -> int:
             pod_resources_socket=folder / "pr" / "kubelet.sock",
         )
         # A kubelet with the static CPU manager policy that reserves no CPU.
-        cpus = sorted({cpu for plan in discover(config).plans for cpu in plan.node.cpus})
+        discovery = discover(config)
+        cpus = sorted({cpu for plan in discovery.plans for cpu in plan.node.cpus})
         standin = KubeletStandIn(
             config.socket_dir, pod_resources_dir=folder / "pr", allocatable_cpus=cpus
         )
         async with standin as kubelet:
-            manager = PluginManager(config)
+            manager = PluginManager(config, discover_fn=lambda _: discovery)  # read sysfs once
             serving = asyncio.create_task(manager.serve())
             try:
                 if not await _until(serving, manager.started.wait()):

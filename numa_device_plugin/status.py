@@ -25,10 +25,6 @@ from numa_device_plugin.capacity import live_devices, misalignment, node_capacit
 from numa_device_plugin.config import Config
 from numa_device_plugin.devices import CPUS
 from numa_device_plugin.manager import Discovery
-from numa_device_plugin.podresources import PodResourcesError as StatusError
-from numa_device_plugin.podresources import fetch
-
-__all__ = ["StatusError", "build_status", "fetch", "render_table"]
 
 
 def build_status(

@@ -338,7 +338,8 @@ def test_cpus_mode_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None
 
 
 async def test_metrics_follow_the_live_count(two_nodes: SysfsTree, sock_dir: Path) -> None:
-    from tests.test_hardening import free_port, scrape
+    from tests.standin_helpers import free_port
+    from tests.test_hardening import scrape
 
     port = free_port()
     async with cpus_mode(two_nodes, sock_dir, "--metrics-address", f"127.0.0.1:{port}") as (

@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
-import socket
 import threading
 import urllib.error
 import urllib.request
@@ -26,6 +25,7 @@ from numa_device_plugin.manager import Discovery, PluginManager, discover
 from tests.standin_helpers import (
     ServeProcess,
     eventually,
+    free_port,
     running,
     serve_process,
     wait_all_live,
@@ -33,13 +33,6 @@ from tests.standin_helpers import (
 from tests.test_topology import SNAPSHOT_TABLE
 
 NAMES = ["numa-align/numa-0", "numa-align/numa-1"]
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
 
 
 def readyz(port: int) -> tuple[int, str]:

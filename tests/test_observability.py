@@ -25,7 +25,7 @@ from numa_device_plugin.manager import PluginManager
 from numa_device_plugin.metrics import PrometheusRecorder
 from numa_device_plugin.probes import ProbeServer, parse_address
 from tests.conftest import REPO
-from tests.standin_helpers import eventually, wait_all_live
+from tests.standin_helpers import eventually, free_port, wait_all_live
 from tests.test_manager import NAMES, make_config
 
 
@@ -227,13 +227,6 @@ def test_bad_metrics_address_exits_2(capsys: pytest.CaptureFixture[str]) -> None
     assert "HOST:PORT" in capsys.readouterr().err
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
-
-
 @asynccontextmanager
 async def serve_process(tree: SysfsTree, folder: Path, *flags: str) -> AsyncIterator[int]:
     """A real `serve` process on ``tree`` and ``folder`` with ``flags``; yields its pid,
@@ -264,7 +257,7 @@ def _rss(pid: int) -> int:
 async def test_a_thousand_scrapes_leave_a_real_plugin_serving_and_its_memory_flat(
     two_nodes: SysfsTree, sock_dir: Path
 ) -> None:
-    port = _free_port()
+    port = free_port()
     async with serve_process(two_nodes, sock_dir, "--metrics-address", f"127.0.0.1:{port}") as pid:
 
         def scrape(times: int) -> None:
@@ -284,7 +277,7 @@ async def test_a_thousand_scrapes_leave_a_real_plugin_serving_and_its_memory_fla
 async def test_health_address_takes_the_probes_off_the_metrics_listener(
     two_nodes: SysfsTree, sock_dir: Path
 ) -> None:
-    metrics_port, health_port = _free_port(), _free_port()
+    metrics_port, health_port = free_port(), free_port()
     flags = [
         *("--metrics-address", f"127.0.0.1:{metrics_port}"),
         *("--health-address", f"127.0.0.1:{health_port}"),
