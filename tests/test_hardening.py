@@ -184,7 +184,14 @@ async def test_socket_folder_deleted_and_created_again(
         async with serve_process(two_nodes, folder) as plugin:
             await wait_all_live(kubelet, NAMES, timeout=20)
             await kubelet.stop()
-            shutil.rmtree(folder)
+
+            def deleted() -> bool:
+                # The plugin re-takes its lock (re-creating the lock subfolder) while
+                # the folder is there: delete as `rm -rf` repeated until it is gone.
+                shutil.rmtree(folder, ignore_errors=True)
+                return not folder.exists()
+
+            await eventually(deleted)
             await logged(plugin, "waiting for the kubelet")
             kubelet = KubeletStandIn(folder)
             await kubelet.start()  # creates the folder, then kubelet.sock in it
