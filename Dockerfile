@@ -1,24 +1,38 @@
-# numa-device-plugin image: build a wheel, then install only that wheel into a
-# slim Python runtime (no compilers, no pip cache). Kubernetes probes do the
-# health checking, so there is no HEALTHCHECK.
-ARG PYTHON_IMAGE=python:3.11-slim
+# numa-device-plugin image. Stage 1 installs the runtime dependencies from
+# requirements.lock (pinned with hashes: `make lock`) and the plugin's wheel into
+# /opt/venv; stage 2 is the slim Python runtime with that venv and neither pip nor
+# build tools. Kubernetes probes do the health checking, so there is no HEALTHCHECK.
+ARG PYTHON_IMAGE=python:3.11-slim-bookworm
 
 FROM ${PYTHON_IMAGE} AS build
 WORKDIR /src
+# A venv without pip: the base image's pip installs into it (pip --python).
+RUN python -m venv --without-pip /opt/venv
+COPY requirements.lock ./
+RUN pip --python /opt/venv/bin/python install --no-cache-dir --require-hashes \
+        --only-binary=:all: --requirement requirements.lock
 COPY pyproject.toml README.md ./
 COPY numa_device_plugin ./numa_device_plugin
-RUN pip wheel --no-cache-dir --no-deps --wheel-dir /dist .
+# --no-deps: everything it needs came from the lock file above.
+RUN pip wheel --no-cache-dir --no-deps --wheel-dir /dist . \
+ && pip --python /opt/venv/bin/python install --no-cache-dir --no-deps /dist/*.whl
 
 FROM ${PYTHON_IMAGE}
 ARG VERSION=0.1.0
+ARG REVISION=""
+ARG SOURCE=""
 LABEL org.opencontainers.image.title="numa-device-plugin" \
       org.opencontainers.image.description="Kubernetes device plugin: one extended resource per NUMA node" \
-      org.opencontainers.image.source="https://github.com/numa-device-plugin/numa-device-plugin" \
       org.opencontainers.image.version="${VERSION}" \
+      org.opencontainers.image.revision="${REVISION}" \
+      org.opencontainers.image.source="${SOURCE}" \
       org.opencontainers.image.licenses="Apache-2.0"
-COPY --from=build /dist/ /tmp/dist/
-RUN pip install --no-cache-dir /tmp/dist/*.whl && rm -rf /tmp/dist /root/.cache
-ENV PYTHONDONTWRITEBYTECODE=1 \
+# The runtime needs no installer: remove the base image's pip, setuptools and wheel.
+RUN python -m pip uninstall --yes --quiet pip setuptools wheel \
+ && rm -rf /root/.cache
+COPY --from=build /opt/venv /opt/venv
+ENV PATH=/opt/venv/bin:$PATH \
+    PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
     GRPC_VERBOSITY=ERROR \
     MALLOC_ARENA_MAX=2

@@ -5,7 +5,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 BIN    := $(VENV)/bin
 
-.PHONY: install run test test-e2e lint proto bench soak docker-build docker-push deploy undeploy clean
+.PHONY: install run test test-e2e lint proto bench soak image lock docker-build docker-push deploy undeploy clean
 
 install: $(VENV)/.installed
 
@@ -45,23 +45,42 @@ soak: install
 	$(PY) -m benchmarks.soak --restarts 1000 $(SOAK_ARGS)
 
 REGISTRY ?= registry.local:5000
-TAG      ?= $(shell $(PYTHON) -c "import re;print(re.search(r'__version__ = \"(.+)\"', open('numa_device_plugin/__init__.py').read())[1])")
+VERSION  := $(shell $(PYTHON) -c "import re;print(re.search(r'__version__ = \"(.+)\"', open('numa_device_plugin/__init__.py').read())[1])")
+REVISION := $(shell git rev-parse HEAD 2>/dev/null)
+# <version>-<commit>, with -dirty when the work tree differs from it: every change gets a
+# new tag, so `make docker-build docker-push deploy` really replaces the nodes' image.
+TAG      ?= $(VERSION)$(if $(REVISION),-$(shell git rev-parse --short=12 HEAD)$(shell test -z "$$(git status --porcelain 2>/dev/null)" || echo -dirty))
+SOURCE   ?= $(shell git remote get-url origin 2>/dev/null)
 IMAGE    := $(REGISTRY)/numa-device-plugin:$(TAG)
+# What deploy applies: deployments/ (the base), or an overlay (deployments/overlays/k0s, ...).
+KUSTOMIZATION ?= deployments
+
+## image: print the image name docker-build, docker-push and deploy use
+image:
+	@echo $(IMAGE)
+
+## lock: regenerate requirements.lock (the image's runtime dependencies, pinned with hashes)
+lock: install
+	env -u PIP_FIND_LINKS PIP_CONFIG_FILE=/dev/null $(BIN)/pip-compile --quiet \
+	    --generate-hashes --strip-extras --allow-unsafe --no-emit-index-url \
+	    --no-emit-find-links --index-url https://pypi.org/simple \
+	    --output-file requirements.lock pyproject.toml
 
 ## docker-build: the container image $(REGISTRY)/numa-device-plugin:$(TAG)
 docker-build:
-	docker build --build-arg VERSION=$(TAG) -t $(IMAGE) .
+	docker build --build-arg VERSION=$(TAG) --build-arg REVISION=$(REVISION) \
+	    --build-arg SOURCE=$(SOURCE) -t $(IMAGE) .
 
 ## docker-push: push it (the test cluster's registry is insecure: see test/infra)
 docker-push:
 	docker push $(IMAGE)
 
-## deploy / undeploy: kubectl apply -k deployments/ (image tag from TAG)
+## deploy / undeploy: kubectl apply -k $(KUSTOMIZATION) with the image $(IMAGE)
 deploy:
-	cd deployments && kubectl kustomize . | sed 's#registry.local:5000/numa-device-plugin:[^" ]*#$(IMAGE)#' | kubectl apply -f -
+	kubectl kustomize $(KUSTOMIZATION) | sed 's#registry.local:5000/numa-device-plugin:[^" ]*#$(IMAGE)#' | kubectl apply -f -
 
 undeploy:
-	kubectl delete -k deployments/ --ignore-not-found
+	kubectl delete -k $(KUSTOMIZATION) --ignore-not-found
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info .mypy_cache .ruff_cache .pytest_cache

@@ -1,123 +1,223 @@
-"""The deployment, offline: manifests are valid Kubernetes objects, the DaemonSet's
-command line is one the CLI accepts, the security settings hold, and the wheel the
-image installs works on its own."""
+"""The deployment, offline: every kustomize rendering (base, overlays, components) is
+valid for the Kubernetes API (`kubernetes-validate --strict`), the DaemonSet's command
+line is one the CLI accepts, the overlays keep host folders, mounts and flags in step,
+the security settings hold, and the wheel the image installs works on its own.
+
+Manifests are rendered by `kubectl kustomize`, as `kubectl apply -k` would apply them."""
 
 from __future__ import annotations
 
+import functools
 import json
+import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
+import kubernetes_validate
 import pytest
 import yaml
-from kubernetes import client
 
 from numa_device_plugin import __version__
 from numa_device_plugin.cli import OPTIONS, SERVE_OPTIONS, _resolve_env, build_parser
+from numa_device_plugin.config import KNOWN_SOCKET_DIRS, Config
 from numa_device_plugin.probes import parse_address
 from tests.conftest import REPO
 
 DEPLOYMENTS = REPO / "deployments"
-MODELS = {
-    ("v1", "ServiceAccount"): "V1ServiceAccount",
-    ("v1", "ConfigMap"): "V1ConfigMap",
-    ("apps/v1", "DaemonSet"): "V1DaemonSet",
-    ("v1", "Service"): "V1Service",
-    ("v1", "Pod"): "V1Pod",
+# Every rendering an operator can apply: the default, the base, each overlay, and each
+# component on top of the base (rendered through a kustomization of its own).
+OVERLAYS = ("nfd", "k0s", "microk8s")
+COMPONENTS = ("nfd", "monitoring")
+RENDERINGS = (
+    "deployments",
+    "base",
+    *(f"overlays/{name}" for name in OVERLAYS),
+    *(f"components/{name}" for name in COMPONENTS),
+)
+# The oldest Kubernetes the README supports, and the newest kubernetes-validate knows.
+KUBERNETES_VERSIONS = ("1.28", kubernetes_validate.utils.latest_version())
+FOLDERS = {
+    "base": Path("/var/lib/kubelet"),
+    "overlays/nfd": Path("/var/lib/kubelet"),
+    "overlays/k0s": Path("/var/lib/k0s/kubelet"),
+    "overlays/microk8s": Path("/var/snap/microk8s/common/var/lib/kubelet"),
 }
-_PRIMITIVES = {"str", "int", "bool", "float", "object", "datetime", "date"}
 
 
-def manifests() -> list[tuple[Path, dict[str, Any]]]:
-    found = []
-    for path in sorted(DEPLOYMENTS.rglob("*.yaml")):
-        if path.name == "kustomization.yaml":
-            continue
-        for document in yaml.safe_load_all(path.read_text()):
-            if document:
-                found.append((path, document))
+def kubectl() -> str:
+    found = shutil.which("kubectl")
+    if found is None:
+        pytest.skip("kubectl is not installed: the manifests are rendered by `kubectl kustomize`")
     return found
 
 
-def by_kind(kind: str) -> dict[str, Any]:
-    (document,) = [d for p, d in manifests() if d["kind"] == kind and "examples" not in str(p)]
-    found: dict[str, Any] = document
-    return found
+@functools.cache
+def _render(name: str) -> str:
+    if name == "deployments":
+        folder = DEPLOYMENTS
+    elif name.startswith("components/"):
+        # A component cannot be built alone: build it on the base, as its comment says.
+        folder = Path(_scratch()) / name.replace("/", "-")
+        folder.mkdir()
+        (folder / "kustomization.yaml").write_text(
+            yaml.safe_dump(
+                {
+                    "apiVersion": "kustomize.config.k8s.io/v1beta1",
+                    "kind": "Kustomization",
+                    # kustomize takes only relative paths to other folders.
+                    "resources": [os.path.relpath(DEPLOYMENTS / "base", folder)],
+                    "components": [os.path.relpath(DEPLOYMENTS / name, folder)],
+                }
+            )
+        )
+    else:
+        folder = DEPLOYMENTS / name
+    result = subprocess.run(
+        [kubectl(), "kustomize", str(folder)], capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 0, f"kubectl kustomize {name}: {result.stderr}"
+    return result.stdout
 
 
-def daemonset() -> dict[str, Any]:
-    return by_kind("DaemonSet")
+@functools.cache
+def _scratch() -> str:
+    import atexit
+    import tempfile
+
+    folder = tempfile.mkdtemp(prefix="ndp-kustomize-")
+    atexit.register(shutil.rmtree, folder, True)
+    return folder
 
 
-def container() -> dict[str, Any]:
-    (only,) = daemonset()["spec"]["template"]["spec"]["containers"]
+def render(name: str = "base") -> list[dict[str, Any]]:
+    """The objects ``kubectl kustomize deployments/<name>`` prints (a fresh copy)."""
+    return [d for d in yaml.safe_load_all(_render(name)) if d]
+
+
+def by_kind(kind: str, name: str = "base") -> dict[str, Any]:
+    (document,) = [d for d in render(name) if d["kind"] == kind]
+    return document
+
+
+def daemonset(name: str = "base") -> dict[str, Any]:
+    return by_kind("DaemonSet", name)
+
+
+def pod_spec(name: str = "base") -> dict[str, Any]:
+    spec: dict[str, Any] = daemonset(name)["spec"]["template"]["spec"]
+    return spec
+
+
+def container(name: str = "base") -> dict[str, Any]:
+    (only,) = pod_spec(name)["containers"]
     found: dict[str, Any] = only
     return found
 
 
-def check_fields(data: Any, type_name: str, where: str) -> None:
-    """Fail on any key the kubernetes client's model for ``type_name`` does not know
-    (the client itself silently drops unknown fields)."""
-    if type_name in _PRIMITIVES:
-        return
-    # The client spells containers as list[X] / dict(str, X), or List[X] / Dict[str, X].
-    if type_name[:5].lower() == "list[":
-        assert isinstance(data, list), f"{where} must be a list"
-        for index, item in enumerate(data):
-            check_fields(item, type_name[5:-1], f"{where}[{index}]")
-        return
-    if type_name[:5].lower() in ("dict(", "dict["):
-        assert isinstance(data, dict), f"{where} must be a mapping"
-        value_type = type_name[5:-1].split(", ", 1)[1]
-        for key, item in data.items():
-            check_fields(item, value_type, f"{where}.{key}")
-        return
-    model = getattr(client.models, type_name)
-    known = {json_key: attribute for attribute, json_key in model.attribute_map.items()}
-    assert isinstance(data, dict), f"{where} must be a mapping ({type_name})"
-    for key, item in data.items():
-        assert key in known, f"{where}.{key}: not a field of {type_name}"
-        check_fields(item, model.openapi_types[known[key]], f"{where}.{key}")
+def check_pod_monitor(document: dict[str, Any]) -> None:
+    """kubernetes-validate has no schema for prometheus-operator's CRDs: check the fields
+    this PodMonitor uses against monitoring.coreos.com/v1 by hand."""
+    assert document["apiVersion"] == "monitoring.coreos.com/v1"
+    assert set(document) == {"apiVersion", "kind", "metadata", "spec"}
+    assert set(document["spec"]) <= {"selector", "podMetricsEndpoints", "namespaceSelector"}
+    for endpoint in document["spec"]["podMetricsEndpoints"]:
+        assert set(endpoint) <= {"port", "path", "interval", "scrapeTimeout"}
 
 
-@pytest.mark.parametrize(
-    ("path", "document"), manifests(), ids=lambda v: v.name if isinstance(v, Path) else ""
-)
-def test_manifest_is_a_valid_kubernetes_object(path: Path, document: dict[str, Any]) -> None:
-    type_name = MODELS[(document["apiVersion"], document["kind"])]
-    check_fields(document, type_name, f"{path.name}:{document['kind']}")
-    model = client.ApiClient().deserialize(json.dumps(document), type_name, "application/json")
-    assert model.metadata.name == document["metadata"]["name"]
+@pytest.mark.parametrize("version", KUBERNETES_VERSIONS)
+@pytest.mark.parametrize("name", RENDERINGS)
+def test_every_rendering_passes_kubernetes_validate_strict(name: str, version: str) -> None:
+    documents = render(name)
+    assert documents, f"{name} renders nothing"
+    for document in documents:
+        if document["kind"] == "PodMonitor":
+            check_pod_monitor(document)
+            continue
+        kubernetes_validate.validate(document, version, strict=True)
 
 
-def test_kustomization_lists_every_manifest() -> None:
-    kustomization = yaml.safe_load((DEPLOYMENTS / "kustomization.yaml").read_text())
-    listed = sorted(kustomization["resources"])
-    on_disk = sorted(p.name for p in DEPLOYMENTS.glob("*.yaml") if p.name != "kustomization.yaml")
-    assert listed == on_disk
-    assert kustomization["namespace"] == "kube-system"
-    image = container()["image"]
-    assert [i["name"] for i in kustomization["images"]] == [image.rsplit(":", 1)[0]]
+@pytest.mark.parametrize("version", KUBERNETES_VERSIONS)
+def test_example_pod_passes_kubernetes_validate_strict(version: str) -> None:
+    for path in sorted((DEPLOYMENTS / "examples").glob("*.yaml")):
+        for document in yaml.safe_load_all(path.read_text()):
+            kubernetes_validate.validate(document, version, strict=True)
 
 
-def _serve_args(monkeypatch: pytest.MonkeyPatch) -> Any:
-    """Parse the DaemonSet's command line and env exactly as the image runs it."""
+def test_strict_validation_rejects_an_unknown_field() -> None:
+    """The check above can fail: a misspelt field is refused."""
+    document = daemonset()
+    document["spec"]["template"]["spec"]["containers"][0]["readinesProbe"] = {}
+    with pytest.raises(kubernetes_validate.ValidationError, match="readinesProbe"):
+        kubernetes_validate.validate(document, KUBERNETES_VERSIONS[0], strict=True)
+
+
+def test_apply_k_deployments_installs_the_base() -> None:
+    assert render("deployments") == render("base")
+    assert {d["metadata"]["namespace"] for d in render("base")} == {"kube-system"}
+
+
+def test_every_file_in_the_base_is_used() -> None:
+    kustomization = yaml.safe_load((DEPLOYMENTS / "base" / "kustomization.yaml").read_text())
+    used = set(kustomization["resources"])
+    used |= {env for gen in kustomization["configMapGenerator"] for env in gen["envs"]}
+    on_disk = {p.name for p in (DEPLOYMENTS / "base").iterdir()} - {"kustomization.yaml"}
+    assert used == on_disk
+
+
+def test_image_tag_is_the_version() -> None:
+    assert container()["image"] == f"registry.local:5000/numa-device-plugin:{__version__}"
+
+
+def test_configmap_is_generated_so_an_edit_rolls_the_daemonset(tmp_path: Path) -> None:
+    configmap = by_kind("ConfigMap")
+    name = configmap["metadata"]["name"]
+    assert re.fullmatch(r"numa-device-plugin-[a-z0-9]{10}", name), name
+    (reference,) = container()["envFrom"]
+    assert reference == {"configMapRef": {"name": name}}
+    # Edit the settings in a copy: the name, and so the pod template, changes.
+    copy = tmp_path / "deployments"
+    shutil.copytree(DEPLOYMENTS, copy)
+    settings = copy / "base" / "settings.env"
+    settings.write_text(settings.read_text().replace("NUMA_LOG_LEVEL=info", "NUMA_LOG_LEVEL=debug"))
+    edited = subprocess.run(
+        [kubectl(), "kustomize", str(copy / "base")], capture_output=True, text=True, check=True
+    ).stdout
+    (edited_map,) = [d for d in yaml.safe_load_all(edited) if d and d["kind"] == "ConfigMap"]
+    assert edited_map["data"]["NUMA_LOG_LEVEL"] == "debug"
+    assert edited_map["metadata"]["name"] != name
+    assert f"name: {edited_map['metadata']['name']}" in edited
+
+
+def _serve_args(
+    monkeypatch: pytest.MonkeyPatch, name: str = "base", settings: dict[str, str] | None = None
+) -> Any:
+    """Parse the DaemonSet's command line and env exactly as the image runs it
+    (``settings``: the ConfigMap's data instead of the rendered one)."""
     dockerfile = (REPO / "Dockerfile").read_text()
     entrypoint = json.loads(re.search(r"^ENTRYPOINT (.+)$", dockerfile, re.M)[1])  # type: ignore[index]
     assert entrypoint == ["numa-device-plugin", "serve"]
-    for name in [o.env for o in OPTIONS.values()]:
-        monkeypatch.delenv(name, raising=False)
-    for key, value in by_kind("ConfigMap")["data"].items():
+    for variable in [o.env for o in OPTIONS.values()]:
+        monkeypatch.delenv(variable, raising=False)
+    if settings is None:
+        settings = by_kind("ConfigMap", name)["data"]
+    for key, value in settings.items():
         monkeypatch.setenv(key, value)
-    for variable in container().get("env", []):
+    for variable in container(name).get("env", []):
         monkeypatch.setenv(variable["name"], variable["value"])
     parser, parsers = build_parser()
-    args = parser.parse_args([entrypoint[1], *container().get("args", [])])
+    args = parser.parse_args([entrypoint[1], *container(name).get("args", [])])
     _resolve_env(parsers["serve"], args, args._options)
     return args
+
+
+def _config(monkeypatch: pytest.MonkeyPatch, name: str) -> Config:
+    from numa_device_plugin.cli import config_from_args
+
+    return config_from_args(_serve_args(monkeypatch, name))
 
 
 def test_daemonset_command_line_is_accepted_by_the_cli(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -135,6 +235,77 @@ def test_every_configmap_key_is_a_cli_setting() -> None:
     assert keys <= known, f"unknown settings: {sorted(keys - known)}"
 
 
+@pytest.mark.parametrize("name", list(FOLDERS))
+def test_host_folders_mounts_and_flags_agree(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each flavour mounts the kubelet's folders at their host paths and points
+    --socket-dir (and so the pod resources socket beside it) at them."""
+    root = FOLDERS[name]
+    volumes = {v["name"]: v["hostPath"] for v in pod_spec(name)["volumes"] if "hostPath" in v}
+    assert volumes == {
+        "device-plugins": {"path": str(root / "device-plugins"), "type": "Directory"},
+        "pod-resources": {"path": str(root / "pod-resources"), "type": "Directory"},
+    }
+    mounts = {m["name"]: m["mountPath"] for m in container(name)["volumeMounts"]}
+    assert mounts["device-plugins"] == volumes["device-plugins"]["path"]
+    assert mounts["pod-resources"] == volumes["pod-resources"]["path"]
+    config = _config(monkeypatch, name)
+    assert config.socket_dir == Path(mounts["device-plugins"])
+    assert config.pod_resources_path == Path(mounts["pod-resources"]) / "kubelet.sock"
+    assert config.socket_dir in KNOWN_SOCKET_DIRS, "serve's auto-detection knows it too"
+
+
+@pytest.mark.parametrize("name", ["k0s", "microk8s"])
+def test_folder_overlays_change_only_the_folders(name: str) -> None:
+    base, overlay = daemonset("base"), daemonset(f"overlays/{name}")
+    for document in (base, overlay):
+        spec = document["spec"]["template"]["spec"]
+        for volume in spec["volumes"]:
+            volume.get("hostPath", {}).pop("path", None)
+        for mount in spec["containers"][0]["volumeMounts"]:
+            mount.pop("mountPath")
+        spec["containers"][0]["args"].pop(0)
+    assert overlay == base
+
+
+def test_nfd_overlay_requires_nodes_with_several_numa_nodes() -> None:
+    assert pod_spec("base")["nodeSelector"] == {"kubernetes.io/os": "linux"}
+    assert "affinity" not in pod_spec("base")
+    for name in ("overlays/nfd", "components/nfd"):
+        spec = pod_spec(name)
+        assert spec["nodeSelector"] == {"kubernetes.io/os": "linux"}
+        terms = spec.pop("affinity")["nodeAffinity"][
+            "requiredDuringSchedulingIgnoredDuringExecution"
+        ]
+        assert terms == {
+            "nodeSelectorTerms": [
+                {
+                    "matchExpressions": [
+                        {
+                            "key": "feature.node.kubernetes.io/memory-numa",
+                            "operator": "In",
+                            "values": ["true"],
+                        }
+                    ]
+                }
+            ]
+        }
+        assert spec == pod_spec("base"), "nothing else changes"
+
+
+def test_monitoring_component_adds_a_pod_monitor_for_the_metrics_port() -> None:
+    documents = render("components/monitoring")
+    (monitor,) = [d for d in documents if d["kind"] == "PodMonitor"]
+    assert [d for d in documents if d["kind"] != "PodMonitor"] == render("base")
+    assert monitor["metadata"]["namespace"] == "kube-system"
+    labels = daemonset()["spec"]["template"]["metadata"]["labels"]
+    selector = monitor["spec"]["selector"]["matchLabels"]
+    assert selector.items() <= labels.items()
+    ports = {port["name"] for port in container()["ports"]}
+    assert [e["port"] for e in monitor["spec"]["podMetricsEndpoints"]] == ["metrics"]
+    assert "metrics" in ports
+    assert all(d["kind"] != "PodMonitor" for d in render("base")), "optional"
+
+
 def test_probes_use_a_fixed_health_listener_independent_of_the_configmap(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -148,15 +319,15 @@ def test_probes_use_a_fixed_health_listener_independent_of_the_configmap(
     assert "NUMA_HEALTH_ADDRESS" not in by_kind("ConfigMap")["data"]
 
 
+def test_probes_survive_removing_the_metrics_setting(monkeypatch: pytest.MonkeyPatch) -> None:
+    args = _serve_args(monkeypatch, settings={})
+    assert args.metrics_address == ""
+    assert parse_address(args.health_address)[1] == 9202
+
+
 def test_selinux_type_for_device_plugins() -> None:
     options = container()["securityContext"]["seLinuxOptions"]
     assert options == {"type": "container_device_plugin_t"}
-
-
-def test_kubelet_folders_are_never_created_by_the_plugin_pod() -> None:
-    pod = daemonset()["spec"]["template"]["spec"]
-    types = {v["name"]: v["hostPath"]["type"] for v in pod["volumes"] if "hostPath" in v}
-    assert types == {"device-plugins": "Directory", "pod-resources": "Directory"}
 
 
 # -- security settings, one test each ---------------------------------------------------------
@@ -246,7 +417,7 @@ def test_headless_metrics_service() -> None:
 
 
 def test_example_pod_is_guaranteed_and_asks_for_numa_node_0_in_every_container() -> None:
-    (pod,) = [d for p, d in manifests() if "examples" in str(p)]
+    pod = yaml.safe_load((DEPLOYMENTS / "examples" / "pod-numa0.yaml").read_text())
     containers = pod["spec"]["initContainers"] + pod["spec"]["containers"]
     assert len(pod["spec"]["initContainers"]) >= 1
     for each in containers:
@@ -256,8 +427,138 @@ def test_example_pod_is_guaranteed_and_asks_for_numa_node_0_in_every_container()
         assert requests["numa-align/numa-0"] == "1"
 
 
+def _stages() -> list[str]:
+    """The Dockerfile's stages, each from its FROM line on (continuation lines joined)."""
+    text = (REPO / "Dockerfile").read_text().replace("\\\n", " ")
+    lines = [line for line in text.splitlines() if not line.lstrip().startswith("#")]
+    return re.split(r"^(?=FROM )", "\n".join(lines), flags=re.M)[1:]
+
+
+def test_image_installs_only_hash_pinned_dependencies_and_keeps_no_installer() -> None:
+    build, final = _stages()
+    assert re.search(r"install .*--require-hashes .*--requirement requirements\.lock", build)
+    wheel_install = re.search(r"install [^\n]*/dist/\*\.whl", build)
+    assert wheel_install is not None
+    assert "--no-deps" in wheel_install[0], "its dependencies come only from the lock"
+    assert "pip install" not in final
+    assert " install " not in final
+    assert re.search(r"pip uninstall --yes --quiet pip setuptools wheel", final)
+    assert "COPY --from=build /opt/venv /opt/venv" in final
+    labels = dict(re.findall(r"org\.opencontainers\.image\.(\w+)=\"([^\"]*)\"", final))
+    assert labels["source"] == "${SOURCE}"
+    assert labels["revision"] == "${REVISION}"
+    makefile = (REPO / "Makefile").read_text()
+    assert "--build-arg SOURCE=$(SOURCE)" in makefile
+    assert "SOURCE   ?= $(shell git remote get-url origin" in makefile
+
+
+def _lock() -> dict[str, tuple[str, list[str], str]]:
+    """requirements.lock as {name: (version, hashes, via comments)}."""
+    entries: dict[str, tuple[str, list[str], str]] = {}
+    text = (REPO / "requirements.lock").read_text()
+    for block in re.split(r"\n(?=[a-z0-9])", text.split("\n\n", 1)[1] if "\n\n" in text else text):
+        match = re.match(r"([A-Za-z0-9_.-]+)==(\S+)", block)
+        if match is None:
+            continue
+        hashes = re.findall(r"--hash=sha256:([0-9a-f]{64})", block)
+        via = " ".join(re.findall(r"#\s+(?:via)?\s*(.+)", block))
+        entries[match[1].lower()] = (match[2], hashes, via)
+    return entries
+
+
+def test_lock_file_is_fresh_and_hash_pinned() -> None:
+    """requirements.lock is pip-compile's output for pyproject.toml's dependencies: every
+    dependency pinned within its range, nothing left from a removed one, all hashed."""
+    import tomllib
+
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+
+    text = (REPO / "requirements.lock").read_text()
+    assert "pip-compile --allow-unsafe --generate-hashes" in text, "made by `make lock`"
+    lock = _lock()
+    pyproject = tomllib.loads((REPO / "pyproject.toml").read_text())
+    wanted: dict[str, Requirement] = {
+        canonicalize_name(r.name): r for r in map(Requirement, pyproject["project"]["dependencies"])
+    }
+    direct = {
+        name for name, (_, _, via) in lock.items() if "numa-device-plugin (pyproject.toml)" in via
+    }
+    assert direct == set(wanted), "pyproject.toml's dependencies changed: run `make lock`"
+    for name, requirement in wanted.items():
+        version = lock[name][0]
+        assert requirement.specifier.contains(version), f"{name}=={version} vs {requirement}"
+    for package, (_, hashes, via) in lock.items():
+        assert hashes, f"{package} has no hash"
+        assert via, f"{package}: pip-compile says why it is there"
+
+
+def test_lock_parser_sees_every_pin() -> None:
+    text = (REPO / "requirements.lock").read_text()
+    assert len(_lock()) == len(re.findall(r"^[a-z0-9][^ ]*==", text, re.M)) > 3
+
+
+def test_dockerignore_keeps_local_state_out_of_the_build_context() -> None:
+    patterns = [
+        line.strip()
+        for line in (REPO / ".dockerignore").read_text().splitlines()
+        if line.strip() and not line.startswith("#")
+    ]
+
+    def ignored(path: str) -> bool:
+        return any(path == p or path.startswith(p + "/") for p in patterns)
+
+    for path in (".git", ".venv", "test/infra/.state", ".mypy_cache", ".pytest_cache"):
+        assert ignored(path), path
+    for path in ("pyproject.toml", "README.md", "requirements.lock", "numa_device_plugin"):
+        assert not ignored(path), f"the Dockerfile copies {path}"
+
+
+def _make_image(folder: Path) -> str:
+    return subprocess.run(
+        ["make", "-s", "--no-print-directory", "image"],
+        cwd=folder,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+
+
+def test_image_tag_names_the_commit_and_a_dirty_tree(tmp_path: Path) -> None:
+    if shutil.which("git") is None:
+        pytest.skip("git is not installed")
+    # A repository of its own holding the Makefile and the version: this one's state
+    # (uncommitted edits while developing) must not decide the outcome.
+    (tmp_path / "numa_device_plugin").mkdir()
+    shutil.copy(REPO / "Makefile", tmp_path / "Makefile")
+    shutil.copy(REPO / "numa_device_plugin" / "__init__.py", tmp_path / "numa_device_plugin")
+    name = "registry.local:5000/numa-device-plugin"
+    assert _make_image(tmp_path) == f"{name}:{__version__}", "outside git: the version alone"
+
+    def git(*args: str) -> str:
+        return subprocess.run(
+            ["git", "-c", "user.name=t", "-c", "user.email=t@t", *args],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+
+    git("init", "--quiet")
+    git("add", ".")
+    git("commit", "--quiet", "-m", "one")
+    commit = git("rev-parse", "--short=12", "HEAD")
+    assert _make_image(tmp_path) == f"{name}:{__version__}-{commit}"
+    (tmp_path / "Makefile").write_text((tmp_path / "Makefile").read_text() + "\n")
+    assert _make_image(tmp_path) == f"{name}:{__version__}-{commit}-dirty"
+    (tmp_path / "new-file").write_text("")
+    git("checkout", "--quiet", "Makefile")
+    assert _make_image(tmp_path) == f"{name}:{__version__}-{commit}-dirty", "untracked too"
+
+
 def test_wheel_installs_into_a_fresh_venv(tmp_path: Path) -> None:
-    """What the image does: build the wheel, install only it, run the CLI from it."""
+    """What the image does: the locked dependencies with --require-hashes into a venv
+    without pip, then only the wheel, then the CLI runs from it."""
     dist = tmp_path / "dist"
     subprocess.run(
         [sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "-w", str(dist), str(REPO)],
@@ -265,10 +566,16 @@ def test_wheel_installs_into_a_fresh_venv(tmp_path: Path) -> None:
     )
     (wheel,) = dist.glob("numa_device_plugin-*.whl")
     venv = tmp_path / "venv"
-    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    pip = [sys.executable, "-m", "pip", "--python", str(venv / "bin" / "python"), "install"]
+    lock = REPO / "requirements.lock"
     subprocess.run(
-        [str(venv / "bin" / "pip"), "install", "--quiet", str(wheel)], check=True, timeout=600
+        [*pip, "--quiet", "--require-hashes", "--only-binary=:all:", "-r", str(lock)],
+        check=True,
+        timeout=600,
     )
+    subprocess.run([*pip, "--quiet", "--no-deps", str(wheel)], check=True, timeout=600)
+    assert not (venv / "bin" / "pip").exists()
     version = subprocess.run(
         [str(venv / "bin" / "numa-device-plugin"), "--version"],
         check=True,
