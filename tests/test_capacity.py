@@ -305,16 +305,14 @@ async def test_allow_unaligned_keeps_devices_healthy(two_nodes: SysfsTree, sock_
 def test_bad_cpus_mode_flags_exit_2(
     args: list[str], needle: str, capsys: pytest.CaptureFixture[str], sock_dir: Path
 ) -> None:
-    with pytest.raises(SystemExit) as caught:
-        main(["serve", "--socket-dir", str(sock_dir), *args])
-    assert caught.value.code == 2
+    assert main(["serve", "--socket-dir", str(sock_dir), *args]) == 2
     err = capsys.readouterr().err
-    assert err.startswith("usage: numa-device-plugin serve ")
+    assert err.startswith("Usage: numa-device-plugin serve ")
     assert needle in err
 
 
 def test_cpus_mode_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
-    from numa_device_plugin.cli import _resolve_env, build_parser, config_from_args
+    from tests.test_cli import serve_config
 
     monkeypatch.setenv("NUMA_CAPACITY", "cpus")
     monkeypatch.setenv("NUMA_RESERVED_CPUS", "0,8")
@@ -322,17 +320,12 @@ def test_cpus_mode_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None
     monkeypatch.setenv("NUMA_POD_RESOURCES_SOCKET", "/run/pr.sock")
     monkeypatch.setenv("NUMA_ALLOW_UNALIGNED", "true")
     monkeypatch.setenv("NUMA_SOCKET_DIR", "/var/lib/k0s/kubelet/device-plugins")
-    parser, parsers = build_parser()
-    args = parser.parse_args(["serve"])
-    _resolve_env(parsers["serve"], args, args._options)
-    config = config_from_args(args)
+    config = serve_config([])
     assert (config.capacity, config.reserved_cpus) == ("cpus", frozenset({0, 8}))
     assert (config.pod_resources_interval, config.allow_unaligned) == (2.5, True)
     assert config.pod_resources_path == Path("/run/pr.sock")
     monkeypatch.delenv("NUMA_POD_RESOURCES_SOCKET")
-    args = parser.parse_args(["serve"])
-    _resolve_env(parsers["serve"], args, args._options)
-    assert config_from_args(args).pod_resources_path == Path(
+    assert serve_config([]).pod_resources_path == Path(
         "/var/lib/k0s/kubelet/pod-resources/kubelet.sock"
     )
 

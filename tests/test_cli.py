@@ -3,7 +3,6 @@ snapshot, the demo, and a real `serve` process under SIGHUP and SIGTERM."""
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import os
@@ -15,7 +14,8 @@ from pathlib import Path
 import pytest
 
 from numa_device_plugin import __version__
-from numa_device_plugin.cli import _resolve_env, build_parser, config_from_args, main
+from numa_device_plugin.cli import main, options, serve
+from numa_device_plugin.config import Config
 from numa_device_plugin.fake_sysfs import SysfsTree
 from numa_device_plugin.kubelet_standin import KubeletStandIn
 from tests.conftest import REPO
@@ -63,25 +63,69 @@ def test_serve_help_lists_every_flag_and_env_var(capsys: pytest.CaptureFixture[s
     flat = " ".join(out.split())
     for flag, env in SERVE_FLAGS:
         assert flag in flat
-        assert f"env {env}" in flat
+        assert f"env var: {env}" in flat
 
 
-def _serve_args(argv: list[str]) -> argparse.Namespace:
-    parser, parsers = build_parser()
-    args = parser.parse_args(argv)
-    _resolve_env(parsers["serve"], args, args._options)
-    return args
+def serve_params(argv: list[str]) -> dict[str, object]:
+    """``serve``'s options resolved from ``argv``, the environment and the defaults, as
+    click hands them to the command (bad values raise click.BadParameter)."""
+    with serve.command.make_context("serve", list(argv)) as ctx:
+        return dict(ctx.params)
+
+
+def serve_config(argv: list[str]) -> Config:
+    """The Config ``serve`` would run with for ``argv`` and the environment."""
+    return options.config_from_params(serve_params(argv))
+
+
+def test_every_option_of_every_command_has_its_variable() -> None:
+    from numa_device_plugin.cli import cli
+
+    for name, command in cli.commands.items():
+        for param in command.params:
+            if param.name == "help":
+                continue
+            flag = max(param.opts, key=len)
+            expected = "NUMA_" + flag.removeprefix("--").replace("-", "_").upper()
+            assert param.envvar == expected, f"{name} {flag}"
+
+
+@pytest.mark.parametrize(
+    ("value", "argv", "expected"),
+    [
+        (None, [], False),
+        ("true", [], True),
+        ("1", [], True),
+        ("yes", [], True),
+        ("off", [], False),
+        ("", [], False),
+        ("true", ["--no-include-cpuless-nodes"], False),
+        ("false", ["--include-cpuless-nodes"], True),
+    ],
+)
+def test_switches_read_booleans_and_the_flag_wins(
+    value: str | None, argv: list[str], expected: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if value is not None:
+        monkeypatch.setenv("NUMA_INCLUDE_CPULESS_NODES", value)
+    assert serve_params(argv)["include_cpuless_nodes"] is expected
+
+
+def test_a_flag_beats_its_variable(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("NUMA_CAPACITY", "5")
+    monkeypatch.setenv("NUMA_REGISTER_TIMEOUT", "not even a number")
+    params = serve_params(["--capacity", "7", "--register-timeout", "2"])
+    assert (params["capacity"], params["register_timeout"]) == (7, 2.0)
+    assert serve_params(["--register-timeout", "2"])["capacity"] == 5
 
 
 def test_timeouts_reach_the_config(monkeypatch: pytest.MonkeyPatch) -> None:
-    config = config_from_args(
-        _serve_args(["serve", "--register-timeout", "7.5", "--shutdown-grace", "0"])
-    )
+    config = serve_config(["--register-timeout", "7.5", "--shutdown-grace", "0"])
     assert (config.register_timeout, config.shutdown_grace) == (7.5, 0.0)
     monkeypatch.setenv("NUMA_REGISTER_TIMEOUT", "3")
     monkeypatch.setenv("NUMA_SHUTDOWN_GRACE", "2.5")
     monkeypatch.setenv("NUMA_SOCKET_DIR", "/run/dp")
-    config = config_from_args(_serve_args(["serve"]))
+    config = serve_config([])
     assert (config.register_timeout, config.shutdown_grace) == (3.0, 2.5)
     assert config.socket_dir == Path("/run/dp")
 
@@ -95,13 +139,13 @@ def test_timeouts_reach_the_config(monkeypatch: pytest.MonkeyPatch) -> None:
         (["serve", "--resource-prefix", "kubernetes.io"], "kubernetes.io"),
         (["serve", "--register-timeout", "-1"], "positive number of seconds"),
         (["serve", "--register-timeout", "nan"], "positive number of seconds"),
-        (["serve", "--log-level", "loud"], "invalid choice"),
-        (["serve", "--include-cpuless-nodes", "perhaps"], "not a boolean"),
-        (["serve", "--no-such-flag"], "unrecognized arguments"),
+        (["serve", "--log-level", "loud"], "'loud' is not one of"),
+        (["serve", "--include-cpuless-nodes", "perhaps"], "unexpected extra argument (perhaps)"),
+        (["serve", "--no-such-flag"], "No such option '--no-such-flag'"),
         (["serve", "--shutdown-grace", "-1"], "zero or a positive number of seconds"),
-        (["discover", "--output", "xml"], "invalid choice"),
-        (["launch"], "invalid choice"),
-        ([], "required"),
+        (["discover", "--output", "xml"], "'xml' is not one of"),
+        (["launch"], "No such command 'launch'"),
+        ([], "Commands:"),
     ],
 )
 def test_bad_flags_exit_2_with_usage(
@@ -109,20 +153,20 @@ def test_bad_flags_exit_2_with_usage(
 ) -> None:
     code, _, err = run_main(args, capsys)
     assert code == 2
-    assert "usage:" in err
-    assert needle in err
+    assert "Usage:" in err
+    assert needle in " ".join(err.split())
 
 
 @pytest.mark.parametrize(
     ("env", "value", "needle"),
     [
-        ("NUMA_CAPACITY", "-5", "NUMA_CAPACITY='-5'"),
-        ("NUMA_RESOURCE_PREFIX", "UPPER", "NUMA_RESOURCE_PREFIX='UPPER'"),
-        ("NUMA_LOG_FORMAT", "xml", "choose from text, json"),
-        ("NUMA_INCLUDE_CPULESS_NODES", "sometimes", "not a boolean"),
-        ("NUMA_REGISTER_TIMEOUT", "0", "NUMA_REGISTER_TIMEOUT='0'"),
-        ("NUMA_SHUTDOWN_GRACE", "soon", "NUMA_SHUTDOWN_GRACE='soon'"),
-        ("NUMA_HEALTH_ADDRESS", "nine", "NUMA_HEALTH_ADDRESS='nine'"),
+        ("NUMA_CAPACITY", "-5", "between 1 and"),
+        ("NUMA_RESOURCE_PREFIX", "UPPER", "DNS subdomain"),
+        ("NUMA_LOG_FORMAT", "xml", "'xml' is not one of 'text', 'json'"),
+        ("NUMA_INCLUDE_CPULESS_NODES", "sometimes", "'sometimes' is not a valid boolean"),
+        ("NUMA_REGISTER_TIMEOUT", "0", "'0' must be a positive number of seconds"),
+        ("NUMA_SHUTDOWN_GRACE", "soon", "'soon' is not a number of seconds"),
+        ("NUMA_HEALTH_ADDRESS", "nine", "HOST:PORT"),
     ],
 )
 def test_bad_env_values_exit_2_naming_the_variable(
@@ -135,8 +179,9 @@ def test_bad_env_values_exit_2_naming_the_variable(
     monkeypatch.setenv(env, value)
     code, _, err = run_main(["serve"], capsys)
     assert code == 2
-    assert "usage:" in err
-    assert needle in err
+    assert err.startswith("Usage: numa-device-plugin serve ")
+    assert f"(env var: '{env}')" in err
+    assert needle in " ".join(err.split())
 
 
 def test_env_vars_are_read_and_flags_win(
@@ -301,8 +346,8 @@ async def test_real_serve_process_sighup_and_sigterm(two_nodes: SysfsTree, sock_
 def test_unknown_serve_flag_prints_serves_usage(capsys: pytest.CaptureFixture[str]) -> None:
     code, _, err = run_main(["serve", "--bogus"], capsys)
     assert code == 2
-    assert err.startswith("usage: numa-device-plugin serve ")
-    assert "unrecognized arguments: --bogus" in err
+    assert err.startswith("Usage: numa-device-plugin serve ")
+    assert "No such option '--bogus'" in err
 
 
 def _unusable(kind: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
@@ -338,7 +383,7 @@ def test_serve_with_unusable_socket_dir_exits_2_naming_option_and_path(
     args = ["serve", "--sysfs-root", str(two_nodes.root), "--socket-dir", str(folder)]
     code, _, err = run_main(args, capsys)
     assert code == 2
-    assert err.startswith("usage: numa-device-plugin serve ")
+    assert err.startswith("Usage: numa-device-plugin serve ")
     assert "--socket-dir" in err
     assert str(folder.parent if kind == "under a file" else folder) in err
     assert not folder.is_dir() or not any(folder.iterdir()), "nothing may be created"

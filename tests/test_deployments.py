@@ -15,6 +15,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import kubernetes_validate
@@ -22,7 +23,7 @@ import pytest
 import yaml
 
 from numa_device_plugin import __version__
-from numa_device_plugin.cli import OPTIONS, SERVE_OPTIONS, _resolve_env, build_parser
+from numa_device_plugin.cli import options, serve
 from numa_device_plugin.config import KNOWN_SOCKET_DIRS, Config
 from numa_device_plugin.probes import parse_address
 from tests.conftest import REPO
@@ -192,6 +193,11 @@ def test_configmap_is_generated_so_an_edit_rolls_the_daemonset(tmp_path: Path) -
     assert f"name: {edited_map['metadata']['name']}" in edited
 
 
+def serve_variables() -> set[str]:
+    """The environment variables ``serve`` reads (one per option)."""
+    return {p.envvar for p in serve.command.params if isinstance(p.envvar, str)}
+
+
 def _serve_args(
     monkeypatch: pytest.MonkeyPatch, name: str = "base", settings: dict[str, str] | None = None
 ) -> Any:
@@ -200,7 +206,7 @@ def _serve_args(
     dockerfile = (REPO / "Dockerfile").read_text()
     entrypoint = json.loads(re.search(r"^ENTRYPOINT (.+)$", dockerfile, re.M)[1])  # type: ignore[index]
     assert entrypoint == ["numa-device-plugin", "serve"]
-    for variable in [o.env for o in OPTIONS.values()]:
+    for variable in serve_variables():
         monkeypatch.delenv(variable, raising=False)
     if settings is None:
         settings = by_kind("ConfigMap", name)["data"]
@@ -208,16 +214,13 @@ def _serve_args(
         monkeypatch.setenv(key, value)
     for variable in container(name).get("env", []):
         monkeypatch.setenv(variable["name"], variable["value"])
-    parser, parsers = build_parser()
-    args = parser.parse_args([entrypoint[1], *container(name).get("args", [])])
-    _resolve_env(parsers["serve"], args, args._options)
-    return args
+    assert entrypoint[1] == serve.command.name
+    with serve.command.make_context(entrypoint[1], list(container(name).get("args", []))) as ctx:
+        return SimpleNamespace(**ctx.params)
 
 
 def _config(monkeypatch: pytest.MonkeyPatch, name: str) -> Config:
-    from numa_device_plugin.cli import config_from_args
-
-    return config_from_args(_serve_args(monkeypatch, name))
+    return options.config_from_params(vars(_serve_args(monkeypatch, name)))
 
 
 def test_daemonset_command_line_is_accepted_by_the_cli(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -230,7 +233,7 @@ def test_daemonset_command_line_is_accepted_by_the_cli(monkeypatch: pytest.Monke
 
 
 def test_every_configmap_key_is_a_cli_setting() -> None:
-    known = {OPTIONS[name].env for name in SERVE_OPTIONS}
+    known = serve_variables()
     keys = set(by_kind("ConfigMap")["data"])
     assert keys <= known, f"unknown settings: {sorted(keys - known)}"
 

@@ -60,7 +60,7 @@ def test_an_explicit_environment_variable_wins(monkeypatch: pytest.MonkeyPatch) 
 
 
 def test_serve_sets_the_limit_before_serving(monkeypatch: pytest.MonkeyPatch) -> None:
-    from numa_device_plugin import cli
+    from numa_device_plugin.cli import main, serve
 
     calls: list[str] = []
 
@@ -68,13 +68,13 @@ def test_serve_sets_the_limit_before_serving(monkeypatch: pytest.MonkeyPatch) ->
         calls.append("limit")
         return True
 
-    monkeypatch.setattr(cli, "limit_malloc_arenas", limit)
-    monkeypatch.setattr(cli, "check_socket_dir", lambda folder: calls.append("check"))
+    monkeypatch.setattr(serve, "limit_malloc_arenas", limit)
+    monkeypatch.setattr(serve, "check_socket_dir", lambda folder: calls.append("check"))
 
     async def fake_serve(*args: object) -> int:
         calls.append("serve")
         return 0
 
-    monkeypatch.setattr(cli, "_serve", fake_serve)
-    assert cli.main(["serve", "--socket-dir", "/nonexistent-dp"]) == 0
+    monkeypatch.setattr(serve, "serve", fake_serve)
+    assert main(["serve", "--socket-dir", "/nonexistent-dp"]) == 0
     assert calls == ["limit", "check", "serve"]

@@ -1,0 +1,107 @@
+"""``numa-device-plugin demo``: the plugin on this machine's sysfs against an in-process
+kubelet stand-in in a temp folder; prints what registered and one Allocate, then exits."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+import tempfile
+from collections.abc import Awaitable, Sequence
+from pathlib import Path
+from typing import Any
+
+import click
+
+from numa_device_plugin.cli import options
+from numa_device_plugin.config import Config
+from numa_device_plugin.kubelet_standin import KubeletStandIn
+from numa_device_plugin.logs import configure_logging
+from numa_device_plugin.manager import PluginManager, discover
+
+
+@click.command(
+    "demo",
+    help="Run the plugin on this machine's sysfs against an in-process kubelet stand-in in "
+    "a temp folder, print what registered and one Allocate, then exit.",
+)
+@options.apply(
+    options.sysfs_root,
+    options.resource_prefix,
+    options.capacity_option,
+    options.include_cpuless_nodes,
+    options.log_level,
+    options.log_format,
+)
+def command(**params: Any) -> int:
+    """0 after the Allocate; 1 when nothing can be advertised or serving failed."""
+    configure_logging(params["log_level"], params["log_format"])
+    return asyncio.run(_demo(params))
+
+
+async def _until(serving: asyncio.Task[None], awaitable: Awaitable[Any]) -> bool:
+    """Wait for ``awaitable`` unless ``serving`` ends first; False (and its error raised) then."""
+    waiting = asyncio.ensure_future(awaitable)
+    await asyncio.wait({serving, waiting}, return_when=asyncio.FIRST_COMPLETED)
+    if not waiting.done():
+        waiting.cancel()
+        serving.result()  # raises what made serve() fail
+        return False
+    waiting.result()
+    return True
+
+
+async def _demo(params: dict[str, Any]) -> int:
+    with tempfile.TemporaryDirectory(prefix="ndp-") as tmp:
+        folder = Path(tmp)
+        config = Config(
+            sysfs_root=params["sysfs_root"],
+            socket_dir=folder / "dp",
+            resource_prefix=params["resource_prefix"],
+            capacity=params["capacity"],
+            include_cpuless_nodes=params["include_cpuless_nodes"],
+            pod_resources_socket=folder / "pr" / "kubelet.sock",
+        )
+        # A kubelet with the static CPU manager policy that reserves no CPU.
+        discovery = discover(config)
+        cpus = sorted({cpu for plan in discovery.plans for cpu in plan.node.cpus})
+        standin = KubeletStandIn(
+            config.socket_dir, pod_resources_dir=folder / "pr", allocatable_cpus=cpus
+        )
+        async with standin as kubelet:
+            manager = PluginManager(config, discover_fn=lambda _: discovery)  # read sysfs once
+            serving = asyncio.create_task(manager.serve())
+            try:
+                if not await _until(serving, manager.started.wait()):
+                    return 1
+                names = list(manager.resources)
+                if not names:
+                    print("no NUMA node can be advertised on this machine", file=sys.stderr)
+                    return 1
+                everyone_live = kubelet.wait_until(lambda: all(map(kubelet.live, names)))
+                if not await _until(serving, everyone_live):
+                    return 1
+                _print_demo(kubelet, names, folder)
+                first = names[0]
+                device = kubelet.devices(first)[0].ID
+                response = await kubelet.allocate(first, [device])
+                envs = dict(response.container_responses[0].envs)
+                print(f"\nAllocate({first}, [{device}]) -> envs {json.dumps(envs)}")
+            finally:
+                manager.stop()
+                await asyncio.wait({serving})
+    return 0
+
+
+def _print_demo(kubelet: KubeletStandIn, names: Sequence[str], folder: Path) -> None:
+    print(f"kubelet stand-in in {folder}: {len(names)} resource(s) registered")
+    for name in names:
+        devices = kubelet.devices(name)
+        nodes = sorted({n.ID for d in devices for n in d.topology.nodes})
+        healthy = sum(1 for d in devices if d.health == "Healthy")
+        shown = ", ".join(d.ID for d in devices[:3]) + (", ..." if len(devices) > 3 else "")
+        print(
+            f"  {name}: {len(devices)} devices ({healthy} Healthy), "
+            f"TopologyInfo NUMA node(s) {nodes}; allocatable {kubelet.allocatable(name)}"
+        )
+        print(f"    ids: {shown}")

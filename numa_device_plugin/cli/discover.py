@@ -1,0 +1,84 @@
+"""``numa-device-plugin discover``: the NUMA nodes sysfs shows and the resources the
+plugin would advertise, as a table or JSON."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import click
+
+from numa_device_plugin import sysfs
+from numa_device_plugin.cli import options
+from numa_device_plugin.config import Config
+from numa_device_plugin.logs import configure_logging
+from numa_device_plugin.manager import Discovery, discover
+
+
+@click.command("discover", help="Print the NUMA nodes and the resources that would be advertised.")
+@options.apply(
+    options.sysfs_root,
+    options.resource_prefix,
+    options.include_cpuless_nodes,
+    options.output,
+    options.log_level,
+)
+def command(**params: Any) -> int:
+    """0 after printing; a malformed sysfs file raises SysfsError (exit 1 from main)."""
+    configure_logging(params["log_level"], "text")
+    config = Config(
+        sysfs_root=params["sysfs_root"],
+        resource_prefix=params["resource_prefix"],
+        include_cpuless_nodes=params["include_cpuless_nodes"],
+    )
+    document = discovery_json(discover(config))
+    click.echo(json.dumps(document, indent=2) if params["output"] == "json" else table(document))
+    return 0
+
+
+def discovery_json(discovery: Discovery) -> dict[str, Any]:
+    """The ``discover --output json`` document: nodes sorted by id, then resource names.
+    ``memory_bytes`` and ``distances`` are null where their sysfs file was malformed."""
+    nodes = []
+    for plan in sorted(discovery.plans, key=lambda plan: plan.node.id):
+        node = plan.node
+        nodes.append(
+            {
+                "id": node.id,
+                "cpus": sysfs.format_cpulist(node.cpus),
+                "memory_bytes": node.memory_bytes,
+                "distances": None
+                if node.distances is None
+                else {str(other): value for other, value in sorted(node.distances.items())},
+                "advertised": plan.advertised,
+                "reason": plan.reason,
+            }
+        )
+    return {"nodes": nodes, "resources": list(discovery.resources)}
+
+
+def table(document: dict[str, Any]) -> str:
+    """:func:`discovery_json`'s document as aligned columns and a line of resources."""
+    header = ("NODE", "CPUS", "MEMORY_BYTES", "DISTANCES", "ADVERTISED", "REASON")
+    rows = [header]
+    for node in document["nodes"]:
+        distances = ",".join(f"{k}:{v}" for k, v in (node["distances"] or {}).items()) or "-"
+        memory = "-" if node["memory_bytes"] is None else str(node["memory_bytes"])
+        rows.append(
+            (
+                str(node["id"]),
+                node["cpus"] or "-",
+                memory,
+                distances,
+                "yes" if node["advertised"] else "no",
+                node["reason"] or "",
+            )
+        )
+    widths = [max(len(row[i]) for row in rows) for i in range(len(header) - 1)]
+    lines = [
+        "  ".join([*(c.ljust(w) for c, w in zip(row, widths, strict=False)), row[-1]]).rstrip()
+        for row in rows
+    ]
+    lines.append("")
+    lines.append("resources: " + (", ".join(document["resources"]) or "(none)"))
+    return "\n".join(lines)

@@ -1,0 +1,263 @@
+"""The command line's options, shared by the commands: each a click option with its
+environment variable (``NUMA_`` + the flag in upper case), shown by ``--help``.
+
+A flag on the command line beats its variable, the variable beats the default. A bad
+value, from either, is a :class:`click.BadParameter`: exit 2 with the command's usage,
+naming the flag and, when it came from there, the variable.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import click
+
+from numa_device_plugin import sysfs
+from numa_device_plugin.config import Config, detect_socket_dir
+from numa_device_plugin.devices import (
+    CPUS,
+    DEFAULT_CAPACITY,
+    DEFAULT_RESOURCE_PREFIX,
+    Capacity,
+    validate_capacity,
+    validate_resource_prefix,
+)
+from numa_device_plugin.logs import LEVELS
+
+ENV_PREFIX = "NUMA_"
+
+
+# -- value conversions: str -> value, ValueError with the reason --------------------------------
+
+
+def capacity(text: str) -> Capacity:
+    """``cpus`` or a slot count within :func:`validate_capacity`'s range."""
+    if text.strip().lower() == CPUS:
+        return CPUS
+    try:
+        value = int(text)
+    except ValueError:
+        raise ValueError(f"{text!r} is not a whole number or {CPUS!r}") from None
+    return validate_capacity(value)
+
+
+def seconds(text: str) -> float:
+    """A positive, finite number of seconds."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise ValueError(f"{text!r} is not a number of seconds") from None
+    if not value > 0 or value == float("inf"):
+        raise ValueError(f"{text!r} must be a positive number of seconds")
+    return value
+
+
+def grace(text: str) -> float:
+    """Zero or a positive, finite number of seconds."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise ValueError(f"{text!r} is not a number of seconds") from None
+    if not value >= 0 or value == float("inf"):
+        raise ValueError(f"{text!r} must be zero or a positive number of seconds")
+    return value
+
+
+def address(text: str) -> str:
+    """``HOST:PORT`` or ``:PORT`` (kept as text; :func:`probes.parse_address` checks it);
+    empty: off."""
+    from numa_device_plugin.probes import parse_address
+
+    if text:
+        parse_address(text)
+    return text
+
+
+def cpulist(text: str) -> frozenset[int]:
+    """A kernel cpulist such as ``0-1,8``."""
+    try:
+        return sysfs.parse_cpulist(text)
+    except ValueError as exc:
+        raise ValueError(f"{text!r} is not a cpulist like 0-1,8: {exc}") from None
+
+
+def folder(text: str) -> Path:
+    """A non-empty path."""
+    if not text:
+        raise ValueError("an empty path")
+    return Path(text)
+
+
+class Converted(click.ParamType[Any]):
+    """A click type from a conversion function; its ValueError becomes a BadParameter."""
+
+    def __init__(self, name: str, convert: Callable[[str], Any]) -> None:
+        self.name = name
+        self._convert = convert
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        if not isinstance(value, str):
+            return value  # a default, already a value
+        try:
+            return self._convert(value)
+        except ValueError as exc:
+            self.fail(str(exc), param, ctx)
+
+
+def _option(
+    flag: str,
+    help: str,
+    convert: Callable[[str], Any] | click.Choice[str],
+    default: Any,
+    metavar: str | None = None,
+    *,
+    shown: str | None = None,
+) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    kind = convert if isinstance(convert, click.Choice) else Converted(metavar or "", convert)
+    return click.option(
+        flag,
+        type=kind,
+        default=default,
+        envvar=ENV_PREFIX + flag.removeprefix("--").replace("-", "_").upper(),
+        show_envvar=True,
+        show_default=shown if shown is not None else True,
+        metavar=metavar,
+        help=help,
+    )
+
+
+def _switch(flag: str, help: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """An on/off option: ``--x`` / ``--no-x`` (the flag beats a variable set either way)."""
+    return click.option(
+        f"{flag}/--no-{flag.removeprefix('--')}",
+        is_flag=True,
+        default=False,
+        envvar=ENV_PREFIX + flag.removeprefix("--").replace("-", "_").upper(),
+        show_envvar=True,
+        help=help + " (variable: true/false, 1/0, yes/no, on/off)",
+    )
+
+
+sysfs_root = _option(
+    "--sysfs-root", "sysfs root holding devices/system", folder, Path("/sys"), "DIR"
+)
+socket_dir = _option(
+    "--socket-dir",
+    "the kubelet's device-plugin folder (auto: the first of the standard, k0s and "
+    "microk8s folders that holds kubelet.sock, else /var/lib/kubelet/device-plugins)",
+    folder,
+    None,
+    "DIR",
+    shown="auto",
+)
+resource_prefix = _option(
+    "--resource-prefix",
+    "domain of the resource names: <prefix>/numa-<id>",
+    validate_resource_prefix,
+    DEFAULT_RESOURCE_PREFIX,
+    "DOMAIN",
+)
+capacity_option = _option(
+    "--capacity",
+    "slot devices per NUMA node, or 'cpus': one device per exclusive CPU the NUMA node "
+    "can still hand out (live, from the pod resources API)",
+    capacity,
+    DEFAULT_CAPACITY,
+    "N|cpus",
+)
+include_cpuless_nodes = _switch(
+    "--include-cpuless-nodes", "also advertise NUMA nodes without a usable CPU (memory-only)"
+)
+register_timeout = _option(
+    "--register-timeout", "seconds one Register call may take", seconds, 5.0, "S"
+)
+shutdown_grace = _option(
+    "--shutdown-grace",
+    "seconds in-flight calls get at shutdown (0: cancel them at once)",
+    grace,
+    1.0,
+    "S",
+)
+log_level = _option("--log-level", "log level", click.Choice(LEVELS), "info")
+log_format = _option("--log-format", "log format", click.Choice(("text", "json")), "text")
+output = _option("--output", "output format", click.Choice(("table", "json")), "table")
+metrics_address = _option(
+    "--metrics-address",
+    "serve /metrics (and /healthz, /readyz) on HOST:PORT or :PORT; off when empty",
+    address,
+    "",
+    "ADDR",
+    shown="off",
+)
+health_address = _option(
+    "--health-address",
+    "serve /healthz and /readyz alone on HOST:PORT or :PORT",
+    address,
+    "",
+    "ADDR",
+    shown="off",
+)
+probe_address = _option(
+    "--address", "the plugin's health listener to ask", address, "127.0.0.1:9201", "ADDR"
+)
+check = _option("--check", "which probe", click.Choice(("readyz", "healthz")), "readyz")
+pod_resources_socket = _option(
+    "--pod-resources-socket",
+    "the kubelet's pod resources API socket (auto: pod-resources/kubelet.sock beside the "
+    "device-plugin folder)",
+    folder,
+    None,
+    "PATH",
+    shown="auto",
+)
+pod_resources_interval = _option(
+    "--pod-resources-interval", "seconds between reads of the pod resources API", seconds, 5.0, "S"
+)
+reserved_cpus = _option(
+    "--reserved-cpus",
+    "with --capacity cpus: the kubelet's reserved CPUs (cpulist), used while the pod "
+    "resources API cannot be read",
+    cpulist,
+    frozenset(),
+    "LIST",
+    shown="none",
+)
+allow_unaligned = _switch(
+    "--allow-unaligned", "keep devices Healthy on a kubelet whose CPU manager policy is not static"
+)
+
+
+def apply(*options: Callable[[Callable[..., Any]], Callable[..., Any]]) -> Callable[..., Any]:
+    """Decorate a command with ``options``, listed in ``--help`` in the order given."""
+
+    def decorate(function: Callable[..., Any]) -> Callable[..., Any]:
+        for option in reversed(options):
+            function = option(function)
+        return function
+
+    return decorate
+
+
+_CONFIG_FIELDS = (
+    "sysfs_root",
+    "resource_prefix",
+    "capacity",
+    "include_cpuless_nodes",
+    "register_timeout",
+    "shutdown_grace",
+    "pod_resources_socket",
+    "pod_resources_interval",
+    "reserved_cpus",
+    "allow_unaligned",
+)
+
+
+def config_from_params(params: Mapping[str, Any]) -> Config:
+    """The frozen :class:`Config` for a command's resolved options (``ctx.params``);
+    settings the command has no option for keep Config's defaults. Raises ValueError
+    for a combination Config refuses (e.g. ``--reserved-cpus`` without ``cpus``)."""
+    values = {name: params[name] for name in _CONFIG_FIELDS if name in params}
+    values["socket_dir"] = params.get("socket_dir") or detect_socket_dir()
+    return Config(**values)

@@ -1,0 +1,118 @@
+"""``numa-device-plugin serve``: the device plugin daemon.
+
+Signals: SIGTERM and SIGINT stop it (orderly: streams closed, sockets removed),
+SIGHUP re-reads sysfs and re-registers (:meth:`PluginManager.reload`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+from collections.abc import Callable
+from typing import Any
+
+import click
+
+from numa_device_plugin.cli import options
+from numa_device_plugin.config import Config, check_socket_dir
+from numa_device_plugin.logs import configure_logging
+from numa_device_plugin.manager import PluginManager
+from numa_device_plugin.memory import limit_malloc_arenas
+from numa_device_plugin.server import SocketPathError
+
+
+@click.command("serve", help="Run the device plugin daemon against the kubelet.")
+@options.apply(
+    options.sysfs_root,
+    options.socket_dir,
+    options.resource_prefix,
+    options.capacity_option,
+    options.include_cpuless_nodes,
+    options.register_timeout,
+    options.shutdown_grace,
+    options.log_level,
+    options.log_format,
+    options.metrics_address,
+    options.health_address,
+    options.pod_resources_socket,
+    options.pod_resources_interval,
+    options.reserved_cpus,
+    options.allow_unaligned,
+)
+@click.pass_context
+def command(ctx: click.Context, /, **params: Any) -> int:
+    """Serve until SIGTERM/SIGINT; 0 then. Exit 2 for an unusable configuration (named)."""
+    configure_logging(params["log_level"], params["log_format"])
+    try:
+        config = options.config_from_params(params)
+    except ValueError as exc:
+        raise click.UsageError(str(exc), ctx) from None
+    limit_malloc_arenas()
+    try:
+        check_socket_dir(config.socket_dir)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), ctx, param_hint="'--socket-dir'") from None
+    try:
+        return asyncio.run(serve(config, params["metrics_address"], params["health_address"]))
+    except SocketPathError as exc:
+        raise click.BadParameter(
+            str(exc), ctx, param_hint="'--socket-dir' / '--resource-prefix'"
+        ) from None
+
+
+async def serve(config: Config, metrics_address: str, health_address: str) -> int:
+    """Run a :class:`PluginManager` for ``config`` with the HTTP listeners asked for
+    (``""``: none) until a stop signal; 0 then."""
+    loop = asyncio.get_running_loop()
+    recorder = None
+    render = None
+    if metrics_address:
+        from numa_device_plugin.metrics import PrometheusRecorder
+
+        recorder = PrometheusRecorder()
+        render = recorder.render
+    manager = PluginManager(config, recorder=recorder)
+    probes = _probe_servers(manager, loop, metrics_address, health_address, render)
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, manager.stop)
+    loop.add_signal_handler(signal.SIGHUP, manager.reload)
+    try:
+        for server in probes:
+            server.start()
+        await manager.serve()
+    finally:
+        for server in probes:
+            server.stop()
+        for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            loop.remove_signal_handler(signum)
+    return 0
+
+
+def _probe_servers(
+    manager: PluginManager,
+    loop: asyncio.AbstractEventLoop,
+    metrics_address: str,
+    health_address: str,
+    render: Callable[[], bytes] | None,
+) -> list[Any]:
+    """The HTTP listeners asked for: metrics (with health unless it has its own) and health."""
+    if not metrics_address and not health_address:
+        return []
+    from numa_device_plugin.probes import ProbeServer, parse_address
+
+    servers = []
+    if metrics_address:
+        servers.append(
+            ProbeServer(
+                parse_address(metrics_address),
+                loop,
+                manager.readiness_problems,
+                render,
+                health=not health_address,
+            )
+        )
+    if health_address:
+        servers.append(
+            ProbeServer(parse_address(health_address), loop, manager.readiness_problems, None)
+        )
+    return servers
