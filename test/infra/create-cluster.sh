@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # shellcheck source-path=SCRIPTDIR
 # Create the KVM test cluster: a registry VM, an RKE2 server and RKE2 workers
-# whose guests have NUMA nodes, with kubelets set up for NUMA alignment.
+# whose guests have NUMA nodes, with kubelets set up for NUMA alignment. Returns
+# when every node is Ready and the registry answers.
 #
 # Usage: test/infra/create-cluster.sh [--dry-run [DIR]]
 #   --dry-run [DIR]  render cloud-init, VM definitions and the plan into DIR
@@ -15,11 +16,11 @@ INFRA_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 source "${INFRA_DIR}/lib.sh"
 
 usage() {
-  sed -n '3,10p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
+  sed -n '3,11p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
 }
 
 ensure_secrets() {
-  mkdir -p "${STATE_DIR}" "${STATE_DIR}/disks" "${STATE_DIR}/images"
+  mkdir -p "${STATE_DIR}" "${STATE_DIR}/images" "${STATE_DIR}/seeds"
   [[ -f "${STATE_DIR}/id_ed25519" ]] || ssh-keygen -q -t ed25519 -N "" -f "${STATE_DIR}/id_ed25519"
   [[ -f "${STATE_DIR}/token" ]] || head -c 24 /dev/urandom | od -An -tx1 | tr -d ' \n' >"${STATE_DIR}/token"
 }
@@ -37,32 +38,80 @@ ensure_network() {
   fi
 }
 
-ensure_base_image() {
-  BASE_IMAGE="${STATE_DIR}/images/$(basename "${IMAGE_URL}")"
-  if [[ ! -f "${BASE_IMAGE}" ]]; then
-    log "downloading ${IMAGE_URL}"
-    curl -fL --retry 3 -o "${BASE_IMAGE}.part" "${IMAGE_URL}"
-    mv "${BASE_IMAGE}.part" "${BASE_IMAGE}"
+# A dir pool at DISK_DIR: libvirtd makes the folder, so its qemu can read the disks.
+ensure_pool() {
+  if virsh_ pool-info "${POOL_NAME}" >/dev/null 2>&1; then
+    log "storage pool ${POOL_NAME} exists"
+  else
+    log "defining storage pool ${POOL_NAME} at ${DISK_DIR}"
+    virsh_ pool-define "${STATE_DIR}/render/pool.xml"
+    virsh_ pool-build "${POOL_NAME}"
+  fi
+  virsh_ pool-autostart "${POOL_NAME}" >/dev/null
+  if ! virsh_ pool-info "${POOL_NAME}" | grep -q '^State:.*running'; then
+    virsh_ pool-start "${POOL_NAME}"
   fi
 }
 
+volume_exists() {
+  virsh_ vol-info --pool "${POOL_NAME}" "$1" >/dev/null 2>&1
+}
+
+# Copy FILE into the pool as volume NAME (replacing one of that name).
+upload_volume() {
+  local name="$1" file="$2"
+  if volume_exists "${name}"; then
+    virsh_ vol-delete --pool "${POOL_NAME}" "${name}" >/dev/null
+  fi
+  virsh_ vol-create-as "${POOL_NAME}" "${name}" "$(stat -c %s "${file}")" --format raw >/dev/null
+  virsh_ vol-upload --pool "${POOL_NAME}" "${name}" "${file}"
+}
+
+# The cloud image, downloaded once, its SHA-256 checked, then copied into the pool.
+ensure_base_image() {
+  local image expected
+  image="${STATE_DIR}/images/$(base_volume)"
+  if volume_exists "$(base_volume)"; then
+    log "volume $(base_volume) exists"
+    return
+  fi
+  expected="$(expected_image_sha256)"
+  if [[ ! -f "${image}" ]]; then
+    log "downloading ${IMAGE_URL}"
+    curl -fL --retry 3 -o "${image}.part" "${IMAGE_URL}"
+    if ! (check_sha256 "${image}.part" "${expected}"); then
+      rm -f "${image}.part"
+      die "the download of ${IMAGE_URL} does not match its checksum; removed it"
+    fi
+    mv "${image}.part" "${image}"
+  fi
+  (check_sha256 "${image}" "${expected}") || die "remove ${image} and run again"
+  log "copying $(base_volume) into storage pool ${POOL_NAME}"
+  upload_volume "$(base_volume)" "${image}"
+  virsh_ pool-refresh "${POOL_NAME}" >/dev/null
+}
+
 make_seed() {
-  local vm="$1" dir="${STATE_DIR}/render/$1" seed="${STATE_DIR}/disks/$1-seed.iso"
+  local vm="$1" dir="${STATE_DIR}/render/$1" seed="${STATE_DIR}/seeds/$1-seed.iso"
   if command -v cloud-localds >/dev/null; then
     cloud-localds "${seed}" "${dir}/user-data" "${dir}/meta-data"
   else
     genisoimage -quiet -output "${seed}" -volid cidata -joliet -rock "${dir}/user-data" "${dir}/meta-data"
   fi
+  upload_volume "${vm}-seed.iso" "${seed}"
 }
 
 ensure_vm() {
-  local vm="$1" disk="${STATE_DIR}/disks/$1.qcow2"
+  local vm="$1"
   if vm_exists "${vm}"; then
     log "VM ${vm} exists"
     return
   fi
   log "creating VM ${vm}"
-  [[ -f "${disk}" ]] || qemu-img create -q -f qcow2 -F qcow2 -b "${BASE_IMAGE}" "${disk}" "${DISK_GIB}G"
+  if ! volume_exists "${vm}.qcow2"; then
+    virsh_ vol-create-as "${POOL_NAME}" "${vm}.qcow2" "${DISK_GIB}G" --format qcow2 \
+      --backing-vol "$(base_volume)" --backing-vol-format qcow2 >/dev/null
+  fi
   make_seed "${vm}"
   local args=()
   mapfile -t args <"${STATE_DIR}/render/${vm}/virt-install.args"
@@ -83,6 +132,29 @@ fetch_kubeconfig() {
     sleep 10
   done
   die "the RKE2 server did not come up; look at: virsh console ${CLUSTER_NAME}-server"
+}
+
+# Return once every node is Ready and the registry answers; exit 1 naming what is not.
+wait_for_cluster() {
+  local kubectl=(kubectl --kubeconfig "${STATE_DIR}/kubeconfig" --request-timeout=10s)
+  local want=$((1 + WORKERS)) ready=0 attempt
+  log "waiting for ${want} nodes to be Ready (up to 20 minutes)"
+  for ((attempt = 0; attempt < 120; attempt++)); do
+    ready="$("${kubectl[@]}" get nodes --no-headers 2>/dev/null | awk '$2 == "Ready"' | wc -l)"
+    ((ready >= want)) && break
+    sleep 10
+  done
+  ((ready >= want)) || die "${ready} of ${want} nodes are Ready after 20 minutes; look at: kubectl get nodes"
+  local url="http://${REGISTRY_IP}:${REGISTRY_PORT}/v2/"
+  log "waiting for the registry at ${url} (up to 5 minutes)"
+  for ((attempt = 0; attempt < 60; attempt++)); do
+    if curl -fsS -o /dev/null --max-time 5 "${url}"; then
+      log "cluster ready: ${want} nodes Ready, registry answering"
+      return
+    fi
+    sleep 5
+  done
+  die "the registry at ${url} does not answer; look at: virsh console ${CLUSTER_NAME}-registry"
 }
 
 main() {
@@ -119,12 +191,14 @@ main() {
   ensure_secrets
   render_all "${STATE_DIR}/render" "$(cat "${STATE_DIR}/id_ed25519.pub")" "$(cat "${STATE_DIR}/token")"
   ensure_network
+  ensure_pool
   ensure_base_image
   local vm
   while read -r vm; do
     ensure_vm "${vm}"
   done < <(vm_names)
   fetch_kubeconfig
+  wait_for_cluster
 }
 
 main "$@"

@@ -7,11 +7,13 @@ skips with the reason when no cluster is reachable.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +26,51 @@ from tests.conftest import REPO
 NAMESPACE = "kube-system"
 PLUGIN = "numa-device-plugin"
 CONTROL_PLANE = "node-role.kubernetes.io/control-plane"
-SSH_KEY = REPO / "test" / "infra" / ".state" / "id_ed25519"
+INFRA = REPO / "test" / "infra"
+SSH_KEY = INFRA / ".state" / "id_ed25519"
+
+
+@dataclass(frozen=True)
+class ClusterConfig:
+    """The workers' shape as test/infra/config.env (and config.local.env, and the
+    environment, as create-cluster.sh read them) defines it."""
+
+    numa_nodes: int
+    cpus_per_numa_node: int
+    reserved_cpus: frozenset[int]
+
+    def numa_cpus(self, node: int) -> frozenset[int]:
+        first = node * self.cpus_per_numa_node
+        return frozenset(range(first, first + self.cpus_per_numa_node))
+
+    def exclusive_cpus(self, node: int) -> int:
+        """CPUs of NUMA node ``node`` the static CPU manager can hand out exclusively."""
+        return len(self.numa_cpus(node) - self.reserved_cpus)
+
+
+def read_cluster_config() -> ClusterConfig:
+    script = (
+        'source "$INFRA_DIR/lib.sh"; load_config; '
+        'echo "$NUMA_NODES_PER_WORKER $CPUS_PER_NUMA_NODE $RESERVED_CPU_IDS"'
+    )
+    output = subprocess.run(
+        ["bash", "-c", script],
+        capture_output=True,
+        text=True,
+        check=True,
+        env=dict(os.environ, INFRA_DIR=str(INFRA)),
+    ).stdout.split()
+    return ClusterConfig(int(output[0]), int(output[1]), frozenset(map(int, output[2:])))
+
+
+@pytest.fixture(scope="session")
+def cluster() -> ClusterConfig:
+    return read_cluster_config()
+
+
+@pytest.fixture(scope="session")
+def resources(cluster: ClusterConfig) -> tuple[str, ...]:
+    return tuple(f"numa-align/numa-{n}" for n in range(cluster.numa_nodes))
 
 
 @pytest.fixture(scope="session")
@@ -58,9 +104,15 @@ def workers(core: client.CoreV1Api) -> list[client.V1Node]:
 
 
 @pytest.fixture(scope="session")
-def capacity(core: client.CoreV1Api) -> int:
-    data = core.read_namespaced_config_map(PLUGIN, NAMESPACE).data or {}
-    return int(data.get("NUMA_CAPACITY", "100"))
+def capacity(apps: client.AppsV1Api, core: client.CoreV1Api) -> int:
+    """The slot count the DaemonSet runs with (its ConfigMap has a kustomize hash suffix)."""
+    daemonset = apps.read_namespaced_daemon_set(PLUGIN, NAMESPACE)
+    (source,) = daemonset.spec.template.spec.containers[0].env_from
+    data = core.read_namespaced_config_map(source.config_map_ref.name, NAMESPACE).data or {}
+    value = data.get("NUMA_CAPACITY", "100")
+    if not value.isdigit():
+        pytest.skip(f"the tests expect slots; the DaemonSet runs NUMA_CAPACITY={value}")
+    return int(value)
 
 
 @pytest.fixture
@@ -133,3 +185,25 @@ def ssh(node: client.V1Node, *command: str) -> None:
         check=True,
         timeout=120,
     )  # fmt: skip
+
+
+def metrics(core: client.CoreV1Api, pod: client.V1Pod) -> dict[str, float]:
+    """The plugin's /metrics (port 9201 in its pod), as {'name{labels}': value}."""
+    script = (
+        "import urllib.request as u;"
+        "print(u.urlopen('http://127.0.0.1:9201/metrics', timeout=5).read().decode())"
+    )
+    values = {}
+    for line in exec_in(core, pod, ["python", "-c", script]).splitlines():
+        if line and not line.startswith("#"):
+            name, _, value = line.rpartition(" ")
+            values[name] = float(value)
+    return values
+
+
+def status(core: client.CoreV1Api, pod: client.V1Pod) -> dict[str, Any]:
+    """``numa-device-plugin status --output json`` run in the plugin's pod."""
+    document: dict[str, Any] = json.loads(
+        exec_in(core, pod, ["numa-device-plugin", "status", "--output", "json"])
+    )
+    return document
