@@ -25,31 +25,22 @@ ensure_secrets() {
   [[ -f "${STATE_DIR}/token" ]] || head -c 24 /dev/urandom | od -An -tx1 | tr -d ' \n' >"${STATE_DIR}/token"
 }
 
-ensure_network() {
-  if virsh_ net-info "${NETWORK_NAME}" >/dev/null 2>&1; then
-    log "network ${NETWORK_NAME} exists"
+# Define (from the rendered FILE), autostart and start the libvirt KIND (net or pool)
+# NAME; RUNNING is what `virsh KIND-info` prints once it runs.
+ensure_started() {
+  local kind="$1" name="$2" file="$3" running="$4"
+  if virsh_ "${kind}-info" "${name}" >/dev/null 2>&1; then
+    log "${kind} ${name} exists"
   else
-    log "defining network ${NETWORK_NAME}"
-    virsh_ net-define "${STATE_DIR}/render/network.xml"
+    log "defining ${kind} ${name}"
+    virsh_ "${kind}-define" "${STATE_DIR}/render/${file}"
+    if [[ "${kind}" == pool ]]; then
+      virsh_ pool-build "${name}" # libvirtd makes the folder, so its qemu can read it
+    fi
   fi
-  virsh_ net-autostart "${NETWORK_NAME}" >/dev/null
-  if ! virsh_ net-info "${NETWORK_NAME}" | grep -q '^Active:.*yes'; then
-    virsh_ net-start "${NETWORK_NAME}"
-  fi
-}
-
-# A dir pool at DISK_DIR: libvirtd makes the folder, so its qemu can read the disks.
-ensure_pool() {
-  if virsh_ pool-info "${POOL_NAME}" >/dev/null 2>&1; then
-    log "storage pool ${POOL_NAME} exists"
-  else
-    log "defining storage pool ${POOL_NAME} at ${DISK_DIR}"
-    virsh_ pool-define "${STATE_DIR}/render/pool.xml"
-    virsh_ pool-build "${POOL_NAME}"
-  fi
-  virsh_ pool-autostart "${POOL_NAME}" >/dev/null
-  if ! virsh_ pool-info "${POOL_NAME}" | grep -q '^State:.*running'; then
-    virsh_ pool-start "${POOL_NAME}"
+  virsh_ "${kind}-autostart" "${name}" >/dev/null
+  if ! virsh_ "${kind}-info" "${name}" | grep -q "${running}"; then
+    virsh_ "${kind}-start" "${name}"
   fi
 }
 
@@ -190,8 +181,8 @@ main() {
   check_prerequisites
   ensure_secrets
   render_all "${STATE_DIR}/render" "$(cat "${STATE_DIR}/id_ed25519.pub")" "$(cat "${STATE_DIR}/token")"
-  ensure_network
-  ensure_pool
+  ensure_started net "${NETWORK_NAME}" network.xml '^Active:.*yes'
+  ensure_started pool "${POOL_NAME}" pool.xml '^State:.*running'
   ensure_base_image
   local vm
   while read -r vm; do
