@@ -130,6 +130,20 @@ def test_timeouts_reach_the_config(monkeypatch: pytest.MonkeyPatch) -> None:
     assert config.socket_dir == Path("/run/dp")
 
 
+@pytest.fixture
+def never_serve(monkeypatch: pytest.MonkeyPatch) -> list[object]:
+    """``serve`` returns 0 at once instead of serving: a bad value that is wrongly
+    accepted fails the test at once instead of serving until the test times out."""
+    served: list[object] = []
+
+    async def fake_serve(*args: object) -> int:
+        served.append(args)
+        return 0
+
+    monkeypatch.setattr(serve, "serve", fake_serve)
+    return served
+
+
 @pytest.mark.parametrize(
     ("args", "needle"),
     [
@@ -149,7 +163,7 @@ def test_timeouts_reach_the_config(monkeypatch: pytest.MonkeyPatch) -> None:
     ],
 )
 def test_bad_flags_exit_2_with_usage(
-    args: list[str], needle: str, capsys: pytest.CaptureFixture[str]
+    args: list[str], needle: str, capsys: pytest.CaptureFixture[str], never_serve: list[object]
 ) -> None:
     code, _, err = run_main(args, capsys)
     assert code == 2
@@ -175,6 +189,7 @@ def test_bad_env_values_exit_2_naming_the_variable(
     needle: str,
     capsys: pytest.CaptureFixture[str],
     monkeypatch: pytest.MonkeyPatch,
+    never_serve: list[object],
 ) -> None:
     monkeypatch.setenv(env, value)
     code, _, err = run_main(["serve"], capsys)
@@ -182,6 +197,14 @@ def test_bad_env_values_exit_2_naming_the_variable(
     assert err.startswith("Usage: numa-device-plugin serve ")
     assert f"(env var: '{env}')" in err
     assert needle in " ".join(err.split())
+    assert never_serve == []
+
+
+def test_the_never_serve_fixture_sees_a_good_command_line(
+    never_serve: list[object], capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    assert run_main(["serve", "--socket-dir", str(tmp_path)], capsys)[0] == 0
+    assert len(never_serve) == 1
 
 
 def test_env_vars_are_read_and_flags_win(

@@ -499,6 +499,19 @@ def test_create_refuses_an_image_with_the_wrong_checksum(tmp_path: Path) -> None
     assert not [c for c in calls(env) if "vol-upload" in c or c.startswith("virt-install")]
 
 
+def test_create_refuses_a_corrupted_image_from_an_earlier_run(tmp_path: Path) -> None:
+    """An image already downloaded is checked again before it is copied into the pool."""
+    env = sandbox(tmp_path)
+    images = tmp_path / "state" / "images"
+    images.mkdir(parents=True)
+    image = images / "ubuntu-24.04-server-cloudimg-amd64.img"
+    image.write_bytes(b"truncated")
+    result = run_script("create-cluster.sh", env)
+    assert result.returncode == 1
+    assert f"remove {image} and run again" in result.stderr
+    assert not [c for c in calls(env) if "vol-upload" in c or c.startswith("virt-install")]
+
+
 def test_create_checks_against_a_pinned_sha256_too(tmp_path: Path) -> None:
     env = sandbox(tmp_path, IMAGE_SHA256="f" * 64)
     result = run_script("create-cluster.sh", env)
