@@ -552,11 +552,21 @@ def test_image_tag_names_the_commit_and_a_dirty_tree(tmp_path: Path) -> None:
     git("commit", "--quiet", "-m", "one")
     commit = git("rev-parse", "--short=12", "HEAD")
     assert _make_image(tmp_path) == f"{name}:{__version__}-{commit}"
-    (tmp_path / "Makefile").write_text((tmp_path / "Makefile").read_text() + "\n")
-    assert _make_image(tmp_path) == f"{name}:{__version__}-{commit}-dirty"
-    (tmp_path / "new-file").write_text("")
+    makefile = (tmp_path / "Makefile").read_text()
+    (tmp_path / "Makefile").write_text(makefile + "\n")
+    one = _make_image(tmp_path)
+    assert re.fullmatch(rf"{name}:{__version__}-{commit}-dirty-[0-9a-f]{{8}}", one), one
+    (tmp_path / "Makefile").write_text(makefile + "\n\n")
+    two = _make_image(tmp_path)
+    assert two.startswith(f"{name}:{__version__}-{commit}-dirty-")
+    assert two != one, "another uncommitted change, another tag"
+    assert _make_image(tmp_path) == two, "the same tree, the same tag"
     git("checkout", "--quiet", "Makefile")
-    assert _make_image(tmp_path) == f"{name}:{__version__}-{commit}-dirty", "untracked too"
+    (tmp_path / "new-file").write_text("x")
+    three = _make_image(tmp_path)
+    assert three.startswith(f"{name}:{__version__}-{commit}-dirty-"), "untracked files too"
+    (tmp_path / "new-file").write_text("y")
+    assert _make_image(tmp_path) != three
 
 
 def test_wheel_installs_into_a_fresh_venv(tmp_path: Path) -> None:
