@@ -106,6 +106,11 @@ class Converted(click.ParamType[Any]):
             self.fail(str(exc), param, ctx)
 
 
+def variable(flag: str) -> str:
+    """The environment variable of ``flag``: ``--log-level`` -> ``NUMA_LOG_LEVEL``."""
+    return ENV_PREFIX + flag.removeprefix("--").replace("-", "_").upper()
+
+
 def _option(
     flag: str,
     help: str,
@@ -120,7 +125,7 @@ def _option(
         flag,
         type=kind,
         default=default,
-        envvar=ENV_PREFIX + flag.removeprefix("--").replace("-", "_").upper(),
+        envvar=variable(flag),
         show_envvar=True,
         show_default=shown if shown is not None else True,
         metavar=metavar,
@@ -134,7 +139,7 @@ def _switch(flag: str, help: str) -> Callable[[Callable[..., Any]], Callable[...
         f"{flag}/--no-{flag.removeprefix('--')}",
         is_flag=True,
         default=False,
-        envvar=ENV_PREFIX + flag.removeprefix("--").replace("-", "_").upper(),
+        envvar=variable(flag),
         show_envvar=True,
         help=help + " (variable: true/false, 1/0, yes/no, on/off)",
     )
