@@ -159,6 +159,8 @@ def never_serve(monkeypatch: pytest.MonkeyPatch) -> list[object]:
         (["serve", "--shutdown-grace", "-1"], "zero or a positive number of seconds"),
         (["discover", "--output", "xml"], "'xml' is not one of"),
         (["launch"], "No such command 'launch'"),
+        (["health", "--address", ""], "'' is not HOST:PORT or :PORT"),
+        (["serve", "--metrics-address", "nine"], "'nine' is not HOST:PORT"),
         ([], "Commands:"),
     ],
 )

@@ -66,13 +66,16 @@ def grace(text: str) -> float:
 
 
 def address(text: str) -> str:
-    """``HOST:PORT`` or ``:PORT`` (kept as text; :func:`probes.parse_address` checks it);
-    empty: off."""
+    """``HOST:PORT`` or ``:PORT`` (kept as text; :func:`probes.parse_address` checks it)."""
     from numa_device_plugin.probes import parse_address
 
-    if text:
-        parse_address(text)
+    parse_address(text)
     return text
+
+
+def listener(text: str) -> str:
+    """An :func:`address` to listen on, or empty: no listener."""
+    return address(text) if text else text
 
 
 def cpulist(text: str) -> frozenset[int]:
@@ -191,7 +194,7 @@ output = _option("--output", "output format", click.Choice(("table", "json")), "
 metrics_address = _option(
     "--metrics-address",
     "serve /metrics (and /healthz, /readyz) on HOST:PORT or :PORT; off when empty",
-    address,
+    listener,
     "",
     "ADDR",
     shown="off",
@@ -199,7 +202,7 @@ metrics_address = _option(
 health_address = _option(
     "--health-address",
     "serve /healthz and /readyz alone on HOST:PORT or :PORT",
-    address,
+    listener,
     "",
     "ADDR",
     shown="off",
