@@ -45,15 +45,16 @@ soak: install
 	$(PY) -m benchmarks.soak --restarts 1000 $(SOAK_ARGS)
 
 REGISTRY ?= registry.local:5000
-VERSION  := $(shell $(PYTHON) -c "import re;print(re.search(r'__version__ = \"(.+)\"', open('numa_device_plugin/__init__.py').read())[1])")
-REVISION := $(shell git rev-parse HEAD 2>/dev/null)
+VERSION   = $(shell $(PYTHON) -c "import re;print(re.search(r'__version__ = \"(.+)\"', open('numa_device_plugin/__init__.py').read())[1])")
+REVISION  = $(shell git rev-parse HEAD 2>/dev/null)
+# Evaluated only by the targets that use them (`=`): `make test` runs no git.
 # <version>-<commit>, and -dirty-<hash of the changes> when the work tree differs from the
 # commit: every change gets a new tag (two different uncommitted edits too), so
 # `make docker-build docker-push deploy` really replaces the nodes' image.
-DIRTY    := $(shell test -z "$$(git status --porcelain 2>/dev/null)" || { git diff HEAD; git ls-files -o --exclude-standard -z | xargs -0 -r sha256sum; } | sha256sum | cut -c1-8)
+DIRTY     = $(shell test -z "$$(git status --porcelain 2>/dev/null)" || { git diff HEAD; git ls-files -o --exclude-standard -z | xargs -0 -r sha256sum; } | sha256sum | cut -c1-8)
 TAG      ?= $(VERSION)$(if $(REVISION),-$(shell git rev-parse --short=12 HEAD)$(if $(DIRTY),-dirty-$(DIRTY)))
 SOURCE   ?= $(shell git remote get-url origin 2>/dev/null)
-IMAGE    := $(REGISTRY)/numa-device-plugin:$(TAG)
+IMAGE     = $(REGISTRY)/numa-device-plugin:$(TAG)
 # What deploy applies: deployments/ (the base), or an overlay (deployments/overlays/k0s, ...).
 KUSTOMIZATION ?= deployments
 
