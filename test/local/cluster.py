@@ -1,0 +1,670 @@
+#!/usr/bin/env python3
+"""A one-node Kubernetes cluster from real binaries, on this machine or in a qemu guest with
+a real multi-NUMA kernel, running ``tests/e2e`` against the plugin run from this checkout.
+
+``make test-e2e-local KUBE_BIN_DIR=DIR [NUMA_VM=1]`` calls ``cluster.py run``:
+
+- **host** (default): etcd, kube-apiserver, kube-scheduler, containerd and the kubelet
+  (static CPU manager, reserved CPU 0, ``single-numa-node``) and the plugin run in a
+  private mount and PID namespace (``unshare``) with every file under one work folder.
+  When the run ends, whatever way, the namespace's processes and mounts end with it, and
+  :mod:`hoststate` puts back the cgroups, kernel tunables and folders, then compares the
+  host with its state before the run.
+- **guest** (``--vm``): the same, inside qemu booting Debian's stock kernel (downloaded
+  with ``apt-get download``, extracted, never installed) with two NUMA nodes of CPUs,
+  one memory-only node and SLIT distances; the host's ``/`` is the guest's root,
+  read-only under a tmpfs overlay. The guest's output and pytest's report come back
+  over a serial port and a writable 9p share.
+
+Exit status: pytest's; 2 when something the run needs is missing (named); 1 when the
+cluster did not come up or the host was not left as it was.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import re
+import secrets
+import shutil
+import signal
+import socket
+import ssl
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from collections.abc import Iterator, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import hoststate
+import render
+
+REPO = Path(__file__).resolve().parents[2]
+KUBE_BINARIES = ("kubelet", "kube-apiserver", "kube-scheduler", "etcd")
+HOST_TOOLS = {  # program: the Debian package that has it
+    "containerd": "containerd",
+    "containerd-shim-runc-v2": "containerd",
+    "ctr": "containerd",
+    "runc": "runc",
+    "unshare": "util-linux",
+    "openssl": "openssl",
+}
+VM_TOOLS = {"qemu-system-x86_64": "qemu-system-x86", "apt-get": "apt", "dpkg-deb": "dpkg"}
+BUSYBOX = Path("/bin/busybox")  # Debian's busybox-static: a complete, static image
+NODE_NAME = "numa-e2e"
+CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "numa-device-plugin"
+
+
+class Missing(Exception):
+    """Something the run needs is absent; ``str()`` names each thing and where to get it."""
+
+
+@dataclass(frozen=True)
+class Spec:
+    """Everything the cluster's inside needs, written as JSON for the namespace (or the
+    guest) and, with the processes' pid files filled in, for the e2e fixtures
+    (``NUMA_E2E_LOCAL``). Times in seconds; ``time_scale`` multiplies every timeout of
+    the tests (5 under TCG)."""
+
+    bin_dir: str
+    work: str
+    python: str
+    pytest_args: list[str]
+    node: str = NODE_NAME
+    reserved_cpus: str = "0"
+    time_scale: float = 1.0
+    disposable_kernel: bool = False
+    results: str = ""
+    memory_manager: str = "None"
+    ports: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def path(self) -> Path:
+        return Path(self.work)
+
+
+def missing_requirements(bin_dir: Path | None, vm: bool, is_root: bool) -> list[str]:
+    """What this machine lacks for a run, one line each; empty when nothing is missing."""
+    lines = []
+    if bin_dir is None:
+        lines.append(
+            "KUBE_BIN_DIR is not set: a folder with " + ", ".join(KUBE_BINARIES) + " (the "
+            "kubernetes-server release tarball's server/bin and an etcd release)"
+        )
+    else:
+        for name in KUBE_BINARIES:
+            if not os.access(bin_dir / name, os.X_OK):
+                lines.append(f"{bin_dir / name}: no such executable (KUBE_BIN_DIR={bin_dir})")
+    tools = dict(HOST_TOOLS, **(VM_TOOLS if vm else {}))
+    for program, package in tools.items():
+        if shutil.which(program) is None:
+            lines.append(f"{program}: not on PATH (Debian package {package})")
+    if not BUSYBOX.is_file() or b"statically linked" not in _file_kind(BUSYBOX):
+        lines.append(f"{BUSYBOX}: not a static busybox (Debian package busybox-static)")
+    if not is_root:
+        lines.append("root: the cluster needs root (namespaces, cgroups, containerd)")
+    return lines
+
+
+def _file_kind(path: Path) -> bytes:
+    """``b'statically linked'`` for an ELF without a program interpreter (PT_INTERP)."""
+    data = path.read_bytes()[:4096]
+    if data[:4] != b"\x7fELF":
+        return b"not ELF"
+    return b"dynamically linked" if b"/lib64/ld-linux" in data or b"/lib/ld-" in data else (
+        b"statically linked"
+    )
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def log(message: str) -> None:
+    print(f"[test-e2e-local] {message}", file=sys.stderr, flush=True)
+
+
+# --- the processes -------------------------------------------------------------------------
+
+
+@dataclass
+class Process:
+    """A cluster process as the fixtures see it: its command line, log and pid file."""
+
+    name: str
+    argv: list[str]
+    log: str
+    pidfile: str
+
+
+class Processes:
+    """Starts cluster processes in their own sessions, logs to files, pid files beside."""
+
+    def __init__(self, work: Path) -> None:
+        self.work = work
+        self.started: dict[str, subprocess.Popen[bytes]] = {}
+        self.described: dict[str, Process] = {}
+
+    def start(self, name: str, argv: Sequence[str], env: dict[str, str] | None = None) -> None:
+        logs = self.work / "logs"
+        logs.mkdir(exist_ok=True)
+        entry = Process(name, list(argv), str(logs / f"{name}.log"), str(logs / f"{name}.pid"))
+        with open(entry.log, "ab") as out:
+            child = subprocess.Popen(
+                entry.argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                start_new_session=True, env=env,
+            )  # fmt: skip
+        Path(entry.pidfile).write_text(f"{child.pid}\n")
+        self.started[name] = child
+        self.described[name] = entry
+
+    def alive(self, name: str) -> bool:
+        return self.started[name].poll() is None
+
+    def tail(self, name: str, lines: int = 30) -> str:
+        text = Path(self.described[name].log).read_text(errors="replace").splitlines()
+        return "\n".join(text[-lines:])
+
+
+def wait_for(what: str, check: object, timeout: float, processes: Processes, name: str) -> None:
+    """Call ``check()`` until truthy; raise RuntimeError with the process's log tail when
+    ``timeout`` seconds pass or the process exits first."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not processes.alive(name):
+            raise RuntimeError(f"{name} exited while waiting for {what}:\n{processes.tail(name)}")
+        with contextlib.suppress(Exception):
+            if check():  # type: ignore[operator]
+                return
+        time.sleep(0.5)
+    raise RuntimeError(f"timed out after {timeout:.0f} s waiting for {what}:\n{processes.tail(name)}")
+
+
+def http_get(url: str, token: str = "", timeout: float = 3.0) -> tuple[int, str]:
+    context = ssl.create_default_context()
+    context.check_hostname, context.verify_mode = False, ssl.CERT_NONE
+    request = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"})
+    try:
+        with urllib.request.urlopen(request, timeout=timeout, context=context) as answer:
+            return int(answer.status), answer.read().decode()
+    except urllib.error.HTTPError as error:
+        return int(error.code), error.read().decode(errors="replace")
+
+
+def untaint(node_url: str, token: str) -> bool:
+    """Remove every taint from the node (a JSON merge patch); True once none is left."""
+    context = ssl.create_default_context()
+    context.check_hostname, context.verify_mode = False, ssl.CERT_NONE
+    request = urllib.request.Request(
+        node_url, method="PATCH", data=json.dumps({"spec": {"taints": None}}).encode(),
+        headers={"Authorization": f"Bearer {token}",
+                 "Content-Type": "application/merge-patch+json"},
+    )  # fmt: skip
+    with urllib.request.urlopen(request, timeout=5, context=context) as answer:
+        return not json.loads(answer.read()).get("spec", {}).get("taints")
+
+
+class Cluster:
+    """The one-node cluster inside the namespace or guest: :meth:`up` starts it in
+    dependency order and waits for each piece, :meth:`down` stops it."""
+
+    def __init__(self, spec: Spec) -> None:
+        self.spec = spec
+        self.work = spec.path
+        self.bins = Path(spec.bin_dir)
+        self.processes = Processes(self.work)
+        self.token = secrets.token_hex(16)
+        self.ports = {
+            name: free_port()
+            for name in ("etcd", "etcd_peer", "apiserver", "kubelet", "metrics", "health")
+        }
+
+    def bind_fixed_paths(self) -> None:
+        """Bind a work-folder copy over each fixed path (the mount namespace is private)."""
+        for target in hoststate.FIXED_PATHS:
+            source = self.work / "fixed" / target.name
+            source.mkdir(parents=True, exist_ok=True)
+            target.mkdir(parents=True, exist_ok=True)
+            subprocess.run(["mount", "--bind", str(source), str(target)], check=True)
+
+    def up(self) -> None:
+        self.bind_fixed_paths()
+        self._etcd()
+        self._apiserver()
+        self._scheduler()
+        self._containerd()
+        self._kubelet()
+        self._plugin()
+
+    def _etcd(self) -> None:
+        client = f"http://127.0.0.1:{self.ports['etcd']}"
+        peer = f"http://127.0.0.1:{self.ports['etcd_peer']}"
+        self.processes.start("etcd", [
+            str(self.bins / "etcd"), "--data-dir", str(self.work / "etcd"),
+            "--listen-client-urls", client, "--advertise-client-urls", client,
+            "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
+            "--initial-cluster", f"default={peer}", "--log-level", "warn",
+        ])  # fmt: skip
+        wait_for("etcd", lambda: http_get(f"{client}/health")[0] == 200, 60, self.processes, "etcd")
+
+    def _apiserver(self) -> None:
+        pki = self.work / "pki"
+        pki.mkdir(exist_ok=True)
+        key = pki / "service-account.key"
+        subprocess.run(["openssl", "genrsa", "-out", str(key), "2048"], check=True,
+                       capture_output=True)  # fmt: skip
+        (pki / "tokens.csv").write_text(f"{self.token},admin,admin,system:masters\n")
+        port = self.ports["apiserver"]
+        self.processes.start("kube-apiserver", [
+            str(self.bins / "kube-apiserver"),
+            "--etcd-servers", f"http://127.0.0.1:{self.ports['etcd']}",
+            "--bind-address", "127.0.0.1", "--secure-port", str(port),
+            "--cert-dir", str(pki), "--token-auth-file", str(pki / "tokens.csv"),
+            "--service-account-issuer", "https://kubernetes.default.svc.cluster.local",
+            "--service-account-key-file", str(key),
+            "--service-account-signing-key-file", str(key),
+            "--service-cluster-ip-range", "10.96.0.0/24",
+            # No controller manager: no "default" ServiceAccount, so no ServiceAccount
+            # admission; test pods set automountServiceAccountToken: false.
+            "--disable-admission-plugins", "ServiceAccount",
+            "--authorization-mode", "AlwaysAllow", "--allow-privileged=true",
+            "--profiling=false",
+        ])  # fmt: skip
+        url = f"https://127.0.0.1:{port}/readyz"
+        wait_for("the API server's /readyz", lambda: http_get(url, self.token)[0] == 200,
+                 120 * self.spec.time_scale, self.processes, "kube-apiserver")  # fmt: skip
+        (self.work / "kubeconfig").write_text(
+            json.dumps(render.kubeconfig(f"https://127.0.0.1:{port}", self.token))
+        )
+
+    def _scheduler(self) -> None:
+        self.processes.start("kube-scheduler", [
+            str(self.bins / "kube-scheduler"), "--kubeconfig", str(self.work / "kubeconfig"),
+            "--leader-elect=false", "--secure-port=0", "--v", "2",
+        ])  # fmt: skip
+
+    def _containerd(self) -> None:
+        config = self.work / "containerd" / "config.toml"
+        config.parent.mkdir(exist_ok=True)
+        config.write_text(render.containerd_config(self.work))
+        sock = self.work / "containerd" / "containerd.sock"
+        self.processes.start("containerd", ["containerd", "--config", str(config)])
+        ctr = ["ctr", "--address", str(sock), "--namespace", "k8s.io"]
+        wait_for("containerd", lambda: subprocess.run([*ctr, "version"], capture_output=True,
+                 timeout=10).returncode == 0, 60 * self.spec.time_scale, self.processes,
+                 "containerd")  # fmt: skip
+        applets = subprocess.run([str(BUSYBOX), "--list"], capture_output=True, text=True,
+                                 check=True).stdout.split()  # fmt: skip
+        archive = self.work / "images.tar"
+        archive.write_bytes(render.oci_archive(
+            render.busybox_layer(BUSYBOX.read_bytes(), applets),
+            [(render.BUSYBOX_IMAGE, ["sh"]), (render.PAUSE_IMAGE, ["sleep", "2147483647"])],
+        ))  # fmt: skip
+        subprocess.run([*ctr, "images", "import", "--no-unpack", str(archive)], check=True,
+                       capture_output=True, timeout=120 * self.spec.time_scale)  # fmt: skip
+
+    def kubelet_settings(self, cpu_manager: str = "static") -> render.KubeletSettings:
+        return render.KubeletSettings(
+            node_name=self.spec.node,
+            port=self.ports["kubelet"],
+            runtime_socket=self.work / "containerd" / "containerd.sock",
+            reserved_cpus=self.spec.reserved_cpus,
+            cpu_manager=cpu_manager,
+            memory_manager=self.spec.memory_manager,
+        )
+
+    def _kubelet(self) -> None:
+        config = self.work / "kubelet.json"
+        config.write_text(json.dumps(render.kubelet_config(self.kubelet_settings()), indent=1))
+        self.processes.start("kubelet", [
+            str(self.bins / "kubelet"), "--config", str(config),
+            "--kubeconfig", str(self.work / "kubeconfig"),
+            "--hostname-override", self.spec.node, "--node-ip", "127.0.0.1", "--v", "2",
+        ])  # fmt: skip
+        url = f"https://127.0.0.1:{self.ports['apiserver']}/api/v1/nodes/{self.spec.node}"
+        wait_for("the node to register", lambda: http_get(url, self.token)[0] == 200,
+                 120 * self.spec.time_scale, self.processes, "kubelet")  # fmt: skip
+        # The kubelet registers the node with the not-ready taint, which the node lifecycle
+        # controller (in the controller manager, which does not run here) would remove.
+        wait_for("the not-ready taint to go", lambda: untaint(url, self.token),
+                 60 * self.spec.time_scale, self.processes, "kubelet")  # fmt: skip
+
+    def plugin_argv(self, capacity: str = "100") -> list[str]:
+        return [
+            self.spec.python, "-m", "numa_device_plugin", "serve",
+            "--socket-dir", "/var/lib/kubelet/device-plugins",
+            "--pod-resources-socket", "/var/lib/kubelet/pod-resources/kubelet.sock",
+            "--metrics-address", f"127.0.0.1:{self.ports['metrics']}",
+            "--health-address", f"127.0.0.1:{self.ports['health']}",
+            "--capacity", capacity,
+            *(["--reserved-cpus", self.spec.reserved_cpus] if capacity == "cpus" else []),
+        ]  # fmt: skip
+
+    def _plugin(self) -> None:
+        self.processes.start("plugin", self.plugin_argv(), env=dict(os.environ, PYTHONPATH=str(REPO)))
+        url = f"http://127.0.0.1:{self.ports['health']}/readyz"
+        wait_for("the plugin's /readyz", lambda: http_get(url)[0] == 200,
+                 60 * self.spec.time_scale, self.processes, "plugin")  # fmt: skip
+
+    def description(self) -> dict[str, object]:
+        """What the e2e fixtures read (``NUMA_E2E_LOCAL``)."""
+        return {
+            "node": self.spec.node,
+            "kubeconfig": str(self.work / "kubeconfig"),
+            "time_scale": self.spec.time_scale,
+            "reserved_cpus": self.spec.reserved_cpus,
+            "memory_manager": self.spec.memory_manager,
+            "disposable_kernel": self.spec.disposable_kernel,
+            "pod_resources_socket": "/var/lib/kubelet/pod-resources/kubelet.sock",
+            "pod_logs": "/var/log/pods",
+            "metrics": f"127.0.0.1:{self.ports['metrics']}",
+            "health": f"127.0.0.1:{self.ports['health']}",
+            "kubelet_config": str(self.work / "kubelet.json"),
+            "kubelet_root": "/var/lib/kubelet",
+            "processes": {k: asdict(v) for k, v in self.processes.described.items()},
+        }
+
+    def run_tests(self) -> int:
+        described = self.work / "local.json"
+        described.write_text(json.dumps(self.description(), indent=1))
+        env = dict(
+            os.environ,
+            KUBECONFIG=str(self.work / "kubeconfig"),
+            NUMA_E2E_LOCAL=str(described),
+            PYTHONPATH=str(REPO),
+            PYTHONUNBUFFERED="1",
+        )
+        report = Path(self.spec.results or self.work) / "junit.xml"
+        argv = [
+            self.spec.python, "-m", "pytest", "-m", "e2e", "-p", "no:cacheprovider", "-rA",
+            f"--junitxml={report}", "--timeout", str(int(900 * self.spec.time_scale)),
+            "tests/e2e", *self.spec.pytest_args,
+        ]  # fmt: skip
+        log("running " + " ".join(argv[1:]))
+        return subprocess.run(argv, cwd=REPO, env=env, check=False).returncode
+
+    def down(self) -> None:
+        """Stop the plugin and the kubelet by their pid files (the tests may have restarted
+        them), then everything else; the namespace's end takes what is left."""
+        for name in ("plugin", "kubelet", "kube-scheduler", "containerd", "kube-apiserver", "etcd"):
+            entry = self.processes.described.get(name)
+            if entry is None:
+                continue
+            with contextlib.suppress(OSError, ValueError):
+                os.kill(int(Path(entry.pidfile).read_text()), signal.SIGTERM)
+        time.sleep(1)
+
+
+def reap_orphans(own: dict[str, subprocess.Popen[bytes]], stop: threading.Event) -> None:
+    """As PID 1 of the namespace, reap the orphans that re-parent to us (containerd's
+    shims), never our own children, whose exit status the harness reads."""
+    while not stop.wait(1.0):
+        while True:
+            try:
+                found = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+            except ChildProcessError:
+                break
+            if found is None:
+                break
+            if found.si_pid in {p.pid for p in own.values()}:
+                break
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(found.si_pid, 0)
+
+
+def inside(spec: Spec) -> int:
+    """The cluster's side: up, tests, down. Returns pytest's status (1 if it never ran)."""
+    cluster = Cluster(spec)
+    stop = threading.Event()
+    reaper = threading.Thread(
+        target=reap_orphans, args=(cluster.processes.started, stop), daemon=True
+    )
+    if os.getpid() == 1 or spec.disposable_kernel:
+        reaper.start()
+    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+    try:
+        started = time.monotonic()
+        cluster.up()
+        log(f"cluster up in {time.monotonic() - started:.0f} s; node {spec.node}")
+        return cluster.run_tests()
+    except RuntimeError as error:
+        log(f"the cluster did not come up: {error}")
+        return 1
+    except KeyboardInterrupt:
+        log("interrupted")
+        return 130
+    finally:
+        cluster.down()
+        stop.set()
+        if os.getpid() == 1:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(-1, signal.SIGKILL)
+
+
+# --- the host run --------------------------------------------------------------------------
+
+
+def kill_with_parent() -> None:
+    """In a child: die with SIGKILL when the harness dies (prctl PR_SET_PDEATHSIG)."""
+    import ctypes
+
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)
+
+
+@contextlib.contextmanager
+def host_kept(work: Path) -> Iterator[list[str]]:
+    """Snapshot the host, create the fixed paths' mount points, and on the way out put
+    everything back and fill the yielded list with what still differs."""
+    before = hoststate.snapshot(work=work)
+    differs: list[str] = []
+    try:
+        yield differs
+    finally:
+        hoststate.restore(before)
+        differs += hoststate.differences(before, hoststate.snapshot(work=work))
+
+
+def run_host(spec: Spec) -> int:
+    """Run :func:`inside` in a new mount and PID namespace; put the host back."""
+    spec_file = spec.path / "spec.json"
+    spec_file.write_text(json.dumps(asdict(spec)))
+    with host_kept(spec.path) as differs:
+        argv = [
+            "unshare", "--mount", "--pid", "--fork", "--mount-proc", "--propagation", "private",
+            "--kill-child", spec.python, str(Path(__file__).resolve()), "inside", str(spec_file),
+        ]  # fmt: skip
+        child = subprocess.Popen(argv, preexec_fn=kill_with_parent)
+        try:
+            status = child.wait()
+        except KeyboardInterrupt:
+            child.send_signal(signal.SIGTERM)
+            status = child.wait()
+    return report(status, differs)
+
+
+def report(status: int, differs: list[str]) -> int:
+    if differs:
+        log("the host is NOT as it was before the run:")
+        for line in differs:
+            log("  " + line)
+        return status or 1
+    log("the host is as it was: mounts, cgroups, cluster processes, sysctls and paths")
+    return status
+
+
+# --- the guest run -------------------------------------------------------------------------
+
+
+def has_kvm() -> bool:
+    """KVM only with hardware virtualisation: this workplace's /dev/kvm (PVM) boots only
+    PVM-enabled kernels, so a stock kernel needs TCG there (REAL-CLUSTER.md)."""
+    flags = Path("/proc/cpuinfo").read_text()
+    return Path("/dev/kvm").exists() and re.search(r"\b(vmx|svm)\b", flags) is not None
+
+
+def guest_kernel(cache: Path) -> tuple[Path, Path, str]:
+    """Debian's stock kernel (the package ``linux-image-amd64`` depends on): downloaded
+    once into ``cache`` with ``apt-get download`` and extracted with ``dpkg-deb -x``,
+    never installed. Returns (vmlinuz, modules folder, version)."""
+    depends = subprocess.run(
+        ["apt-cache", "depends", "linux-image-amd64"], capture_output=True, text=True, check=True
+    ).stdout
+    match = re.search(r"Depends: (linux-image-(\d[^\s]*-amd64))", depends)
+    if match is None:
+        raise Missing("apt-cache depends linux-image-amd64 names no kernel (run apt-get update)")
+    package, version = match[1], match[2]
+    root = cache / package
+    if not (root / "boot" / f"vmlinuz-{version}").is_file():
+        download = cache / "download"
+        download.mkdir(parents=True, exist_ok=True)
+        subprocess.run(["apt-get", "download", package], cwd=download, check=True)
+        (deb,) = download.glob(f"{package}_*.deb")
+        subprocess.run(["dpkg-deb", "-x", str(deb), str(root)], check=True)
+        deb.unlink()
+    return root / "boot" / f"vmlinuz-{version}", root / "lib" / "modules" / version, version
+
+
+def initramfs(modules: Path, command: str) -> bytes:
+    """The guest's initramfs: static busybox, the modules of :data:`render.GUEST_MODULES`
+    and ``/init`` (:func:`render.guest_init_script`)."""
+    found = {p.name.split(".ko")[0]: p for p in modules.rglob("*.ko*")}
+    entries: list[tuple[str, int, bytes]] = [
+        (folder, 0o040755, b"") for folder in ("bin", "dev", "proc", "sys", "modules")
+    ]
+    entries.append(("bin/busybox", 0o100755, BUSYBOX.read_bytes()))
+    entries.append(("bin/sh", 0o120777, b"busybox"))
+    for name in render.GUEST_MODULES:
+        if name not in found:
+            raise Missing(f"kernel module {name} is not in {modules}")
+        data = found[name].read_bytes()
+        if found[name].suffix == ".xz":
+            import lzma
+
+            data = lzma.decompress(data)
+        entries.append((f"modules/{name}.ko", 0o100644, data))
+    entries.append(("init", 0o100755, render.guest_init_script(command).encode()))
+    return render.cpio_newc(entries)
+
+
+def run_vm(spec: Spec, shape: render.GuestShape, timeout: float) -> int:
+    """Boot the guest, stream its run's output, collect pytest's status from the results
+    share. Returns it, or 1 if the guest gave none."""
+    kernel, modules, version = guest_kernel(CACHE)
+    results = spec.path / "results"
+    results.mkdir()
+    kvm = has_kvm()
+    scale = 1.0 if kvm else 5.0
+    guest_spec = Spec(**dict(asdict(spec), work="/tmp/ndp-e2e", results="/ndp-results",
+                             time_scale=scale * spec.time_scale, disposable_kernel=True))  # fmt: skip
+    (results / "spec.json").write_text(json.dumps(asdict(guest_spec)))
+    script = Path(__file__).resolve().parent / "guest-init.sh"
+    command = f"/bin/bash {script} {spec.python} {Path(__file__).resolve()} /ndp-results"
+    initrd = spec.path / "initrd.cpio"
+    initrd.write_bytes(initramfs(modules, command))
+    argv = render.qemu_argv(
+        qemu="qemu-system-x86_64", kvm=kvm, shape=shape, kernel=kernel, initrd=initrd,
+        console_log=spec.path / "console.log", results=results,
+    )  # fmt: skip
+    log(f"booting Debian's kernel {version} under {'KVM' if kvm else 'TCG'}: "
+        f"{shape.cpu_nodes} NUMA nodes of {shape.cpus_per_node} CPUs and a memory-only node")  # fmt: skip
+    with host_kept(spec.path) as differs:
+        guest = subprocess.Popen(argv, stdin=subprocess.DEVNULL, preexec_fn=kill_with_parent)
+        try:
+            guest.wait(timeout=timeout * scale)
+        except subprocess.TimeoutExpired:
+            log(f"the guest did not finish in {timeout * scale:.0f} s; console: "
+                f"{spec.path / 'console.log'}")  # fmt: skip
+            guest.kill()
+            guest.wait()
+        except KeyboardInterrupt:
+            guest.kill()
+            guest.wait()
+    exit_file = results / "exit-code"
+    if not exit_file.is_file():
+        log(f"the guest wrote no exit status; its console: {spec.path / 'console.log'}")
+        status = 1
+    else:
+        status = int(exit_file.read_text().strip() or 1)
+    return report(status, differs)
+
+
+def guest_main(results: Path) -> int:
+    """In the guest, after guest-init.sh mounted the basics: run the cluster."""
+    spec = Spec(**json.loads((results / "spec.json").read_text()))
+    spec.path.mkdir(parents=True, exist_ok=True)
+    return inside(spec)
+
+
+# --- command line --------------------------------------------------------------------------
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="test/local/cluster.py", description=__doc__.split("\n\n")[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+    run = commands.add_parser("run", help="bring the cluster up, run tests/e2e, tear down")
+    run.add_argument("--bin-dir", type=Path, default=None,
+                     help="folder with kubelet, kube-apiserver, kube-scheduler and etcd")  # fmt: skip
+    run.add_argument("--vm", action="store_true", help="inside a multi-NUMA qemu guest")
+    run.add_argument("--work", type=Path, default=None, help="work folder (default: a new one)")
+    run.add_argument("--keep", action="store_true", help="keep the work folder afterwards")
+    run.add_argument("--time-scale", type=float, default=1.0, help="multiply every timeout")
+    run.add_argument("--cpus-per-node", type=int, default=3, help="guest CPUs per NUMA node")
+    run.add_argument("--vm-timeout", type=float, default=1800.0,
+                     help="seconds the guest may run, before the TCG scale")  # fmt: skip
+    run.add_argument("pytest_args", nargs="*", help="more pytest arguments (after --)")
+    inside_cmd = commands.add_parser("inside", help=argparse.SUPPRESS)
+    inside_cmd.add_argument("spec", type=Path)
+    guest = commands.add_parser("guest", help=argparse.SUPPRESS)
+    guest.add_argument("results", type=Path)
+    args = parser.parse_args(argv)
+
+    if args.command == "inside":
+        return inside(Spec(**json.loads(args.spec.read_text())))
+    if args.command == "guest":
+        return guest_main(args.results)
+    if args.time_scale <= 0 or args.cpus_per_node < 2:
+        parser.error("--time-scale must be > 0 and --cpus-per-node at least 2")
+    missing = missing_requirements(args.bin_dir, args.vm, os.geteuid() == 0)
+    if missing:
+        print("test-e2e-local cannot run; missing:", file=sys.stderr)
+        for line in missing:
+            print(f"  - {line}", file=sys.stderr)
+        return 2
+    work = args.work or Path(tempfile.mkdtemp(prefix="ndp-e2e-", dir="/tmp"))
+    work.mkdir(parents=True, exist_ok=True)
+    spec = Spec(
+        bin_dir=str(args.bin_dir.resolve()),
+        work=str(work.resolve()),
+        python=sys.executable,
+        pytest_args=list(args.pytest_args),
+        time_scale=args.time_scale,
+    )
+    started = time.monotonic()
+    try:
+        if args.vm:
+            status = run_vm(spec, render.GuestShape(cpus_per_node=args.cpus_per_node),
+                            args.vm_timeout)  # fmt: skip
+        else:
+            status = run_host(spec)
+    except Missing as missing_thing:
+        print(f"test-e2e-local cannot run; missing: {missing_thing}", file=sys.stderr)
+        return 2
+    finally:
+        log(f"finished in {time.monotonic() - started:.0f} s; work folder {work}"
+            + (" (kept)" if args.keep else " (removed)"))  # fmt: skip
+        if not args.keep:
+            shutil.rmtree(work, ignore_errors=True)
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,389 @@
+"""What the one-machine cluster is made of, as pure functions: the containerd and kubelet
+configurations, the kubeconfig, the busybox image as an OCI archive, the qemu command line,
+the guest's initramfs (``newc`` cpio) and its ``/init`` script.
+
+Nothing here touches the machine; :mod:`cluster` writes what these return and runs it.
+The facts behind each setting (containerd 1.6 quirks, kubelet flags for a cluster without a
+controller manager, the qemu NUMA options) are in ``../shared/REAL-CLUSTER.md``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import tarfile
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+# The kernel tunables the kubelet sets at start (kubelet's setupKernelTunables and the
+# keyring limits); the harness puts them back when it is done.
+KUBELET_SYSCTLS = (
+    "vm/overcommit_memory",
+    "vm/panic_on_oom",
+    "kernel/panic",
+    "kernel/panic_on_oops",
+    "kernel/keys/root_maxkeys",
+    "kernel/keys/root_maxbytes",
+)
+BUSYBOX_IMAGE = "docker.io/library/busybox:1.36"
+# The pod sandbox ("pause") image: the same busybox layer, sleeping.
+PAUSE_IMAGE = "registry.k8s.io/pause:3.9"
+# Modules the guest's initramfs loads, in this order, to mount the host's / over 9p
+# under an overlay (REAL-CLUSTER.md).
+GUEST_MODULES = (
+    "virtio_ring",
+    "virtio",
+    "virtio_pci_modern_dev",
+    "virtio_pci_legacy_dev",
+    "virtio_pci",
+    "netfs",
+    "fscache",
+    "9pnet",
+    "9pnet_virtio",
+    "9p",
+    "overlay",
+)
+
+
+@dataclass(frozen=True)
+class KubeletSettings:
+    """The kubelet settings the end-to-end tests depend on.
+
+    ``reserved_cpus`` is a cpulist (``reservedSystemCPUs``); ``cpu_manager`` is
+    ``static`` or ``none``; ``memory_manager`` is ``None`` or ``Static`` (with
+    ``reserved_memory`` as ``{numa_node: bytes}``, whose sum must equal the hard eviction
+    threshold, since no kube or system memory is reserved)."""
+
+    node_name: str
+    port: int
+    runtime_socket: Path
+    reserved_cpus: str = "0"
+    cpu_manager: str = "static"
+    topology_manager: str = "single-numa-node"
+    memory_manager: str = "None"
+    eviction_memory_bytes: int = 100 * 2**20
+    reserved_memory: tuple[tuple[int, int], ...] = ()
+    status_update_seconds: int = 5
+
+
+def kubelet_config(settings: KubeletSettings) -> dict[str, Any]:
+    """The ``KubeletConfiguration`` (``kubelet.config.k8s.io/v1beta1``) as a dict, written
+    as JSON (a YAML subset the kubelet reads). No iptables chains, no read-only port, no
+    image garbage collection (the images cannot be pulled again), anonymous
+    ``AlwaysAllow`` on 127.0.0.1 so the API server can fetch logs."""
+    config: dict[str, Any] = {
+        "apiVersion": "kubelet.config.k8s.io/v1beta1",
+        "kind": "KubeletConfiguration",
+        "address": "127.0.0.1",
+        "port": settings.port,
+        "readOnlyPort": 0,
+        "healthzPort": 0,
+        "authentication": {
+            "anonymous": {"enabled": True},
+            "webhook": {"enabled": False},
+        },
+        "authorization": {"mode": "AlwaysAllow"},
+        "cgroupDriver": "cgroupfs",
+        "containerRuntimeEndpoint": f"unix://{settings.runtime_socket}",
+        "cpuManagerPolicy": settings.cpu_manager,
+        "reservedSystemCPUs": settings.reserved_cpus,
+        "topologyManagerPolicy": settings.topology_manager,
+        "memoryManagerPolicy": settings.memory_manager,
+        "failSwapOn": False,
+        "makeIPTablesUtilChains": False,
+        "protectKernelDefaults": False,
+        "imageGCHighThresholdPercent": 100,
+        "imageGCLowThresholdPercent": 99,
+        "nodeStatusUpdateFrequency": f"{settings.status_update_seconds}s",
+        "evictionHard": {
+            "memory.available": f"{settings.eviction_memory_bytes // 2**20}Mi",
+            "nodefs.available": "1%",
+            "imagefs.available": "1%",
+            "nodefs.inodesFree": "1%",
+        },
+    }
+    if settings.memory_manager == "Static":
+        config["reservedMemory"] = [
+            {"numaNode": node, "limits": {"memory": f"{size // 2**20}Mi"}}
+            for node, size in settings.reserved_memory
+        ]
+    return config
+
+
+def containerd_config(work: Path, pause_image: str = PAUSE_IMAGE) -> str:
+    """containerd 1.6's ``config.toml`` keeping every path under ``work`` (the shims'
+    ``/run/containerd`` is bind-mounted by the harness). ``restrict_oom_score_adj`` is
+    needed on these machines or runc fails ("can't get final child's PID from pipe")."""
+    base = work / "containerd"
+    cri = 'plugins."io.containerd.grpc.v1.cri"'
+    return f"""version = 2
+root = "{base}/root"
+state = "{base}/state"
+disabled_plugins = [
+  "io.containerd.internal.v1.opt",
+  "io.containerd.snapshotter.v1.aufs",
+  "io.containerd.snapshotter.v1.btrfs",
+  "io.containerd.snapshotter.v1.devmapper",
+  "io.containerd.snapshotter.v1.zfs",
+  "io.containerd.tracing.processor.v1.otlp",
+]
+
+[grpc]
+  address = "{base}/containerd.sock"
+
+[ttrpc]
+  address = "{base}/containerd.sock.ttrpc"
+
+[{cri}]
+  sandbox_image = "{pause_image}"
+  restrict_oom_score_adj = true
+  stream_server_address = "127.0.0.1"
+  [{cri}.containerd]
+    snapshotter = "overlayfs"
+    default_runtime_name = "runc"
+    [{cri}.containerd.runtimes.runc]
+      runtime_type = "io.containerd.runc.v2"
+      [{cri}.containerd.runtimes.runc.options]
+        SystemdCgroup = false
+  [{cri}.cni]
+    bin_dir = "{work}/cni/bin"
+    conf_dir = "{work}/cni/net.d"
+"""
+
+
+def kubeconfig(server: str, token: str) -> dict[str, Any]:
+    """A kubeconfig for ``server`` (``https://127.0.0.1:PORT``) with a static bearer token;
+    the API server's certificate is self-signed, so it is not verified."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [
+            {"name": "local", "cluster": {"server": server, "insecure-skip-tls-verify": True}}
+        ],
+        "users": [{"name": "admin", "user": {"token": token}}],
+        "contexts": [{"name": "local", "context": {"cluster": "local", "user": "admin"}}],
+        "current-context": "local",
+    }
+
+
+# --- the busybox image -------------------------------------------------------------------
+
+
+def _tar_bytes(members: Iterable[tuple[tarfile.TarInfo, bytes | None]]) -> bytes:
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        for info, data in members:
+            tar.addfile(info, io.BytesIO(data) if data is not None else None)
+    return buffer.getvalue()
+
+
+def _entry(name: str, kind: bytes, mode: int, size: int = 0, link: str = "") -> tarfile.TarInfo:
+    info = tarfile.TarInfo(name)
+    info.type, info.mode, info.size, info.linkname, info.mtime = kind, mode, size, link, 0
+    return info
+
+
+def busybox_layer(busybox: bytes, applets: Sequence[str]) -> bytes:
+    """An image layer (uncompressed tar): ``bin/busybox``, one symlink per applet, and the
+    folders a container runtime mounts over (``proc``, ``sys``, ``dev``, ``etc``, ``tmp``)."""
+    members: list[tuple[tarfile.TarInfo, bytes | None]] = [
+        (_entry(folder, tarfile.DIRTYPE, 0o1777 if folder == "tmp" else 0o755), None)
+        for folder in ("bin", "dev", "etc", "proc", "sys", "tmp")
+    ]
+    members.append((_entry("bin/busybox", tarfile.REGTYPE, 0o755, len(busybox)), busybox))
+    for applet in sorted(set(applets) - {"busybox"}):
+        members.append((_entry(f"bin/{applet}", tarfile.SYMTYPE, 0o777, link="busybox"), None))
+    return _tar_bytes(members)
+
+
+def _blob(data: bytes) -> tuple[str, bytes]:
+    return "sha256:" + hashlib.sha256(data).hexdigest(), data
+
+
+def oci_archive(layer: bytes, images: Sequence[tuple[str, Sequence[str]]]) -> bytes:
+    """An OCI image layout as a tar, for ``ctr images import``: one manifest per
+    ``(reference, command)`` in ``images``, all on the one ``layer``. Each manifest names
+    its image in ``io.containerd.image.name`` (the full reference ctr imports it as)."""
+    blobs: dict[str, bytes] = {}
+    layer_digest, _ = _blob(layer)
+    blobs[layer_digest] = layer
+    manifests = []
+    for reference, command in images:
+        config = {
+            "architecture": "amd64",
+            "os": "linux",
+            "config": {"Cmd": list(command), "Env": ["PATH=/bin"], "WorkingDir": "/"},
+            "rootfs": {"type": "layers", "diff_ids": [layer_digest]},
+        }
+        config_digest, config_bytes = _blob(json.dumps(config, sort_keys=True).encode())
+        blobs[config_digest] = config_bytes
+        manifest = {
+            "schemaVersion": 2,
+            "mediaType": "application/vnd.oci.image.manifest.v1+json",
+            "config": {
+                "mediaType": "application/vnd.oci.image.config.v1+json",
+                "digest": config_digest,
+                "size": len(config_bytes),
+            },
+            "layers": [
+                {
+                    "mediaType": "application/vnd.oci.image.layer.v1.tar",
+                    "digest": layer_digest,
+                    "size": len(layer),
+                }
+            ],
+        }
+        manifest_digest, manifest_bytes = _blob(json.dumps(manifest, sort_keys=True).encode())
+        blobs[manifest_digest] = manifest_bytes
+        manifests.append(
+            {
+                "mediaType": "application/vnd.oci.image.manifest.v1+json",
+                "digest": manifest_digest,
+                "size": len(manifest_bytes),
+                "annotations": {
+                    "io.containerd.image.name": reference,
+                    "org.opencontainers.image.ref.name": reference.rpartition(":")[2],
+                },
+            }
+        )
+    index = {"schemaVersion": 2, "manifests": manifests}
+    members: list[tuple[tarfile.TarInfo, bytes | None]] = []
+    files = {
+        "oci-layout": json.dumps({"imageLayoutVersion": "1.0.0"}).encode(),
+        "index.json": json.dumps(index, sort_keys=True).encode(),
+    }
+    files.update({f"blobs/sha256/{d.removeprefix('sha256:')}": b for d, b in blobs.items()})
+    for folder in ("blobs", "blobs/sha256"):
+        members.append((_entry(folder, tarfile.DIRTYPE, 0o755), None))
+    for name, data in files.items():
+        members.append((_entry(name, tarfile.REGTYPE, 0o644, len(data)), data))
+    return _tar_bytes(members)
+
+
+# --- the qemu guest ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class GuestShape:
+    """The guest's NUMA layout: ``cpu_nodes`` NUMA nodes of ``cpus_per_node`` CPUs and
+    ``memory_mib_per_cpu_node`` MiB each, then one memory-only node of
+    ``memory_only_mib``. Distances: 10 local, 21 between CPU nodes, 31 to the
+    memory-only node (a SLIT as on a two-socket machine with far memory)."""
+
+    cpu_nodes: int = 2
+    cpus_per_node: int = 3
+    memory_mib_per_cpu_node: int = 2560
+    memory_only_mib: int = 1024
+
+    @property
+    def cpus(self) -> int:
+        return self.cpu_nodes * self.cpus_per_node
+
+    @property
+    def nodes(self) -> int:
+        return self.cpu_nodes + 1
+
+    @property
+    def memory_mib(self) -> int:
+        return self.cpu_nodes * self.memory_mib_per_cpu_node + self.memory_only_mib
+
+    def distance(self, a: int, b: int) -> int:
+        if a == b:
+            return 10
+        return 31 if self.cpu_nodes in (a, b) else 21
+
+
+def qemu_argv(
+    *,
+    qemu: str,
+    kvm: bool,
+    shape: GuestShape,
+    kernel: Path,
+    initrd: Path,
+    console_log: Path,
+    results: Path,
+) -> list[str]:
+    """The qemu command line: ``kvm`` picks ``-accel kvm -cpu host``, else TCG on every
+    host core. ttyS0 (the kernel's console) goes to ``console_log``; ttyS1, where the
+    guest writes the run's output, to qemu's stdout. The host's ``/`` is shared read-only
+    (tag ``hostroot``), ``results`` writable (tag ``results``)."""
+    accel = ["-accel", "kvm", "-cpu", "host"] if kvm else ["-accel", "tcg,thread=multi", "-cpu", "max"]
+    argv = [
+        qemu,
+        *accel,
+        "-machine", "q35",
+        "-smp", f"{shape.cpus},sockets={shape.cpu_nodes},cores={shape.cpus_per_node},threads=1",
+        "-m", f"{shape.memory_mib}M",
+        "-nodefaults", "-no-user-config", "-display", "none", "-monitor", "none",
+        "-no-reboot",
+        "-kernel", str(kernel),
+        "-initrd", str(initrd),
+        "-append", "console=ttyS0 panic=-1 loglevel=4 rdinit=/init",
+        "-serial", f"file:{console_log}",
+        "-serial", "stdio",
+        "-virtfs",
+        "local,path=/,mount_tag=hostroot,readonly=on,security_model=none,multidevs=remap",
+        "-virtfs", f"local,path={results},mount_tag=results,security_model=none",
+    ]  # fmt: skip
+    for node in range(shape.nodes):
+        size = shape.memory_only_mib if node == shape.cpu_nodes else shape.memory_mib_per_cpu_node
+        argv += ["-object", f"memory-backend-ram,id=m{node},size={size}M"]
+        spec = f"node,nodeid={node},memdev=m{node}"
+        if node < shape.cpu_nodes:
+            first = node * shape.cpus_per_node
+            spec += f",cpus={first}-{first + shape.cpus_per_node - 1}"
+        argv += ["-numa", spec]
+    for a in range(shape.nodes):
+        for b in range(shape.nodes):
+            if a != b:
+                argv += ["-numa", f"dist,src={a},dst={b},val={shape.distance(a, b)}"]
+    return argv
+
+
+def guest_init_script(command: str) -> str:
+    """The initramfs's ``/init`` (busybox sh): load the 9p and overlay modules, mount the
+    host's ``/`` read-only under an overlay with a tmpfs upper layer, mount the results
+    share at ``/ndp-results`` in it, and ``switch_root`` into it running ``command``."""
+    modules = "\n".join(f"insmod /modules/{name}.ko" for name in GUEST_MODULES)
+    return f"""#!/bin/busybox sh
+/bin/busybox --install -s /bin
+mount -t proc proc /proc
+mount -t sysfs sysfs /sys
+mount -t devtmpfs devtmpfs /dev
+{modules}
+mkdir -p /lower /upper /newroot
+mount -t 9p -o trans=virtio,version=9p2000.L,ro,msize=262144,cache=loose hostroot /lower
+mount -t tmpfs -o size=75% tmpfs /upper
+mkdir -p /upper/data /upper/work
+mount -t overlay overlay -o lowerdir=/lower,upperdir=/upper/data,workdir=/upper/work /newroot
+mkdir -p /newroot/ndp-results
+mount -t 9p -o trans=virtio,version=9p2000.L,msize=262144 results /newroot/ndp-results
+umount /proc /sys
+mount --move /dev /newroot/dev
+exec switch_root /newroot {command}
+echo "switch_root failed" >/dev/ttyS0
+echo o >/proc/sysrq-trigger
+"""
+
+
+def cpio_newc(entries: Iterable[tuple[str, int, bytes]]) -> bytes:
+    """A ``newc`` cpio archive (the initramfs format) of ``(path, mode, data)`` entries;
+    ``mode`` includes the file type bits (``0o100755`` for a program, ``0o040755`` for a
+    folder, ``0o120777`` for a symlink whose data is its target)."""
+    out = bytearray()
+
+    def pad() -> None:
+        out.extend(b"\0" * (-len(out) % 4))
+
+    for inode, (path, mode, data) in enumerate([*entries, ("TRAILER!!!", 0, b"")], start=1):
+        name = path.encode() + b"\0"
+        fields = (inode, mode, 0, 0, 1, 0, len(data), 0, 0, 0, 0, len(name), 0)
+        out += b"070701" + b"".join(b"%08X" % value for value in fields)
+        out += name
+        pad()
+        out += data
+        pad()
+    return bytes(out)
