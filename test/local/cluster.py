@@ -117,8 +117,10 @@ def _file_kind(path: Path) -> bytes:
     data = path.read_bytes()[:4096]
     if data[:4] != b"\x7fELF":
         return b"not ELF"
-    return b"dynamically linked" if b"/lib64/ld-linux" in data or b"/lib/ld-" in data else (
-        b"statically linked"
+    return (
+        b"dynamically linked"
+        if b"/lib64/ld-linux" in data or b"/lib/ld-" in data
+        else (b"statically linked")
     )
 
 
@@ -186,7 +188,9 @@ def wait_for(what: str, check: object, timeout: float, processes: Processes, nam
             if check():  # type: ignore[operator]
                 return
         time.sleep(0.5)
-    raise RuntimeError(f"timed out after {timeout:.0f} s waiting for {what}:\n{processes.tail(name)}")
+    raise RuntimeError(
+        f"timed out after {timeout:.0f} s waiting for {what}:\n{processes.tail(name)}"
+    )
 
 
 def http_get(url: str, token: str = "", timeout: float = 3.0) -> tuple[int, str]:
@@ -267,7 +271,8 @@ class Cluster:
         self.processes.start("kube-apiserver", [
             str(self.bins / "kube-apiserver"),
             "--etcd-servers", f"http://127.0.0.1:{self.ports['etcd']}",
-            "--bind-address", "127.0.0.1", "--secure-port", str(port),
+            "--bind-address", "127.0.0.1", "--advertise-address", "127.0.0.1",
+            "--secure-port", str(port),
             "--cert-dir", str(pki), "--token-auth-file", str(pki / "tokens.csv"),
             "--service-account-issuer", "https://kubernetes.default.svc.cluster.local",
             "--service-account-key-file", str(key),
@@ -350,7 +355,9 @@ class Cluster:
         ]  # fmt: skip
 
     def _plugin(self) -> None:
-        self.processes.start("plugin", self.plugin_argv(), env=dict(os.environ, PYTHONPATH=str(REPO)))
+        self.processes.start(
+            "plugin", self.plugin_argv(), env=dict(os.environ, PYTHONPATH=str(REPO))
+        )
         url = f"http://127.0.0.1:{self.ports['health']}/readyz"
         wait_for("the plugin's /readyz", lambda: http_get(url)[0] == 200,
                  60 * self.spec.time_scale, self.processes, "plugin")  # fmt: skip
@@ -392,16 +399,39 @@ class Cluster:
         log("running " + " ".join(argv[1:]))
         return subprocess.run(argv, cwd=REPO, env=env, check=False).returncode
 
-    def down(self) -> None:
-        """Stop the plugin and the kubelet by their pid files (the tests may have restarted
-        them), then everything else; the namespace's end takes what is left."""
+    def down(self, grace: float = 10.0) -> None:
+        """Stop the plugin and the kubelet, then the rest, each by its pid file (the tests
+        may have restarted them): SIGTERM, up to ``grace`` seconds, then SIGKILL; one at a
+        time, so the plugin never outlives the kubelet's socket folder nor the kubelet its
+        runtime. The namespace's end takes whatever is left (containers, shims)."""
         for name in ("plugin", "kubelet", "kube-scheduler", "containerd", "kube-apiserver", "etcd"):
             entry = self.processes.described.get(name)
             if entry is None:
                 continue
             with contextlib.suppress(OSError, ValueError):
-                os.kill(int(Path(entry.pidfile).read_text()), signal.SIGTERM)
-        time.sleep(1)
+                stop(int(Path(entry.pidfile).read_text()), self.processes.started[name], grace)
+
+
+def running(pid: int) -> bool:
+    """True while ``pid`` exists and is not a zombie."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rpartition(")")[2].split()[0] != "Z"
+
+
+def stop(pid: int, child: subprocess.Popen[bytes], grace: float) -> None:
+    """SIGTERM ``pid``, wait up to ``grace`` seconds, then SIGKILL; ``child`` is reaped when
+    it is that process."""
+    for signum, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0)):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signum)
+        deadline = time.monotonic() + wait
+        while time.monotonic() < deadline:
+            if (child.pid == pid and child.poll() is not None) or not running(pid):
+                return
+            time.sleep(0.05)
 
 
 def reap_orphans(own: dict[str, subprocess.Popen[bytes]], stop: threading.Event) -> None:
@@ -430,7 +460,7 @@ def inside(spec: Spec) -> int:
     )
     if os.getpid() == 1 or spec.disposable_kernel:
         reaper.start()
-    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+    signal.signal(signal.SIGTERM, interrupt)
     try:
         started = time.monotonic()
         cluster.up()
@@ -563,8 +593,15 @@ def run_vm(spec: Spec, shape: render.GuestShape, timeout: float) -> int:
     results.mkdir()
     kvm = has_kvm()
     scale = 1.0 if kvm else 5.0
-    guest_spec = Spec(**dict(asdict(spec), work="/tmp/ndp-e2e", results="/ndp-results",
-                             time_scale=scale * spec.time_scale, disposable_kernel=True))  # fmt: skip
+    guest_spec = Spec(
+        **dict(
+            asdict(spec),
+            work="/tmp/ndp-e2e",
+            results="/ndp-results",
+            time_scale=scale * spec.time_scale,
+            disposable_kernel=True,
+        )
+    )
     (results / "spec.json").write_text(json.dumps(asdict(guest_spec)))
     script = Path(__file__).resolve().parent / "guest-init.sh"
     command = f"/bin/bash {script} {spec.python} {Path(__file__).resolve()} /ndp-results"
@@ -574,8 +611,10 @@ def run_vm(spec: Spec, shape: render.GuestShape, timeout: float) -> int:
         qemu="qemu-system-x86_64", kvm=kvm, shape=shape, kernel=kernel, initrd=initrd,
         console_log=spec.path / "console.log", results=results,
     )  # fmt: skip
-    log(f"booting Debian's kernel {version} under {'KVM' if kvm else 'TCG'}: "
-        f"{shape.cpu_nodes} NUMA nodes of {shape.cpus_per_node} CPUs and a memory-only node")  # fmt: skip
+    log(
+        f"booting Debian's kernel {version} under {'KVM' if kvm else 'TCG'}: "
+        f"{shape.cpu_nodes} NUMA nodes of {shape.cpus_per_node} CPUs and a memory-only node"
+    )
     with host_kept(spec.path) as differs:
         guest = subprocess.Popen(argv, stdin=subprocess.DEVNULL, preexec_fn=kill_with_parent)
         try:
@@ -607,13 +646,35 @@ def guest_main(results: Path) -> int:
 # --- command line --------------------------------------------------------------------------
 
 
+def vm_wanted(value: str) -> bool:
+    """``NUMA_VM``: empty, 0, false or no → on this machine; 1, true or yes → in the guest.
+    Raises ValueError for anything else."""
+    lowered = value.strip().lower()
+    if lowered in ("", "0", "false", "no"):
+        return False
+    if lowered in ("1", "true", "yes"):
+        return True
+    raise ValueError(f"NUMA_VM={value!r}: use 1 (in a qemu guest) or 0 (on this machine)")
+
+
+def interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt(signal.Signals(signum).name)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="test/local/cluster.py", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="test/local/cluster.py", description=__doc__.split("\n\n")[0]
+    )
     commands = parser.add_subparsers(dest="command", required=True)
     run = commands.add_parser("run", help="bring the cluster up, run tests/e2e, tear down")
-    run.add_argument("--bin-dir", type=Path, default=None,
-                     help="folder with kubelet, kube-apiserver, kube-scheduler and etcd")  # fmt: skip
-    run.add_argument("--vm", action="store_true", help="inside a multi-NUMA qemu guest")
+    run.add_argument(
+        "--bin-dir",
+        type=Path,
+        default=None,
+        help="folder with kubelet, kube-apiserver, kube-scheduler and etcd",
+    )
+    run.add_argument("--vm", action="store_true",
+                     help="inside a multi-NUMA qemu guest (also NUMA_VM=1)")  # fmt: skip
     run.add_argument("--work", type=Path, default=None, help="work folder (default: a new one)")
     run.add_argument("--keep", action="store_true", help="keep the work folder afterwards")
     run.add_argument("--time-scale", type=float, default=1.0, help="multiply every timeout")
@@ -633,6 +694,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return guest_main(args.results)
     if args.time_scale <= 0 or args.cpus_per_node < 2:
         parser.error("--time-scale must be > 0 and --cpus-per-node at least 2")
+    try:
+        args.vm = args.vm or vm_wanted(os.environ.get("NUMA_VM", ""))
+    except ValueError as error:
+        parser.error(str(error))
     missing = missing_requirements(args.bin_dir, args.vm, os.geteuid() == 0)
     if missing:
         print("test-e2e-local cannot run; missing:", file=sys.stderr)
@@ -649,6 +714,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         time_scale=args.time_scale,
     )
     started = time.monotonic()
+    # SIGTERM (and SIGHUP) end the run as Ctrl-C does: through the clean-up.
+    for signum in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, interrupt)
     try:
         if args.vm:
             status = run_vm(spec, render.GuestShape(cpus_per_node=args.cpus_per_node),

@@ -310,12 +310,15 @@ def qemu_argv(
     host core. ttyS0 (the kernel's console) goes to ``console_log``; ttyS1, where the
     guest writes the run's output, to qemu's stdout. The host's ``/`` is shared read-only
     (tag ``hostroot``), ``results`` writable (tag ``results``)."""
-    accel = ["-accel", "kvm", "-cpu", "host"] if kvm else ["-accel", "tcg,thread=multi", "-cpu", "max"]
+    accel = (
+        ["-accel", "kvm", "-cpu", "host"] if kvm else ["-accel", "tcg,thread=multi", "-cpu", "max"]
+    )
     argv = [
         qemu,
         *accel,
         "-machine", "q35",
-        "-smp", f"{shape.cpus},sockets={shape.cpu_nodes},cores={shape.cpus_per_node},threads=1",
+        # One socket per CPU: with cores=3 the stock kernel hung in stop_machine under TCG.
+        "-smp", f"{shape.cpus},sockets={shape.cpus},cores=1,threads=1",
         "-m", f"{shape.memory_mib}M",
         "-nodefaults", "-no-user-config", "-display", "none", "-monitor", "none",
         "-no-reboot",

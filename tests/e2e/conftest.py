@@ -196,9 +196,7 @@ class LocalPlatform(Platform):
         self.processes: dict[str, dict[str, Any]] = description["processes"]
 
     def cluster_config(self) -> ClusterConfig:
-        return ClusterConfig(
-            read_sysfs_layout(), parse_cpulist(self.description["reserved_cpus"])
-        )
+        return ClusterConfig(read_sysfs_layout(), parse_cpulist(self.description["reserved_cpus"]))
 
     def _get(self, address: str, path: str) -> tuple[int, str]:
         try:
@@ -278,7 +276,9 @@ class LocalPlatform(Platform):
         if not files:
             return ""
         return "\n".join(
-            line.split(" ", 3)[3] for line in files[-1].read_text().splitlines() if line.count(" ") >= 3
+            line.split(" ", 3)[3]
+            for line in files[-1].read_text().splitlines()
+            if line.count(" ") >= 3
         )
 
     def pod_resources(self) -> pr_pb2.ListPodResourcesResponse:
@@ -394,9 +394,11 @@ class KvmPlatform(Platform):
         if old is not None:
             self.core.delete_namespaced_pod(old.metadata.name, NAMESPACE)
         self.eventually(
-            lambda: (new := self.plugin_pod()) is not None
-            and (old is None or new.metadata.uid != old.metadata.uid)
-            and self.plugin_ready(),
+            lambda: (
+                (new := self.plugin_pod()) is not None
+                and (old is None or new.metadata.uid != old.metadata.uid)
+                and self.plugin_ready()
+            ),
             300,
             "a new plugin pod, ready",
         )

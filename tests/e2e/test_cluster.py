@@ -68,7 +68,8 @@ def create(platform: Platform, namespace: str, pod: client.V1Pod) -> None:
 def wait_phase(platform: Platform, pod: str, namespace: str, phase: str) -> client.V1Pod:
     def reached() -> client.V1Pod | None:
         found = platform.core.read_namespaced_pod(pod, namespace)
-        if found.status.phase != phase and found.status.phase in ("Failed", "Succeeded"):
+        ended = str(found.status.phase) in ("Failed", "Succeeded")
+        if found.status.phase != phase and ended:
             pytest.fail(f"{pod} ended {found.status.phase} ({found.status.reason}: "
                         f"{found.status.message}), expected {phase}")  # fmt: skip
         return found if found.status.phase == phase else None
@@ -155,10 +156,14 @@ def test_more_exclusive_cpus_than_numa_node_0_has_fail_there_and_run_on_node_1(
     asking node 1's count on numa-0 cannot be aligned; on numa-1 it runs there."""
     cpus = two_numa_nodes.exclusive_cpus(1)
     assert two_numa_nodes.exclusive_cpus(0) < cpus, "CPU 0 of NUMA node 0 is reserved"
-    create(platform, namespace, pod_manifest(platform, "on-numa-0", WHERE, cpus, "numa-align/numa-0"))
+    create(
+        platform, namespace, pod_manifest(platform, "on-numa-0", WHERE, cpus, "numa-align/numa-0")
+    )
     refused = wait_phase(platform, "on-numa-0", namespace, "Failed")
     assert refused.status.reason == "TopologyAffinityError", refused.status
-    create(platform, namespace, pod_manifest(platform, "on-numa-1", WHERE, cpus, "numa-align/numa-1"))
+    create(
+        platform, namespace, pod_manifest(platform, "on-numa-1", WHERE, cpus, "numa-align/numa-1")
+    )
     wait_phase(platform, "on-numa-1", namespace, "Succeeded")
     seen = placement(platform, "on-numa-1", namespace)
     assert parse_cpulist(seen["Cpus_allowed_list"]) == parse_cpulist(seen["node1_cpulist"])
@@ -168,7 +173,9 @@ def test_status_agrees_with_pod_resources_and_reports_no_misaligned_container(
     platform: Platform, resources: tuple[str, ...], namespace: str
 ) -> None:
     for index, resource in enumerate(resources):
-        create(platform, namespace, pod_manifest(platform, f"hold-{index}", "sleep 3600", 1, resource))
+        create(
+            platform, namespace, pod_manifest(platform, f"hold-{index}", "sleep 3600", 1, resource)
+        )
     for index in range(len(resources)):
         wait_phase(platform, f"hold-{index}", namespace, "Running")
     document = platform.status()
@@ -255,9 +262,10 @@ def test_kubelet_sigkill_and_restart_registers_again_and_spares_the_container(
     restarts = platform.metrics().get("numa_device_plugin_kubelet_restarts_total", 0.0)
     platform.restart_kubelet()
     platform.eventually(
-        lambda: platform.metrics().get("numa_device_plugin_kubelet_restarts_total", 0.0)
-        > restarts
-        and platform.registered(resources),
+        lambda: (
+            platform.metrics().get("numa_device_plugin_kubelet_restarts_total", 0.0) > restarts
+            and platform.registered(resources)
+        ),
         60,
         "re-registration after the kubelet restart (metrics)",
         1,
@@ -334,11 +342,12 @@ def test_cpus_mode_keeps_the_pod_pending_until_room_frees(
         events = platform.core.list_namespaced_event(
             namespace, field_selector="involvedObject.name=late"
         ).items
-        return next((e.message for e in events if e.reason == "FailedScheduling"), "")
+        return next((str(e.message) for e in events if e.reason == "FailedScheduling"), "")
 
     assert "Insufficient numa-align/numa-1" in platform.eventually(refused, 60, "FailedScheduling")
     late = platform.core.read_namespaced_pod("late", namespace)
-    assert late.status.phase == "Pending" and not late.spec.node_name
+    assert late.status.phase == "Pending"
+    assert not late.spec.node_name
     platform.core.delete_namespaced_pod("hog", namespace, grace_period_seconds=0)
     wait_phase(platform, "late", namespace, "Succeeded")
     seen = placement(platform, "late", namespace)
