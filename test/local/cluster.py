@@ -242,12 +242,13 @@ class Cluster:
 
     def up(self) -> None:
         self.bind_fixed_paths()
-        self._etcd()
-        self._apiserver()
-        self._scheduler()
-        self._containerd()
-        self._kubelet()
-        self._plugin()
+        started = time.monotonic()
+        for step in (
+            self._etcd, self._apiserver, self._scheduler, self._containerd, self._kubelet,
+            self._plugin,
+        ):  # fmt: skip
+            step()
+            log(f"{step.__name__[1:]} ready at {time.monotonic() - started:.0f} s")
 
     def _etcd(self) -> None:
         client = f"http://127.0.0.1:{self.ports['etcd']}"
