@@ -473,12 +473,15 @@ def two_numa_nodes(cluster: ClusterConfig) -> ClusterConfig:
 @pytest.fixture
 def namespace(platform: Platform) -> Iterator[str]:
     """A namespace of its own per test. Afterwards its pods are deleted and waited for
-    (without a controller manager a deleted namespace keeps its pods, and their CPUs)."""
+    (without a controller manager a deleted namespace keeps its pods, and their CPUs).
+    Deletions keep a grace period: the kubelet then removes the object only after the
+    container stopped and its exclusive CPUs are free again (a forced deletion removes
+    it at once)."""
     core = platform.core
     name = f"numa-e2e-{uuid.uuid4().hex[:6]}"
     core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=name)))
     yield name
-    core.delete_collection_namespaced_pod(name, grace_period_seconds=0)
+    core.delete_collection_namespaced_pod(name, grace_period_seconds=1)
     platform.eventually(
         lambda: not core.list_namespaced_pod(name).items, 120, f"the pods of {name} to go", 1
     )

@@ -276,7 +276,17 @@ def test_kubelet_sigkill_and_restart_registers_again_and_spares_the_container(
     )
     _untouched(platform, namespace, before, pids)
     # A fresh pod is admitted (after the survivor leaves room for it on a small machine).
-    platform.core.delete_namespaced_pod("survivor", namespace, grace_period_seconds=0)
+    platform.core.delete_namespaced_pod("survivor", namespace, grace_period_seconds=1)
+    platform.eventually(
+        lambda: (
+            not platform.core.list_namespaced_pod(
+                namespace, field_selector="metadata.name=survivor"
+            ).items
+        ),
+        60,
+        "the survivor to be gone (its exclusive CPU free again)",
+        1,
+    )
     create(platform, namespace, pod_manifest(platform, "fresh", WHERE, 1, resources[-1]))
     wait_phase(platform, "fresh", namespace, "Succeeded")
     assert placement(platform, "fresh", namespace)["NUMA_NODE"] == resources[-1].rpartition("-")[2]
@@ -348,7 +358,7 @@ def test_cpus_mode_keeps_the_pod_pending_until_room_frees(
     late = platform.core.read_namespaced_pod("late", namespace)
     assert late.status.phase == "Pending"
     assert not late.spec.node_name
-    platform.core.delete_namespaced_pod("hog", namespace, grace_period_seconds=0)
+    platform.core.delete_namespaced_pod("hog", namespace, grace_period_seconds=1)
     wait_phase(platform, "late", namespace, "Succeeded")
     seen = placement(platform, "late", namespace)
     assert seen["NUMA_NODE"] == "1"
