@@ -39,7 +39,7 @@ import threading
 import time
 import urllib.request
 from collections.abc import Iterator, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import hoststate
@@ -82,7 +82,6 @@ class Spec:
     disposable_kernel: bool = False
     results: str = ""
     memory_manager: str = "None"
-    ports: dict[str, int] = field(default_factory=dict)
 
     @property
     def path(self) -> Path:
