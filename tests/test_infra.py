@@ -294,6 +294,7 @@ def test_scripts_are_strict_bash() -> None:
 
 def test_e2e_tests_import_and_skip_without_a_cluster(tmp_path: Path) -> None:
     environment = dict(os.environ, KUBECONFIG=str(tmp_path / "no-such-kubeconfig"))
+    environment.pop("NUMA_E2E_LOCAL", None)
     result = subprocess.run(
         [sys.executable, "-m", "pytest", "-m", "e2e", "-rs", "-p", "no:cacheprovider", "tests/e2e"],
         capture_output=True,
@@ -307,7 +308,9 @@ def test_e2e_tests_import_and_skip_without_a_cluster(tmp_path: Path) -> None:
     assert re.search(r"\b\d+ skipped\b", summary), summary
     assert "passed" not in summary
     assert "failed" not in summary
-    assert "no cluster: set KUBECONFIG" in result.stdout
+    assert "no cluster: run `make test-e2e-local KUBE_BIN_DIR=DIR`, or set KUBECONFIG" in (
+        result.stdout
+    )
 
 
 def test_prerequisites_are_checked_first_with_a_message_each(tmp_path: Path) -> None:
