@@ -22,12 +22,18 @@ SNAPSHOTS = REPO.parent / "shared" / "fixtures" / "sysfs"
 configure_logging("debug")
 
 
+def under_ci(value: str | None) -> bool:
+    """``CI`` set to anything but empty, ``0`` or ``false`` (any case) means a CI run."""
+    return (value or "").strip().lower() not in ("", "0", "false")
+
+
 def pytest_configure(config: pytest.Config) -> None:
-    """Under CI (``CI=true``) the real snapshots must be there: a missing ../shared is an
-    error, not a row of silent skips."""
-    if os.environ.get("CI") == "true" and not SNAPSHOTS.is_dir():
+    """Under CI (``CI`` set, see :func:`under_ci`) the real snapshots must be there: a
+    missing ../shared is an error, not a row of silent skips."""
+    value = os.environ.get("CI")
+    if under_ci(value) and not SNAPSHOTS.is_dir():
         raise pytest.UsageError(
-            f"CI=true but {SNAPSHOTS} is absent: clone the project with ../shared beside it"
+            f"CI={value} but {SNAPSHOTS} is absent: clone the project with ../shared beside it"
         )
 
 
