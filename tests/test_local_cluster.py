@@ -396,3 +396,24 @@ def test_with_capacity_replaces_the_mode_and_reserved_cpus() -> None:
         "--capacity",
         "100",
     ]
+
+
+def test_the_orphan_reaper_leaves_the_harness_children_their_exit_status() -> None:
+    """A registered child keeps its status; an unregistered one (an orphan) is reaped."""
+    import threading
+
+    own = {"pytest": subprocess.Popen(["sh", "-c", "sleep 0.3; exit 3"])}
+    orphan = subprocess.Popen(["sh", "-c", "sleep 0.3; exit 4"])
+    stop = threading.Event()
+    reaper = threading.Thread(target=cluster.reap_orphans, args=(own, stop), daemon=True)
+    reaper.start()
+    try:
+        deadline = time.monotonic() + 30
+        while Path(f"/proc/{orphan.pid}").exists():
+            assert time.monotonic() < deadline, "the orphan was never reaped"
+            time.sleep(0.1)
+        assert own["pytest"].wait(timeout=30) == 3
+    finally:
+        stop.set()
+        reaper.join(timeout=10)
+    assert orphan.wait(timeout=5) == 0, "reaped by the reaper: its status is gone"
