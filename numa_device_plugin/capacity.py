@@ -20,7 +20,9 @@ exclusive CPUs of N.
 Both modes: a kubelet whose CPU manager is not ``static`` reports no
 allocatable ``cpu_ids`` and can align nothing; every device is then Unhealthy
 unless ``allow_unaligned``. Without the API (``view`` None) the check is
-skipped and allocatable CPUs are N's usable CPUs minus ``reserved_cpus``.
+skipped and allocatable CPUs are N's usable CPUs minus ``reserved_cpus``. The
+manager passes None only while the API has never answered since start; during
+a later outage it keeps passing the last answer.
 """
 
 from __future__ import annotations

@@ -175,6 +175,16 @@ class KubeletStandIn:
         self.restarted_at = time.perf_counter()
         await self.start()
 
+    async def stop_pod_resources(self) -> None:
+        """The pod resources API goes away (its socket too); the device manager stays."""
+        if self._pod_resources is not None:
+            await self._pod_resources.stop(0)
+
+    async def start_pod_resources(self) -> None:
+        """The pod resources API serves again, on a new socket."""
+        if self._pod_resources is not None and not self._pod_resources.serving:
+            await self._pod_resources.start()
+
     async def __aenter__(self) -> KubeletStandIn:
         await self.start()
         return self

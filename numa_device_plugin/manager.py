@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
@@ -192,6 +193,8 @@ class PluginManager:
         self._poll_timer: asyncio.TimerHandle | None = None
         self._poll_allocatable = False
         self._polls = 0
+        # time.time() of the last good read of the pod resources API; None: never since start.
+        self._read_at: float | None = None
 
     # -- public API ------------------------------------------------------------------------
 
@@ -323,21 +326,34 @@ class PluginManager:
         try:
             view: KubeletView | None = await client.view(timeout, allocatable=allocatable)
         except PodResourcesError as exc:
-            view = None
             if self._api_reachable is not False:
+                if self._read_at is None:
+                    what = (
+                        "counting each NUMA node's usable CPUs minus --reserved-cpus and "
+                        "skipping the CPU manager check until it can"
+                    )
+                else:
+                    what = "keeping the counts of its last answer until it can"
                 log.warning(
-                    "the kubelet's pod resources API cannot be read; counting each NUMA "
-                    "node's usable CPUs minus --reserved-cpus and skipping the CPU manager "
-                    "check until it can",
+                    f"the kubelet's pod resources API cannot be read; {what}",
                     socket=str(exc.socket),
                     code=exc.code.name,
                     details=exc.details[:200],
                 )
             self._api_reachable = False
+            self.recorder.pod_resources(False, self._read_at)
+            if self._read_at is not None:
+                # An outage (a kubelet restart, most often) after the API has answered:
+                # the last answer is the truth until the next one. Sysfs arithmetic
+                # would count every busy exclusive CPU as free.
+                return
+            view = None
         else:
             if self._api_reachable is False:
                 log.info("the kubelet's pod resources API can be read again")
             self._api_reachable = True
+            self._read_at = time.time()
+            self.recorder.pod_resources(True, self._read_at)
         if self._polled and view == self.view:
             return  # nothing changed since the last read: the usual case, kept cheap
         was_unaligned = self.unaligned()

@@ -13,12 +13,16 @@ Live capacity, per NUMA node (label ``numa_node``, from the kubelet's pod
 resources API): ``numa_node_allocatable_cpus``, ``numa_node_assigned_cpus``
 (``holder`` = ``numa-align`` or ``other``), ``numa_node_misaligned_containers``,
 ``numa_node_allocatable_memory_bytes`` (``memory_type``).
+``numa_device_plugin_pod_resources_up`` (0/1: the last read of the pod resources
+API answered) and ``numa_device_plugin_pod_resources_last_read_age_seconds`` (since
+the last good read; NaN before the first).
 ``numa_device_plugin_build_info`` carries versions as labels.
 """
 
 from __future__ import annotations
 
 import platform
+import time
 from collections.abc import Mapping, Sequence
 
 import grpc
@@ -135,6 +139,19 @@ class PrometheusRecorder:
             ["numa_node", "memory_type"],
             registry=r,
         )
+        self.pod_resources_up = Gauge(
+            f"{prefix}_pod_resources_up",
+            "1 when the last read of the kubelet's pod resources API answered, else 0",
+            registry=r,
+        )
+        self._last_read: float | None = None
+        self.pod_resources_age = Gauge(
+            f"{prefix}_pod_resources_last_read_age_seconds",
+            "Seconds since the last good read of the kubelet's pod resources API "
+            "(NaN before the first)",
+            registry=r,
+        )
+        self.pod_resources_age.set_function(self._read_age)
         build = Gauge(
             f"{prefix}_build_info",
             "Versions of the plugin and its runtime",
@@ -205,6 +222,15 @@ class PrometheusRecorder:
         for node_id, per_type in memory.items():
             for memory_type, size in per_type.items():
                 self.allocatable_memory.labels(str(node_id), memory_type).set(size)
+
+    def pod_resources(self, up: bool, last_read: float | None) -> None:
+        self.pod_resources_up.set(1 if up else 0)
+        self._last_read = last_read
+
+    def _read_age(self) -> float:
+        if self._last_read is None:
+            return float("nan")
+        return max(0.0, time.time() - self._last_read)
 
     def render(self) -> bytes:
         """The registry in the Prometheus text exposition format."""

@@ -45,6 +45,10 @@ class Recorder(Protocol):
         """Per advertised NUMA node its CPUs as the kubelet sees them, and the memory the
         kubelet reports per NUMA node and type (bytes; empty without the Memory Manager)."""
 
+    def pod_resources(self, up: bool, last_read: float | None) -> None:
+        """One read of the kubelet's pod resources API succeeded (``up``) or failed;
+        ``last_read``: ``time.time()`` of the last good read (None: none since start)."""
+
 
 class NullRecorder:
     """Records nothing."""
@@ -70,4 +74,7 @@ class NullRecorder:
     def capacity(
         self, nodes: Sequence[NodeCapacity], memory: Mapping[int, Mapping[str, int]]
     ) -> None:
+        pass
+
+    def pod_resources(self, up: bool, last_read: float | None) -> None:
         pass

@@ -375,3 +375,47 @@ async def test_the_poller_stops_when_cancelled_as_a_read_is_requested(sock_dir: 
         task.cancel()
         await asyncio.wait({task}, timeout=5)
         assert task.cancelled()
+
+
+async def test_an_outage_of_the_pod_resources_api_keeps_the_last_counts(
+    two_nodes: SysfsTree, sock_dir: Path
+) -> None:
+    """Once the API has answered, its last answer holds while it is away (a kubelet
+    restart): sysfs arithmetic would count the busy CPUs of node 1 as free. The
+    metrics say the API is down and how old the counts are."""
+    from tests.standin_helpers import free_port
+    from tests.test_hardening import scrape
+
+    port = free_port()
+    async with cpus_mode(two_nodes, sock_dir, "--metrics-address", f"127.0.0.1:{port}") as (
+        kubelet,
+        plugin,
+    ):
+        await wait_all_live(kubelet, [R0, R1], timeout=20)
+        kubelet.add_pod("web", "nginx", [("nginx", {}, [5, 6, 7])])
+        await kubelet.wait_until(lambda: kubelet.allocatable(R1) == 1, timeout=5)
+        await eventually(lambda: "numa_device_plugin_pod_resources_up 1.0" in scrape(port))
+        before = healths(kubelet, R1)
+
+        await kubelet.stop_pod_resources()
+        await eventually(lambda: "numa_device_plugin_pod_resources_up 0.0" in scrape(port))
+        await asyncio.sleep(1.0)  # five more failed reads at 0.2 s
+        assert kubelet.allocatable(R1) == 1, "the outage made busy CPUs look free"
+        assert healths(kubelet, R1) == before
+        ages = [
+            float(line.split()[-1])
+            for line in scrape(port).splitlines()
+            if line.startswith("numa_device_plugin_pod_resources_last_read_age_seconds ")
+        ]
+        assert ages and ages[0] >= 1.0
+
+        # It answers again, without the foreign pod: fresh counts.
+        kubelet.remove_pod("web", "nginx")
+        await kubelet.start_pod_resources()
+        await kubelet.wait_until(lambda: kubelet.allocatable(R1) == 4, timeout=5)
+        assert await plugin.terminate() == 0
+    said = [e["event"] for e in plugin.events() if "cannot be read" in e["event"]]
+    assert said == [
+        "the kubelet's pod resources API cannot be read; keeping the counts of its last "
+        "answer until it can"
+    ]
