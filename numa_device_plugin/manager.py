@@ -58,6 +58,9 @@ log = structlog.get_logger(__name__)
 
 # Seconds between attempts to take the instance lock while another instance holds it.
 LOCK_POLL = 0.2
+# Seconds between checks that the lock file is still the one this instance locked (its
+# subfolder is not watched: the file may be deleted, or replaced, without an event).
+LOCK_CHECK = 2.0
 # Seconds after an Allocate to read the pod resources API again: the kubelet's CPU
 # manager assigns the container's CPUs right after the device manager's Allocate.
 ALLOCATE_POLL_DELAY = 0.5
@@ -71,6 +74,7 @@ ALLOCATABLE_EVERY = 12
 STREAM_LOST = "ListAndWatch stream lost"
 RELOAD = "reload requested"
 STOP = "stop requested"
+LOCK_CHANGED = "lock file changed"
 
 PLUGIN_OPTIONS = api_pb2.DevicePluginOptions(
     pre_start_required=False, get_preferred_allocation_available=True
@@ -432,10 +436,13 @@ class PluginManager:
         watcher.start()
         client = PodResourcesClient(self.config.pod_resources_path)
         self._poll_now = asyncio.Event()
+        lock_check = asyncio.create_task(self._check_lock(), name="lock check")
+        first = True
         try:
             while not self._stopping:
-                if not await self._acquire_lock():
+                if not await self._acquire_lock(raise_errors=first):
                     break
+                first = False
                 log.info(
                     "device plugin started",
                     socket_dir=str(self.config.socket_dir),
@@ -454,6 +461,8 @@ class PluginManager:
                 if self._lock_lost:
                     await self._stop_endpoints(set(self._endpoints), self.config.shutdown_grace)
         finally:
+            lock_check.cancel()
+            await asyncio.gather(lock_check, return_exceptions=True)
             watcher.stop()
             if self._poll_timer is not None:
                 self._poll_timer.cancel()
@@ -468,29 +477,52 @@ class PluginManager:
         for resource in self.resources.values():
             check_socket_path(self.config.socket_dir / resource.socket_name)
 
-    async def _acquire_lock(self) -> bool:
+    async def _acquire_lock(self, *, raise_errors: bool) -> bool:
         """Take the instance lock, waiting (polling every LOCK_POLL seconds) while another
-        instance holds it. False when asked to stop meanwhile."""
+        instance holds it, or, unless ``raise_errors`` (at start, where OSError is
+        raised), while the lock file cannot be locked. Meanwhile nothing is served and
+        ``/readyz`` says why. False when asked to stop meanwhile."""
         assert self._woken is not None
-        announced = False
+        announced: str | None = None
         while not self._stopping:
-            if self.lock.try_acquire():
+            error: OSError | None = None
+            try:
+                acquired = self.lock.try_acquire()
+            except OSError as exc:
+                if raise_errors:
+                    raise
+                acquired, error = False, exc
+            if acquired:
                 if announced:
                     log.info("took over the instance lock", lock=str(self.lock.path))
                 self._lock_problem = None
                 return True
-            holder = self.lock.holder()
-            self._lock_problem = (
-                f"another instance ({holder}) holds the lock {self.lock.path}; "
-                "waiting for it to exit"
-            )
-            if not announced:
-                log.warning(
-                    "another instance serves this device-plugin folder; waiting for it to exit",
-                    holder=holder,
-                    lock=str(self.lock.path),
+            if error is not None:
+                kind = "error"
+                problem = f"cannot lock {self.lock.path}: {error}; serving nothing until it can"
+                if announced != kind:
+                    log.error(
+                        "cannot lock the device-plugin folder; serving nothing until it can",
+                        lock=str(self.lock.path),
+                        error=str(error),
+                    )
+            else:
+                kind = "holder"
+                holder = self.lock.holder()
+                problem = (
+                    f"another instance ({holder}) holds the lock {self.lock.path}; "
+                    "waiting for it to exit"
                 )
-                announced = True
+                if announced != kind:
+                    log.warning(
+                        "another instance serves this device-plugin folder; waiting for it to exit",
+                        holder=holder,
+                        lock=str(self.lock.path),
+                    )
+            announced = kind
+            if problem != self._lock_problem:
+                self._lock_problem = problem
+                self._announce()
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(LOCK_POLL):
                     await self._woken.wait()
@@ -624,11 +656,26 @@ class PluginManager:
                 )
                 return True
         except OSError as exc:
-            log.error("cannot lock the device-plugin folder", error=str(exc))
-            return True
-        log.warning("another instance took the lock; standing down", holder=self.lock.holder())
+            # Serving without the lock could fight a newcomer: stand down until it can.
+            log.error(
+                "cannot lock the device-plugin folder; standing down",
+                lock=str(self.lock.path),
+                error=str(exc),
+            )
+            self._lock_problem = f"cannot lock {self.lock.path}: {exc}"
+        else:
+            log.warning("another instance took the lock; standing down", holder=self.lock.holder())
+            self._lock_problem = f"another instance ({self.lock.holder()}) holds the lock"
         self._lock_lost = True
         return False
+
+    async def _check_lock(self) -> None:
+        """Every LOCK_CHECK seconds, wake the loop when the lock file is no longer the
+        one this instance locked (deleted, replaced, or a folder put in its place)."""
+        while True:
+            await asyncio.sleep(LOCK_CHECK)
+            if self.lock.held and not self.lock.intact():
+                self.wake(LOCK_CHANGED)
 
     def _note_kubelet(self, kubelet: tuple[int, int, int] | None) -> None:
         """Count a kubelet restart (once) when a kubelet.sock other than the last

@@ -407,7 +407,8 @@ async def test_an_outage_of_the_pod_resources_api_keeps_the_last_counts(
             for line in scrape(port).splitlines()
             if line.startswith("numa_device_plugin_pod_resources_last_read_age_seconds ")
         ]
-        assert ages and ages[0] >= 1.0
+        assert ages, "no age series"
+        assert ages[0] >= 1.0
 
         # It answers again, without the foreign pod: fresh counts.
         kubelet.remove_pod("web", "nginx")

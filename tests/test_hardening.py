@@ -120,6 +120,66 @@ async def test_the_lock_survives_a_kubelet_restart(two_nodes: SysfsTree, sock_di
             assert accepted(kubelet) == 4
 
 
+async def test_a_lock_file_replaced_by_a_folder_makes_the_plugin_stand_down(
+    two_nodes: SysfsTree, sock_dir: Path
+) -> None:
+    """Holding no lock, the plugin must not serve: a newcomer could take the lock and
+    both would register. It stands down, unready, until it can lock again."""
+    port = free_port()
+    flags = ("--health-address", f"127.0.0.1:{port}")
+    lock = sock_dir / LOCK_DIR_NAME / LOCK_FILE_NAME
+    async with (
+        KubeletStandIn(sock_dir) as kubelet,
+        serve_process(two_nodes, sock_dir, *flags) as plugin,
+    ):
+        await wait_all_live(kubelet, NAMES, timeout=20)
+        await eventually(lambda: readyz(port)[0] == 200)
+        lock.unlink()
+        lock.mkdir()
+        await logged(plugin, "cannot lock the device-plugin folder; standing down")
+        await eventually(lambda: not any(kubelet.open_streams(name) for name in NAMES))
+        status, text = await asyncio.to_thread(readyz, port)
+        assert status == 503
+        assert f"cannot lock {lock}" in text
+        assert not list(sock_dir.glob("*.sock"))[1:], "only kubelet.sock is left"
+
+        lock.rmdir()
+        await logged(plugin, "took over the instance lock")
+        await wait_all_live(kubelet, NAMES, timeout=10)
+        await eventually(lambda: readyz(port)[0] == 200)
+        assert lock.read_text().startswith(f"pid={plugin.pid} ")
+        assert await plugin.terminate() == 0
+
+
+async def test_a_newcomer_on_a_new_lock_file_makes_the_plugin_stand_down(
+    two_nodes: SysfsTree, sock_dir: Path
+) -> None:
+    """The lock file deleted and locked anew by another instance: this one stands
+    down (its streams end, /readyz names the holder) and waits to take over."""
+    from numa_device_plugin.lock import InstanceLock
+
+    port = free_port()
+    flags = ("--health-address", f"127.0.0.1:{port}")
+    async with (
+        KubeletStandIn(sock_dir) as kubelet,
+        serve_process(two_nodes, sock_dir, *flags) as plugin,
+    ):
+        await wait_all_live(kubelet, NAMES, timeout=20)
+        (sock_dir / LOCK_DIR_NAME / LOCK_FILE_NAME).unlink()
+        newcomer = InstanceLock(sock_dir)
+        assert newcomer.try_acquire()
+        try:
+            await logged(plugin, "another instance took the lock; standing down")
+            await eventually(lambda: not any(kubelet.open_streams(name) for name in NAMES))
+            await eventually(lambda: "holds the lock" in readyz(port)[1])
+            assert f"pid={os.getpid()} " in readyz(port)[1]
+        finally:
+            newcomer.release()
+        await logged(plugin, "took over the instance lock")
+        await wait_all_live(kubelet, NAMES, timeout=10)
+        assert await plugin.terminate() == 0
+
+
 async def test_an_operators_stream_ending_is_not_the_kubelet_leaving(
     two_nodes: SysfsTree, sock_dir: Path
 ) -> None:
