@@ -190,11 +190,11 @@ def place_containers(bench: Rig, count: int) -> None:
 
 async def polling(idle_seconds: float, window: float = 8.0) -> list[Figure]:
     """Plugin CPU per pod resources read (List + GetAllocatableResources + the live
-    count) at 10 and 200 containers, read every 50 ms for a few seconds; then idle CPU
-    with the default 5 s interval. 2 NUMA nodes x 128 CPUs, --capacity cpus."""
+    count) at 10 and 200 containers, read every 100 ms (the floor) for a few seconds;
+    then idle CPU with the default 5 s interval. 2 NUMA nodes x 128 CPUs, cpus mode."""
     figures = []
     for containers in (10, 200):
-        fast = ("--pod-resources-interval", "0.05")
+        fast = ("--pod-resources-interval", "0.1")  # the floor
         async with rig(2, CPUS, cpus_per_node=128, extra=fast, pod_resources=True) as bench:
             place_containers(bench, containers)
             await settle(1.0)

@@ -44,7 +44,7 @@ from numa_device_plugin.api.podresources.v1 import api_pb2 as pr_pb2
 from numa_device_plugin.api.podresources.v1 import api_pb2_grpc as pr_grpc
 from numa_device_plugin.devices import HEALTHY, validate_extended_resource_name
 from numa_device_plugin.registration import API_VERSION, FRESH_CONNECTION, KUBELET_SOCKET_NAME
-from numa_device_plugin.server import UnixSocketServer
+from numa_device_plugin.server import UnixSocketServer, unix_target
 from numa_device_plugin.servicer import Context
 
 CHECKPOINT_NAME = "kubelet_internal_checkpoint"
@@ -371,7 +371,7 @@ class KubeletStandIn:
             return f"invalid resource name {request.resource_name!r}: {exc}"
         generation = self._generation
         channel = grpc.aio.insecure_channel(
-            f"unix://{self.directory / request.endpoint}", options=FRESH_CONNECTION
+            unix_target(self.directory / request.endpoint), options=FRESH_CONNECTION
         )
         client = PluginClient(request.resource_name, request.endpoint, channel, generation)
         try:

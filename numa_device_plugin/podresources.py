@@ -18,6 +18,7 @@ from numa_device_plugin.api.podresources.v1 import api_pb2 as pr_pb2
 from numa_device_plugin.api.podresources.v1 import api_pb2_grpc as pr_grpc
 from numa_device_plugin.capacity import KubeletView, view_from
 from numa_device_plugin.registration import FRESH_CONNECTION
+from numa_device_plugin.server import unix_target
 
 
 class PodResourcesError(Exception):
@@ -58,7 +59,7 @@ class PodResourcesClient:
         :class:`PodResourcesError` (and drops the connection and that answer)."""
         if self._channel is None:
             self._channel = grpc.aio.insecure_channel(
-                f"unix://{self.socket}", options=FRESH_CONNECTION
+                unix_target(self.socket), options=FRESH_CONNECTION
             )
         stub = pr_grpc.PodResourcesListerStub(self._channel)
         try:

@@ -1,31 +1,47 @@
-"""The HTTP listener for ``/metrics``, ``/healthz`` and ``/readyz``.
+"""The HTTP listeners for ``/metrics``, ``/healthz`` and ``/readyz``, on the event loop.
 
-A threaded WSGI server (standard library) on its own thread, so a scrape never
-waits for the event loop and a stuck event loop shows as a failing ``/healthz``:
+Every listener serves the probes; the one with metrics serves ``/metrics`` too:
 
-- ``/healthz``: 200 while the event loop runs a no-op within 2 s, else 503.
-- ``/readyz``: 200 while every advertised resource is registered with the
-  kubelet and its ListAndWatch stream is open, else 503 with one line per
-  failing resource (read on the event loop's thread).
+- ``/healthz``: 200 ``ok``. The answer comes from the event loop itself, so a stuck
+  loop answers nothing and the kubelet's probe times out (``timeoutSeconds``).
+- ``/readyz``: 200 while every advertised resource is registered with the kubelet
+  and its ListAndWatch stream is open, else 503 with one line per problem.
 - ``/metrics``: the Prometheus text format, where metrics are enabled.
+
+The listeners face the pod network (the DaemonSet binds every interface), so a
+connection costs a few kilobytes and no thread, and none may hold on:
+
+- a request head must arrive within :data:`READ_TIMEOUT` seconds and fit in
+  :data:`MAX_REQUEST` bytes (else 408 or 431, then close);
+- at most :data:`MAX_CONNECTIONS` connections are open at once. A new one beyond
+  that evicts the oldest open connection older than :data:`EVICT_AGE` seconds (a
+  client that has not sent its request by then is slow or hostile); when every open
+  connection is younger, the new one is closed at once. A prober, which sends its
+  request as it connects, is answered within a loop turn or two and so is neither
+  held up by a slowloris crowd nor evicted by it;
+- one request per connection (``Connection: close``), so a client cannot keep a
+  connection open by asking again.
 """
 
 from __future__ import annotations
 
 import asyncio
-import threading
-from collections.abc import Callable, Iterable
-from concurrent.futures import TimeoutError as FutureTimeout
-from socketserver import ThreadingMixIn
-from typing import Any
-from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
+import time
+from collections.abc import Callable
 
-LOOP_DEADLINE = 2.0
+# Seconds a client has to send its request head.
+READ_TIMEOUT = 5.0
+# Seconds an answer may take to leave (a client that reads nothing).
+WRITE_TIMEOUT = 5.0
+# Bytes of a request head: a probe or a scrape sends about 200.
+MAX_REQUEST = 8192
+# Open connections per listener (each costs ~3 KB of buffers and objects).
+MAX_CONNECTIONS = 128
+# Seconds an open connection must have had before a newcomer may evict it.
+EVICT_AGE = 0.5
 # What prometheus-client's generate_latest() writes: the text format 0.0.4.
 METRICS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
-
-Environ = dict[str, Any]
-StartResponse = Callable[[str, list[tuple[str, str]]], Any]
+TEXT = "text/plain; charset=utf-8"
 
 
 def parse_address(text: str) -> tuple[str, int]:
@@ -40,94 +56,157 @@ def parse_address(text: str) -> tuple[str, int]:
     return host, int(port)
 
 
-class _Server(ThreadingMixIn, WSGIServer):
-    daemon_threads = True
-    allow_reuse_address = True
-
-
-class _QuietHandler(WSGIRequestHandler):
-    def log_message(self, format: str, *args: Any) -> None:
-        pass  # probes every few seconds would flood the log
-
-
 class ProbeServer:
-    """Serves the endpoints above on ``address``; ``port`` is the bound port (for :0).
+    """Serves the endpoints above on ``address`` (``(host, port)``; port 0: any free
+    one, then :attr:`port` is the bound one).
 
-    ``readiness()`` runs on ``loop`` and returns the problems (empty when ready);
-    ``metrics()`` returns the exposition text, or None to serve no ``/metrics``.
-    ``health`` and ``metrics`` choose which endpoints this listener serves.
+    ``readiness()`` returns the problems (empty when ready); ``metrics()`` returns
+    the exposition text, or is None to serve no ``/metrics``. Both run on the
+    event loop. :meth:`start` raises OSError when the address cannot be bound or
+    resolved (``socket.gaierror``).
     """
 
     def __init__(
         self,
         address: tuple[str, int],
-        loop: asyncio.AbstractEventLoop,
         readiness: Callable[[], list[str]],
         metrics: Callable[[], bytes] | None,
         *,
-        health: bool = True,
+        max_connections: int = MAX_CONNECTIONS,
+        read_timeout: float = READ_TIMEOUT,
     ) -> None:
-        self._loop = loop
+        self.address = address
         self._readiness = readiness
         self._metrics = metrics
-        self._health = health
-        self._server = make_server(
-            address[0], address[1], self._app, server_class=_Server, handler_class=_QuietHandler
+        self._max_connections = max_connections
+        self._read_timeout = read_timeout
+        self._server: asyncio.Server | None = None
+        # Open connections, oldest first: their handler task and accept time.
+        self._open: dict[asyncio.Task[None], float] = {}
+        self.port = 0
+        self.evicted = 0
+        self.refused = 0
+
+    async def start(self) -> None:
+        """Bind and listen; raises OSError (bind) or socket.gaierror (resolve)."""
+        host, port = self.address
+        self._server = await asyncio.start_server(
+            self._connected,
+            host,
+            port,
+            limit=MAX_REQUEST,
+            backlog=self._max_connections,
+            reuse_address=True,
         )
-        self.port: int = self._server.server_address[1]
-        self._thread: threading.Thread | None = None
+        self.port = self._server.sockets[0].getsockname()[1]
 
-    def start(self) -> None:
-        self._thread = threading.Thread(
-            target=self._server.serve_forever, name="probes", daemon=True
-        )
-        self._thread.start()
+    async def stop(self) -> None:
+        """Stop listening and drop open connections. Idempotent."""
+        server, self._server = self._server, None
+        if server is None:
+            return
+        server.close()
+        for task in list(self._open):
+            task.cancel()
+        await asyncio.gather(*self._open, return_exceptions=True)
+        await server.wait_closed()
 
-    def stop(self) -> None:
-        """Stop serving and close the listening socket. Idempotent."""
-        if self._thread is not None:
-            self._server.shutdown()
-            self._thread.join(timeout=5)
-            self._thread = None
-        self._server.server_close()
+    @property
+    def connections(self) -> int:
+        """Connections open now."""
+        return len(self._open)
 
-    def _app(self, environ: Environ, start_response: StartResponse) -> Iterable[bytes]:
-        path = environ.get("PATH_INFO", "")
+    async def _connected(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        now = time.monotonic()
+        if len(self._open) >= self._max_connections and not self._evict_oldest(now):
+            self.refused += 1
+            writer.transport.abort()
+            return
+        self._open[task] = now
+        try:
+            await self._serve(reader, writer)
+        except (ConnectionError, asyncio.CancelledError, TimeoutError, OSError):
+            pass
+        finally:
+            self._open.pop(task, None)
+            writer.close()
+
+    def _evict_oldest(self, now: float) -> bool:
+        oldest, since = next(iter(self._open.items()))
+        if now - since < EVICT_AGE:
+            return False
+        del self._open[oldest]
+        oldest.cancel()
+        self.evicted += 1
+        return True
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            async with asyncio.timeout(self._read_timeout):
+                head = await reader.readuntil(b"\r\n\r\n")
+        except TimeoutError:
+            await self._reply(writer, 408, "Request Timeout", b"request head too slow\n")
+            return
+        except asyncio.LimitOverrunError:
+            await self._reply(writer, 431, "Request Header Fields Too Large", b"too large\n")
+            return
+        except asyncio.IncompleteReadError:
+            return  # closed before a whole head: nobody to answer
+        method, path = _request_line(head)
+        if method is None:
+            await self._reply(writer, 400, "Bad Request", b"bad request\n")
+            return
+        if method not in ("GET", "HEAD"):
+            await self._reply(writer, 405, "Method Not Allowed", b"GET only\n")
+            return
+        status, reason, body, content_type = self._answer(path)
+        await self._reply(writer, status, reason, body, content_type, head_only=method == "HEAD")
+
+    def _answer(self, path: str) -> tuple[int, str, bytes, str]:
+        path = path.split("?", 1)[0]
         if path == "/metrics" and self._metrics is not None:
-            body = self._metrics()
-            return _reply(start_response, "200 OK", body, METRICS_CONTENT_TYPE)
-        if path == "/healthz" and self._health:
-            if self._on_loop(lambda: None) is _STUCK:
-                return _reply(start_response, "503 Service Unavailable", b"event loop stuck\n")
-            return _reply(start_response, "200 OK", b"ok\n")
-        if path == "/readyz" and self._health:
-            problems = self._on_loop(self._readiness)
-            if problems is _STUCK:
-                problems = ["event loop stuck"]
+            return 200, "OK", self._metrics(), METRICS_CONTENT_TYPE
+        if path == "/healthz":
+            return 200, "OK", b"ok\n", TEXT
+        if path == "/readyz":
+            problems = self._readiness()
             if problems:
                 text = "".join(f"{line}\n" for line in problems)
-                return _reply(start_response, "503 Service Unavailable", text.encode())
-            return _reply(start_response, "200 OK", b"ok\n")
-        return _reply(start_response, "404 Not Found", b"not found\n")
+                return 503, "Service Unavailable", text.encode(), TEXT
+            return 200, "OK", b"ok\n", TEXT
+        return 404, "Not Found", b"not found\n", TEXT
 
-    def _on_loop(self, function: Callable[[], Any]) -> Any:
-        async def call() -> Any:
-            return function()
-
+    @staticmethod
+    async def _reply(
+        writer: asyncio.StreamWriter,
+        status: int,
+        reason: str,
+        body: bytes,
+        content_type: str = TEXT,
+        *,
+        head_only: bool = False,
+    ) -> None:
+        head = (
+            f"HTTP/1.1 {status} {reason}\r\nContent-Type: {content_type}\r\n"
+            f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
+        ).encode()
+        writer.write(head if head_only else head + body)
         try:
-            return asyncio.run_coroutine_threadsafe(call(), self._loop).result(LOOP_DEADLINE)
-        except (FutureTimeout, RuntimeError):
-            return _STUCK
+            async with asyncio.timeout(WRITE_TIMEOUT):
+                await writer.drain()
+        except (ConnectionError, TimeoutError):
+            writer.transport.abort()  # a client that reads nothing keeps no buffer here
 
 
-_STUCK = object()
-
-
-def _reply(
-    start_response: StartResponse,
-    status: str,
-    body: bytes,
-    content_type: str = "text/plain; charset=utf-8",
-) -> list[bytes]:
-    start_response(status, [("Content-Type", content_type), ("Content-Length", str(len(body)))])
-    return [body]
+def _request_line(head: bytes) -> tuple[str | None, str]:
+    """``(method, path)`` of a request head, ``(None, "")`` when it is not HTTP/1.x."""
+    line = head.split(b"\r\n", 1)[0]
+    parts = line.split(b" ")
+    if len(parts) != 3 or not parts[2].startswith(b"HTTP/1.") or not parts[1].startswith(b"/"):
+        return None, ""
+    try:
+        return parts[0].decode("ascii"), parts[1].decode("ascii")
+    except UnicodeDecodeError:
+        return None, ""

@@ -15,6 +15,7 @@ from pathlib import Path
 import grpc
 
 from numa_device_plugin.api.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
+from numa_device_plugin.server import unix_target
 
 API_VERSION = "v1beta1"
 # A private subchannel pool per channel: grpc would otherwise reuse a connection
@@ -55,7 +56,7 @@ async def register(
     Always dials the socket anew. Fails fast (UNAVAILABLE) when nothing listens.
     Raises :class:`RegistrationError`.
     """
-    target = f"unix://{kubelet_socket}"
+    target = unix_target(kubelet_socket)
     async with grpc.aio.insecure_channel(target, options=FRESH_CONNECTION) as channel:
         stub = api_pb2_grpc.RegistrationStub(channel)
         try:

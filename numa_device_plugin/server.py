@@ -42,6 +42,13 @@ def check_socket_path(path: Path) -> None:
         )
 
 
+def unix_target(path: Path) -> str:
+    """The gRPC target of the unix socket ``path``, made absolute: gRPC reads
+    ``unix://relative/x`` as an authority, refuses it, and its C core logs a trace
+    block on every attempt."""
+    return f"unix://{os.path.abspath(path)}"
+
+
 def file_identity(path: Path) -> tuple[int, int, int] | None:
     """``(st_dev, st_ino, st_ctime_ns)`` of ``path``, None when it does not exist.
 
@@ -101,7 +108,7 @@ class UnixSocketServer:
             log.info("removed stale socket", path=str(self.path))
         server = grpc.aio.server()
         self._add_servicers(server)
-        server.add_insecure_port(f"unix://{self.path}")
+        server.add_insecure_port(unix_target(self.path))
         await server.start()
         self._server = server
         self._identity = file_identity(self.path)

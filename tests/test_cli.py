@@ -98,7 +98,6 @@ def test_every_option_of_every_command_has_its_variable() -> None:
         ("1", [], True),
         ("yes", [], True),
         ("off", [], False),
-        ("", [], False),
         ("true", ["--no-include-cpuless-nodes"], False),
         ("false", ["--include-cpuless-nodes"], True),
     ],

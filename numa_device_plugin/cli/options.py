@@ -3,11 +3,14 @@ environment variable (``NUMA_`` + the flag in upper case), shown by ``--help``.
 
 A flag on the command line beats its variable, the variable beats the default. A bad
 value, from either, is a :class:`click.BadParameter`: exit 2 with the command's usage,
-naming the flag and, when it came from there, the variable.
+naming the flag and, when the value came from there, the variable. A variable set but
+empty is such an error too (it would otherwise silently mean the default), except for
+the listener addresses, where empty means off as documented.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -86,11 +89,33 @@ def cpulist(text: str) -> frozenset[int]:
         raise ValueError(f"{text!r} is not a cpulist like 0-1,8: {exc}") from None
 
 
+# The floor of --pod-resources-interval: below it the poller spins for nothing.
+MIN_INTERVAL = 0.1
+
+
+def interval(text: str) -> float:
+    """A finite number of seconds, at least :data:`MIN_INTERVAL`."""
+    value = seconds(text)
+    if value < MIN_INTERVAL:
+        raise ValueError(f"{text!r} is below the floor of {MIN_INTERVAL} seconds")
+    return value
+
+
 def folder(text: str) -> Path:
-    """A non-empty path."""
+    """A non-empty path, made absolute against the working folder (gRPC's ``unix:``
+    targets take absolute paths only; a relative one never connects)."""
     if not text:
         raise ValueError("an empty path")
-    return Path(text)
+    return Path(os.path.abspath(text))
+
+
+def existing_folder(text: str) -> Path:
+    """A :func:`folder` that exists now."""
+    path = folder(text)
+    if not path.is_dir():
+        what = "is not a folder" if path.exists() else "does not exist"
+        raise ValueError(f"{path} {what}")
+    return path
 
 
 class Converted(click.ParamType[Any]):
@@ -109,6 +134,38 @@ class Converted(click.ParamType[Any]):
             self.fail(str(exc), param, ctx)
 
 
+class Option(click.Option):
+    """A click option whose errors name its variable only when the value came from
+    it, and whose variable, when set but empty, is an error unless ``allow_empty``."""
+
+    def __init__(self, *args: Any, allow_empty: bool = False, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.allow_empty = allow_empty
+
+    def get_error_hint(self, ctx: click.Context | None) -> str:
+        hint = " / ".join(f"'{opt}'" for opt in self.opts)
+        source = ctx.get_parameter_source(self.name) if ctx is not None and self.name else None
+        if source is click.core.ParameterSource.ENVIRONMENT and isinstance(self.envvar, str):
+            hint += f" (env var: '{self.envvar}')"
+        return hint
+
+    def resolve_envvar_value(self, ctx: click.Context) -> str | None:
+        if isinstance(self.envvar, str) and os.environ.get(self.envvar) == "":
+            if self.allow_empty:
+                return None
+            raise click.BadParameter(
+                f"the variable {self.envvar} is set but empty; unset it to use the default",
+                ctx,
+                param_hint=" / ".join(f"'{opt}'" for opt in self.opts),
+            )
+        return super().resolve_envvar_value(ctx)
+
+
+def param(ctx: click.Context, name: str) -> click.Parameter:
+    """The command's parameter named ``name`` (for errors found after parsing)."""
+    return next(p for p in ctx.command.params if p.name == name)
+
+
 def variable(flag: str) -> str:
     """The environment variable of ``flag``: ``--log-level`` -> ``NUMA_LOG_LEVEL``."""
     return ENV_PREFIX + flag.removeprefix("--").replace("-", "_").upper()
@@ -122,10 +179,13 @@ def _option(
     metavar: str | None = None,
     *,
     shown: str | None = None,
+    allow_empty: bool = False,
 ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     kind = convert if isinstance(convert, click.Choice) else Converted(metavar or "", convert)
     return click.option(
         flag,
+        cls=Option,
+        allow_empty=allow_empty,
         type=kind,
         default=default,
         envvar=variable(flag),
@@ -140,6 +200,7 @@ def _switch(flag: str, help: str) -> Callable[[Callable[..., Any]], Callable[...
     """An on/off option: ``--x`` / ``--no-x`` (the flag beats a variable set either way)."""
     return click.option(
         f"{flag}/--no-{flag.removeprefix('--')}",
+        cls=Option,
         is_flag=True,
         default=False,
         envvar=variable(flag),
@@ -149,7 +210,7 @@ def _switch(flag: str, help: str) -> Callable[[Callable[..., Any]], Callable[...
 
 
 sysfs_root = _option(
-    "--sysfs-root", "sysfs root holding devices/system", folder, Path("/sys"), "DIR"
+    "--sysfs-root", "sysfs root holding devices/system", existing_folder, Path("/sys"), "DIR"
 )
 socket_dir = _option(
     "--socket-dir",
@@ -193,19 +254,21 @@ log_format = _option("--log-format", "log format", click.Choice(("text", "json")
 output = _option("--output", "output format", click.Choice(("table", "json")), "table")
 metrics_address = _option(
     "--metrics-address",
-    "serve /metrics (and /healthz, /readyz) on HOST:PORT or :PORT; off when empty",
+    "serve /metrics, /healthz and /readyz on HOST:PORT or :PORT; off when empty",
     listener,
     "",
     "ADDR",
     shown="off",
+    allow_empty=True,
 )
 health_address = _option(
     "--health-address",
-    "serve /healthz and /readyz alone on HOST:PORT or :PORT",
+    "serve /healthz and /readyz (no /metrics) on HOST:PORT or :PORT; off when empty",
     listener,
     "",
     "ADDR",
     shown="off",
+    allow_empty=True,
 )
 probe_address = _option(
     "--address", "the plugin's health listener to ask", address, "127.0.0.1:9201", "ADDR"
@@ -221,7 +284,11 @@ pod_resources_socket = _option(
     shown="auto",
 )
 pod_resources_interval = _option(
-    "--pod-resources-interval", "seconds between reads of the pod resources API", seconds, 5.0, "S"
+    "--pod-resources-interval",
+    f"seconds between reads of the pod resources API (at least {MIN_INTERVAL})",
+    interval,
+    5.0,
+    "S",
 )
 reserved_cpus = _option(
     "--reserved-cpus",

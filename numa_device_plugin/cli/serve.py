@@ -7,7 +7,9 @@ SIGHUP re-reads sysfs and re-registers (:meth:`PluginManager.reload`).
 from __future__ import annotations
 
 import asyncio
+import os
 import signal
+import socket
 from collections.abc import Callable
 from typing import Any
 
@@ -51,18 +53,36 @@ def command(ctx: click.Context, /, **params: Any) -> int:
     try:
         check_socket_dir(config.socket_dir)
     except ValueError as exc:
-        raise click.BadParameter(str(exc), ctx, param_hint="'--socket-dir'") from None
+        raise click.BadParameter(str(exc), ctx, param=options.param(ctx, "socket_dir")) from None
     try:
         return asyncio.run(serve(config, params["metrics_address"], params["health_address"]))
     except SocketPathError as exc:
         raise click.BadParameter(
             str(exc), ctx, param_hint="'--socket-dir' / '--resource-prefix'"
         ) from None
+    except ListenerError as exc:
+        raise click.BadParameter(str(exc), ctx, param=options.param(ctx, exc.option)) from None
+
+
+class ListenerError(Exception):
+    """An HTTP listener could not be resolved or bound: ``option`` is its parameter
+    name (``metrics_address``), ``address`` the text given, ``error`` the OSError."""
+
+    def __init__(self, option: str, address: str, error: OSError) -> None:
+        self.option = option
+        self.address = address
+        self.error = error
+        if error.errno is not None and not isinstance(error, socket.gaierror):
+            reason = os.strerror(error.errno)  # asyncio wraps it in a longer text
+        else:
+            reason = error.strerror or str(error)
+        super().__init__(f"cannot listen on {address!r}: {reason}")
 
 
 async def serve(config: Config, metrics_address: str, health_address: str) -> int:
     """Run a :class:`PluginManager` for ``config`` with the HTTP listeners asked for
-    (``""``: none) until a stop signal; 0 then."""
+    (``""``: none) until a stop signal; 0 then. Raises :class:`ListenerError` when a
+    listener cannot be bound, before anything else is served."""
     loop = asyncio.get_running_loop()
     recorder = None
     render = None
@@ -72,47 +92,43 @@ async def serve(config: Config, metrics_address: str, health_address: str) -> in
         recorder = PrometheusRecorder()
         render = recorder.render
     manager = PluginManager(config, recorder=recorder)
-    probes = _probe_servers(manager, loop, metrics_address, health_address, render)
+    listeners = await _start_listeners(manager, metrics_address, health_address, render)
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, manager.stop)
     loop.add_signal_handler(signal.SIGHUP, manager.reload)
     try:
-        for server in probes:
-            server.start()
         await manager.serve()
     finally:
-        for server in probes:
-            server.stop()
+        for listener in listeners:
+            await listener.stop()
         for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             loop.remove_signal_handler(signum)
     return 0
 
 
-def _probe_servers(
+async def _start_listeners(
     manager: PluginManager,
-    loop: asyncio.AbstractEventLoop,
     metrics_address: str,
     health_address: str,
     render: Callable[[], bytes] | None,
 ) -> list[Any]:
-    """The HTTP listeners asked for: metrics (with health unless it has its own) and health."""
-    if not metrics_address and not health_address:
-        return []
+    """The HTTP listeners asked for, listening: both serve ``/healthz`` and ``/readyz``,
+    the metrics one ``/metrics`` too. Raises :class:`ListenerError`."""
     from numa_device_plugin.probes import ProbeServer, parse_address
 
-    servers = []
-    if metrics_address:
-        servers.append(
-            ProbeServer(
-                parse_address(metrics_address),
-                loop,
-                manager.readiness_problems,
-                render,
-                health=not health_address,
-            )
-        )
-    if health_address:
-        servers.append(
-            ProbeServer(parse_address(health_address), loop, manager.readiness_problems, None)
-        )
-    return servers
+    started: list[ProbeServer] = []
+    for option, address, metrics in (
+        ("metrics_address", metrics_address, render),
+        ("health_address", health_address, None),
+    ):
+        if not address:
+            continue
+        listener = ProbeServer(parse_address(address), manager.readiness_problems, metrics)
+        try:
+            await listener.start()
+        except OSError as exc:  # socket.gaierror too
+            for other in started:
+                await other.stop()
+            raise ListenerError(option, address, exc) from None
+        started.append(listener)
+    return started
