@@ -93,12 +93,68 @@ async def test_status_lists_holders_and_flags_misalignment(
     assert table.rstrip().endswith("misaligned containers: 2")
 
 
-async def test_status_without_a_kubelet_exits_1(
-    two_nodes: SysfsTree, sock_dir: Path, capsys: pytest.CaptureFixture[str]
+@pytest.mark.parametrize(
+    ("kind", "reason"),
+    [
+        ("absent", "no such socket (is the kubelet running"),
+        ("a file", "is a regular file, not a socket"),
+        ("a folder", "is a folder, not a socket"),
+        ("refused", "nothing answers on it (connection refused)"),
+        ("silent", "no answer within 0.5 s"),
+        ("unimplemented", "it does not serve the pod resources API v1"),
+    ],
+)
+async def test_status_failures_are_one_short_line(
+    kind: str,
+    reason: str,
+    two_nodes: SysfsTree,
+    sock_dir: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    code = await asyncio.to_thread(main, status_args(two_nodes, sock_dir / "missing.sock"))
+    """Once a 300-character gRPC text, and "Connection refused" for a file or a folder."""
+    import socket
+
+    from numa_device_plugin.cli import status
+    from numa_device_plugin.server import UnixSocketServer
+
+    monkeypatch.setattr(status, "FETCH_TIMEOUT", 0.5)
+    path = sock_dir / "kubelet.sock"
+    listener = socket.socket(socket.AF_UNIX)
+    server = UnixSocketServer(path, lambda _: None)  # no service at all
+    if kind == "a file":
+        path.write_text("")
+    elif kind == "a folder":
+        path.mkdir()
+    elif kind in ("refused", "silent"):
+        listener.bind(str(path))
+        if kind == "silent":
+            listener.listen()  # accepts, never speaks HTTP/2
+    elif kind == "unimplemented":
+        await server.start()
+    try:
+        code = await asyncio.to_thread(main, status_args(two_nodes, path))
+    finally:
+        listener.close()
+        await server.stop()
+    err = capsys.readouterr().err
     assert code == 1
-    assert "cannot read the pod resources API" in capsys.readouterr().err
+    assert err == f"numa-device-plugin status: {path}: {err.split(': ', 2)[2]}"
+    assert reason in err
+    assert err.count("\n") == 1, "one line"
+    assert len(err) < 200
+
+
+async def test_one_shot_commands_log_only_warnings_unless_asked(
+    two_nodes: SysfsTree, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """discover once logged a line per NUMA node to stderr (1,024 on a 1,024-node box)."""
+    code = await asyncio.to_thread(main, ["discover", "--sysfs-root", str(two_nodes.root)])
+    assert code == 0
+    assert capsys.readouterr().err == ""
+    args = ["discover", "--sysfs-root", str(two_nodes.root), "--log-level", "info"]
+    assert await asyncio.to_thread(main, args) == 0
+    assert "advertising NUMA node" in capsys.readouterr().err
 
 
 async def test_standin_pod_resources_get_and_allocatable(
@@ -141,3 +197,40 @@ def test_podresources_wire_names_and_numbers() -> None:
     assert fields("GetPodResourcesRequest") == [("pod_name", 1), ("pod_namespace", 2)]
     service = pr_pb2.DESCRIPTOR.services_by_name["PodResourcesLister"]
     assert [m.name for m in service.methods] == ["List", "GetAllocatableResources", "Get"]
+
+
+async def test_demo_keep_serves_until_sigint_and_status_reads_it(two_nodes: SysfsTree) -> None:
+    """`demo --keep` prints a status command line that works, then stops on Ctrl-C and
+    leaves no temp folder."""
+    import os
+    import shlex
+    import signal
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO
+
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    demo = subprocess.Popen(
+        [sys.executable, "-m", "numa_device_plugin", "demo", "--keep",
+         "--sysfs-root", str(two_nodes.root)],
+        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env,
+    )  # fmt: skip
+    try:
+        assert demo.stdout is not None
+        line = ""
+        async with asyncio.timeout(60):
+            while not line.strip().startswith("numa-device-plugin status "):
+                line = await asyncio.to_thread(demo.stdout.readline)
+                assert line, "the demo ended before printing the status command"
+        argv = shlex.split(line)[1:]
+        result = await asyncio.to_thread(main, argv)
+        assert result == 0
+        folder = Path(argv[argv.index("--socket-dir") + 1]).parent
+        demo.send_signal(signal.SIGINT)
+        assert await asyncio.to_thread(demo.wait, 30) == 0
+        assert not folder.exists()
+    finally:
+        if demo.poll() is None:
+            demo.kill()
+            demo.wait()

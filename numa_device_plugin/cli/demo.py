@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import signal
 import sys
 import tempfile
 from collections.abc import Awaitable, Sequence
@@ -23,7 +24,8 @@ from numa_device_plugin.manager import PluginManager, discover
 @click.command(
     "demo",
     help="Run the plugin on this machine's sysfs against an in-process kubelet stand-in in "
-    "a temp folder, print what registered and one Allocate, then exit.",
+    "a temp folder, print what registered and one Allocate, then exit (with --keep: serve "
+    "until Ctrl-C, for `status` and `health` to look at).",
 )
 @options.apply(
     options.sysfs_root,
@@ -32,6 +34,7 @@ from numa_device_plugin.manager import PluginManager, discover
     options.include_cpuless_nodes,
     options.log_level,
     options.log_format,
+    options.keep,
 )
 def command(**params: Any) -> int:
     """0 after the Allocate; 1 when nothing can be advertised or serving failed."""
@@ -87,6 +90,8 @@ async def _demo(params: dict[str, Any]) -> int:
                 response = await kubelet.allocate(first, [device])
                 envs = dict(response.container_responses[0].envs)
                 print(f"\nAllocate({first}, [{device}]) -> envs {json.dumps(envs)}")
+                if params["keep"]:
+                    await _keep_serving(kubelet, config, first, device, serving)
             finally:
                 manager.stop()
                 await asyncio.wait({serving})
@@ -105,3 +110,28 @@ def _print_demo(kubelet: KubeletStandIn, names: Sequence[str], folder: Path) -> 
             f"TopologyInfo NUMA node(s) {nodes}; allocatable {kubelet.allocatable(name)}"
         )
         print(f"    ids: {shown}")
+
+
+async def _keep_serving(
+    kubelet: KubeletStandIn, config: Config, name: str, device: str, serving: asyncio.Task[None]
+) -> None:
+    """Show the Allocate's container in the stand-in's pod resources API (with the first
+    CPU of its NUMA node), say how to look, and serve until SIGINT or SIGTERM."""
+    node = int(name.rsplit("-", 1)[1])
+    cpus = sorted(next(p.node.cpus for p in discover(config).plans if p.node.id == node))
+    kubelet.add_pod("demo", "demo", [("app", {name: [device]}, cpus[:1])])
+    print(
+        "\nServing until Ctrl-C. In another terminal:\n"
+        f"  numa-device-plugin status --socket-dir {config.socket_dir} "
+        f"--pod-resources-socket {config.pod_resources_socket} --sysfs-root {config.sysfs_root}",
+        flush=True,
+    )
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(signum, stop.set)
+    try:
+        await _until(serving, stop.wait())
+    finally:
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(signum)

@@ -21,7 +21,7 @@ from numa_device_plugin.manager import Discovery, discover
     options.resource_prefix,
     options.include_cpuless_nodes,
     options.output,
-    options.log_level,
+    options.quiet_log_level,
 )
 def command(**params: Any) -> int:
     """0 after printing; a malformed sysfs file raises SysfsError (exit 1 from main)."""
@@ -79,6 +79,5 @@ def table(document: dict[str, Any]) -> str:
         "  ".join([*(c.ljust(w) for c, w in zip(row, widths, strict=False)), row[-1]]).rstrip()
         for row in rows
     ]
-    lines.append("")
     lines.append("resources: " + (", ".join(document["resources"]) or "(none)"))
     return "\n".join(lines)

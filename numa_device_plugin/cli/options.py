@@ -250,6 +250,8 @@ shutdown_grace = _option(
     "S",
 )
 log_level = _option("--log-level", "log level", click.Choice(LEVELS), "info")
+# The one-shot commands (discover, status) say only what went wrong unless asked.
+quiet_log_level = _option("--log-level", "log level", click.Choice(LEVELS), "warning")
 log_format = _option("--log-format", "log format", click.Choice(("text", "json")), "text")
 output = _option("--output", "output format", click.Choice(("table", "json")), "table")
 metrics_address = _option(
@@ -299,6 +301,7 @@ reserved_cpus = _option(
     "LIST",
     shown="none",
 )
+keep = _switch("--keep", "after the Allocate, keep serving until Ctrl-C (SIGINT) or SIGTERM")
 allow_unaligned = _switch(
     "--allow-unaligned", "keep devices Healthy on a kubelet whose CPU manager policy is not static"
 )

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import stat
 import sys
+from pathlib import Path
 from typing import Any
 
 import click
@@ -30,7 +32,7 @@ from numa_device_plugin.manager import discover
     options.capacity_option,
     options.include_cpuless_nodes,
     options.output,
-    options.log_level,
+    options.quiet_log_level,
 )
 @click.pass_context
 def command(ctx: click.Context, /, **params: Any) -> int:
@@ -44,13 +46,49 @@ def command(ctx: click.Context, /, **params: Any) -> int:
     except ValueError as exc:
         raise click.UsageError(str(exc), ctx) from None
     discovery = discover(config)
-    try:
-        pods, allocatable = asyncio.run(fetch(config.pod_resources_path))
-    except PodResourcesError as exc:
-        print(f"numa-device-plugin: {exc}", file=sys.stderr)
+    socket = config.pod_resources_path
+    problem = socket_problem(socket)
+    if problem is None:
+        try:
+            pods, allocatable = asyncio.run(fetch(socket, timeout=FETCH_TIMEOUT))
+        except PodResourcesError as exc:
+            problem = call_problem(exc.code.name, exc.details)
+    if problem is not None:
+        print(f"numa-device-plugin status: {socket}: {problem}", file=sys.stderr)
         return 1
     document = build_status(discovery, config, pods, allocatable)
     click.echo(
         json.dumps(document, indent=2) if params["output"] == "json" else render_table(document)
     )
     return 0
+
+
+# Seconds each pod resources call may take.
+FETCH_TIMEOUT = 5.0
+
+
+def socket_problem(path: Path) -> str | None:
+    """Why nothing could answer at ``path`` (absent, a file, a folder), or None."""
+    try:
+        mode = path.stat().st_mode
+    except FileNotFoundError:
+        return "no such socket (is the kubelet running, and this its pod-resources folder?)"
+    except OSError as exc:
+        return f"cannot be read ({exc.strerror})"
+    if stat.S_ISSOCK(mode):
+        return None
+    if stat.S_ISDIR(mode):
+        return "is a folder, not a socket"
+    return "is a regular file, not a socket" if stat.S_ISREG(mode) else "is not a socket"
+
+
+def call_problem(code: str, details: str) -> str:
+    """One short line for a failed call, by its gRPC status code name."""
+    reasons = {
+        "UNAVAILABLE": "nothing answers on it (connection refused)",
+        "DEADLINE_EXCEEDED": f"no answer within {FETCH_TIMEOUT:g} s",
+        "UNIMPLEMENTED": "it does not serve the pod resources API v1 "
+        "(List, GetAllocatableResources); a kubelet older than 1.23?",
+        "PERMISSION_DENIED": "permission denied",
+    }
+    return reasons.get(code, f"{code}: {details.splitlines()[0][:120] if details else ''}")
