@@ -172,6 +172,43 @@ async def footprint(idle_seconds: float, calls: int) -> list[Figure]:
     return figures
 
 
+# -- scale -------------------------------------------------------------------------------------
+
+# NUMA nodes per scale run; the DaemonSet's memory limit must cover 64 with a 2x margin.
+SCALE_NODES = (8, 64, 256)
+MEMORY_LIMIT_MB = 160
+
+
+async def scale() -> list[Figure]:
+    """RSS, open fds and threads of a registered plugin with metrics on, at 8, 64 and
+    256 NUMA nodes x 100 slots; then the cost of one more NUMA node (the slope from
+    64 to 256)."""
+    figures = []
+    rss: dict[int, float] = {}
+    fds: dict[int, int] = {}
+    for nodes in SCALE_NODES:
+        extra = ("--metrics-address", "127.0.0.1:0")
+        async with rig(nodes, extra=extra) as bench:
+            await settle(2.0)
+            rss[nodes] = bench.plugin.rss_bytes() / MB
+            fds[nodes] = bench.plugin.open_fds()
+            threads = bench.plugin.threads()
+        config = f"{nodes} NUMA nodes x 100 slots, metrics on"
+        target = MEMORY_LIMIT_MB / 2 if nodes == 64 else None
+        figures += [
+            Figure("scale", config, "RSS", rss[nodes], "MB", target),
+            Figure("scale", config, "open fds", fds[nodes], "fds"),
+            Figure("scale", config, "threads", threads, "threads"),
+        ]
+    low, high = SCALE_NODES[1], SCALE_NODES[2]
+    per_node = f"per NUMA node ({low} -> {high})"
+    figures += [
+        Figure("scale", per_node, "RSS", (rss[high] - rss[low]) / (high - low), "MB"),
+        Figure("scale", per_node, "open fds", (fds[high] - fds[low]) / (high - low), "fds"),
+    ]
+    return figures
+
+
 # -- pod resources polling -------------------------------------------------------------------
 
 
@@ -264,7 +301,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.bench", description=__doc__)
     parser.add_argument(
         "which",
-        choices=("all", "reregistration", "allocate", "startup", "footprint", "polling"),
+        choices=("all", "reregistration", "allocate", "startup", "footprint", "polling", "scale"),
     )
     parser.add_argument("--json", action="store_true", help="print the figures as JSON")
     parser.add_argument("--restarts", type=int, default=200, help="kubelet restarts per size")
@@ -286,6 +323,7 @@ def main(argv: list[str] | None = None) -> int:
         "startup": lambda: startup(args.runs),
         "footprint": lambda: footprint(args.idle_seconds, args.calls),
         "polling": lambda: polling(args.idle_seconds, args.window),
+        "scale": scale,
     }
     selected = list(jobs) if args.which == "all" else [args.which]
     figures: list[Figure] = []

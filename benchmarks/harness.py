@@ -110,6 +110,12 @@ class PluginProcess:
                 return int(line.split()[1]) * 1024
         raise RuntimeError("no VmRSS in /proc/PID/status")
 
+    def threads(self) -> int:
+        for line in Path(f"/proc/{self.pid}/status").read_text().splitlines():
+            if line.startswith("Threads:"):
+                return int(line.split()[1])
+        raise RuntimeError("no Threads in /proc/PID/status")
+
     def open_fds(self) -> int:
         return len(os.listdir(f"/proc/{self.pid}/fd"))
 

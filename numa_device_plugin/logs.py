@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import logging
 import sys
+import time
+from collections import Counter
+from collections.abc import Hashable
 from typing import Literal
 
 import structlog
@@ -50,3 +53,25 @@ def configure_logging(level: str = "info", fmt: LogFormat = "text") -> None:
         logger_factory=structlog.PrintLoggerFactory(file=_CurrentStderr()),  # type: ignore[arg-type]
         cache_logger_on_first_use=False,
     )
+
+
+class LogLimiter:
+    """At most one log line per key (a failure kind) per ``period`` seconds, however
+    many resources fail the same way; the lines held back are counted and reported
+    with the next one that passes."""
+
+    def __init__(self, period: float) -> None:
+        self.period = period
+        self._last: dict[Hashable, float] = {}
+        self._held: Counter[Hashable] = Counter()
+
+    def allow(self, key: Hashable) -> int | None:
+        """None when a line of ``key`` was let through less than ``period`` seconds
+        ago (this one is held back); else the number held back since, to log with it."""
+        now = time.monotonic()
+        last = self._last.get(key)
+        if last is not None and now - last < self.period:
+            self._held[key] += 1
+            return None
+        self._last[key] = now
+        return self._held.pop(key, 0)

@@ -38,7 +38,9 @@ from numa_device_plugin.api.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
 from numa_device_plugin.capacity import KubeletView, NodeCapacity, live_devices, node_capacity
 from numa_device_plugin.config import Config
 from numa_device_plugin.devices import HEALTHY, Resource, build_resources
+from numa_device_plugin.limits import FdLimitError, ensure_fds, fds_needed
 from numa_device_plugin.lock import InstanceLock
+from numa_device_plugin.logs import LogLimiter
 from numa_device_plugin.memory import release_free_memory
 from numa_device_plugin.podresources import PodResourcesClient, PodResourcesError
 from numa_device_plugin.recorder import NullRecorder, Recorder
@@ -168,8 +170,10 @@ class PluginManager:
         *,
         discover_fn: Callable[[Config], Discovery] = discover,
         recorder: Recorder | None = None,
+        listener_connections: int = 0,
     ) -> None:
         self.config = config
+        self._listener_connections = listener_connections
         self.recorder: Recorder = recorder or NullRecorder()
         self._discover_fn = discover_fn
         self.discovery: Discovery | None = None
@@ -186,6 +190,9 @@ class PluginManager:
         self._seen_kubelet: tuple[int, int, int] | None = None
         self.lock = InstanceLock(config.socket_dir)
         self._lock_problem: str | None = None
+        self._serve_problem: str | None = None
+        # One line per failure kind per longest backoff, for every resource together.
+        self._log_limiter = LogLimiter(Backoff().maximum)
         self._lock_lost = False
         self.started = asyncio.Event()
         self._idle = False
@@ -388,7 +395,7 @@ class PluginManager:
             return [self._lock_problem]
         if not self.resources:
             return ["no NUMA node is advertised"]
-        problems = []
+        problems = [] if self._serve_problem is None else [self._serve_problem]
         for name in self.resources:
             if name not in self.registered:
                 problems.append(f"{name}: not registered with the kubelet")
@@ -421,7 +428,9 @@ class PluginManager:
         long as another instance holds it. Only then are sockets touched.
 
         Raises :class:`~numa_device_plugin.sysfs.SysfsError` when the first
-        discovery fails, :class:`~numa_device_plugin.server.SocketPathError` when
+        discovery fails, :class:`~numa_device_plugin.limits.FdLimitError` when its
+        resources cannot get the file descriptors they need,
+        :class:`~numa_device_plugin.server.SocketPathError` when
         a socket path is too long, and OSError when the device-plugin folder
         cannot be created, watched or locked. Later failures are logged and
         retried, never raised.
@@ -429,7 +438,9 @@ class PluginManager:
         self._woken = asyncio.Event()
         if self._reasons:
             self._woken.set()
-        self._set_discovery(await asyncio.to_thread(self._discover_fn, self.config))
+        discovery = await asyncio.to_thread(self._discover_fn, self.config)
+        self._check_fds(discovery)
+        self._set_discovery(discovery)
         self._check_socket_paths()
         self.config.socket_dir.mkdir(parents=True, exist_ok=True)
         watcher = SocketDirWatcher(self.config.socket_dir, self.wake, asyncio.get_running_loop())
@@ -470,6 +481,13 @@ class PluginManager:
             await self._stop_endpoints(set(self._endpoints), self.config.shutdown_grace)
             self.lock.release()
             log.info("device plugin stopped")
+
+    def _check_fds(self, discovery: Discovery) -> None:
+        """Raise the soft RLIMIT_NOFILE as far as ``discovery``'s resources need;
+        raises :class:`~numa_device_plugin.limits.FdLimitError` when they cannot fit."""
+        count = len(discovery.resources)
+        soft, hard = ensure_fds(fds_needed(count, self._listener_connections), count)
+        log.debug("file descriptor limit", soft=soft, hard=hard, resources=count)
 
     def _check_socket_paths(self) -> None:
         """Raise SocketPathError when kubelet.sock's or a resource's socket path is too long."""
@@ -692,7 +710,8 @@ class PluginManager:
             discovery = await asyncio.to_thread(self._discover_fn, self.config)
             for resource in discovery.resources.values():
                 check_socket_path(self.config.socket_dir / resource.socket_name)
-        except (sysfs.SysfsError, ValueError) as exc:
+            self._check_fds(discovery)
+        except (sysfs.SysfsError, ValueError, FdLimitError) as exc:
             log.error("rediscovery failed; keeping the current resources", error=str(exc))
             return
         old = set(self.resources)
@@ -718,10 +737,26 @@ class PluginManager:
             *(self._start_endpoint(self.resources[name], kubelet) for name in to_start),
             return_exceptions=True,
         )
-        for name, result in zip(to_start, results, strict=True):
-            if isinstance(result, BaseException):
-                log.error("cannot serve resource; retrying", resource=name, error=str(result))
-                self._to_restart.add(name)
+        failed = {
+            name: str(result)
+            for name, result in zip(to_start, results, strict=True)
+            if isinstance(result, BaseException)
+        }
+        self._to_restart |= set(failed)
+        self._serve_problem = None
+        if failed:
+            # One line per pass, however many resources failed (out of file descriptors,
+            # 1,024 resources once wrote 560 lines a second); /readyz says it too.
+            first = next(iter(failed.values()))
+            self._serve_problem = (
+                f"cannot serve {len(failed)} resource(s) (first error: {first}); retrying"
+            )
+            log.error(
+                "cannot serve resources; retrying",
+                count=len(failed),
+                resources=sorted(failed)[:5],
+                error=first,
+            )
 
     async def _start_endpoint(self, resource: Resource, kubelet: tuple[int, int, int]) -> None:
         servicer = self._servicers[resource.name]
@@ -754,16 +789,20 @@ class PluginManager:
                 break
             except RegistrationError as exc:
                 self.recorder.registration(name, False)
-                log.warning(
-                    "registration failed; will retry",
-                    resource=name,
-                    code=exc.code.name,
-                    details=exc.details,
-                    attempt=backoff.attempts + 1,
-                )
+                held = self._log_limiter.allow(("registration failed", exc.code))
+                if held is not None:
+                    log.warning(
+                        "registration failed; will retry",
+                        resource=name,
+                        code=exc.code.name,
+                        details=exc.details[:200],
+                        attempt=backoff.attempts + 1,
+                        similar_held_back=held,
+                    )
             except Exception:
                 self.recorder.registration(name, False)
-                log.exception("registration crashed; will retry", resource=name)
+                if self._log_limiter.allow("registration crashed") is not None:
+                    log.exception("registration crashed; will retry", resource=name)
             await asyncio.sleep(backoff.next_delay())
         self.recorder.registration(name, True)
         self._announce()

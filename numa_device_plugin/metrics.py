@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import platform
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 
 import grpc
 from prometheus_client import (
@@ -37,6 +37,8 @@ from prometheus_client import (
     disable_created_metrics,
     generate_latest,
 )
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
 
 from numa_device_plugin import __version__
 from numa_device_plugin.capacity import OTHERS, OURS, NodeCapacity
@@ -60,22 +62,11 @@ class PrometheusRecorder:
         ProcessCollector(registry=r)
         PlatformCollector(registry=r)
         GCCollector(registry=r)
-        self.cpus = Gauge("numa_node_cpus_count", "Usable (online) CPUs", ["numa_node"], registry=r)
-        self.memory = Gauge(
-            "numa_node_memory_bytes", "MemTotal of the NUMA node", ["numa_node"], registry=r
-        )
-        self.distance = Gauge(
-            "numa_node_distance",
-            "Kernel NUMA distance (10 = local)",
-            ["numa_node", "to_numa_node"],
-            registry=r,
-        )
-        self.advertised = Gauge(
-            "numa_node_advertised",
-            "1 if the NUMA node has an extended resource",
-            ["numa_node"],
-            registry=r,
-        )
+        # The topology series come from the last discovery at each scrape, with no
+        # object per series: the distance matrix alone is n² series (65,536 at 256
+        # NUMA nodes, once 60 MB as Gauge children).
+        self._plans: tuple[NodePlan, ...] = ()
+        r.register(_TopologyCollector(lambda: self._plans))
         prefix = "numa_device_plugin"
         self.devices_gauge = Gauge(
             f"{prefix}_devices", "Devices advertised", ["resource", "health"], registry=r
@@ -161,16 +152,8 @@ class PrometheusRecorder:
         build.labels(__version__, platform.python_version(), grpc.__version__).set(1)
 
     def topology(self, plans: tuple[NodePlan, ...], devices: dict[str, int]) -> None:
-        for metric in (self.cpus, self.memory, self.distance, self.advertised, self.devices_gauge):
-            metric.clear()
-        for plan in plans:
-            node = str(plan.node.id)
-            self.cpus.labels(node).set(len(plan.node.cpus))
-            if plan.node.memory_bytes is not None:
-                self.memory.labels(node).set(plan.node.memory_bytes)
-            for other, value in (plan.node.distances or {}).items():
-                self.distance.labels(node, str(other)).set(value)
-            self.advertised.labels(node).set(1 if plan.advertised else 0)
+        self._plans = plans
+        self.devices_gauge.clear()
         for resource, count in devices.items():
             self.devices_gauge.labels(resource, HEALTHY).set(count)
             self.devices_gauge.labels(resource, UNHEALTHY).set(0)
@@ -235,3 +218,41 @@ class PrometheusRecorder:
     def render(self) -> bytes:
         """The registry in the Prometheus text exposition format."""
         return generate_latest(self.registry)
+
+
+class _TopologyCollector(Collector):
+    """``numa_node_cpus_count``, ``numa_node_memory_bytes``, ``numa_node_distance`` and
+    ``numa_node_advertised``, built at each scrape from ``plans()``."""
+
+    def __init__(self, plans: Callable[[], tuple[NodePlan, ...]]) -> None:
+        self._plans = plans
+
+    def collect(self) -> Iterator[Metric]:
+        cpus = GaugeMetricFamily(
+            "numa_node_cpus_count", "Usable (online) CPUs", labels=["numa_node"]
+        )
+        memory = GaugeMetricFamily(
+            "numa_node_memory_bytes", "MemTotal of the NUMA node", labels=["numa_node"]
+        )
+        distance = GaugeMetricFamily(
+            "numa_node_distance",
+            "Kernel NUMA distance (10 = local)",
+            labels=["numa_node", "to_numa_node"],
+        )
+        advertised = GaugeMetricFamily(
+            "numa_node_advertised",
+            "1 if the NUMA node has an extended resource",
+            labels=["numa_node"],
+        )
+        for plan in self._plans():
+            node = str(plan.node.id)
+            cpus.add_metric([node], len(plan.node.cpus))
+            if plan.node.memory_bytes is not None:
+                memory.add_metric([node], plan.node.memory_bytes)
+            for other, value in sorted((plan.node.distances or {}).items()):
+                distance.add_metric([node, str(other)], value)
+            advertised.add_metric([node], 1 if plan.advertised else 0)
+        yield from (cpus, memory, distance, advertised)
+
+    def describe(self) -> Iterator[Metric]:
+        return iter(())

@@ -45,6 +45,7 @@ def test_percentile_nearest_rank() -> None:
         ["startup", "--runs", "1"],
         ["footprint", "--calls", "20", "--idle-seconds", "0.5"],
         ["polling", "--window", "0.5", "--idle-seconds", "0.5"],
+        ["scale"],
     ],
 )
 def test_benchmarks_run_and_print_json(args: list[str], capsys: pytest.CaptureFixture[str]) -> None:

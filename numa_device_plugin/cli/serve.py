@@ -17,9 +17,11 @@ import click
 
 from numa_device_plugin.cli import options
 from numa_device_plugin.config import Config, check_socket_dir
+from numa_device_plugin.limits import FdLimitError
 from numa_device_plugin.logs import configure_logging
 from numa_device_plugin.manager import PluginManager
 from numa_device_plugin.memory import limit_malloc_arenas
+from numa_device_plugin.probes import MAX_CONNECTIONS
 from numa_device_plugin.server import SocketPathError
 
 
@@ -62,6 +64,8 @@ def command(ctx: click.Context, /, **params: Any) -> int:
         ) from None
     except ListenerError as exc:
         raise click.BadParameter(str(exc), ctx, param=options.param(ctx, exc.option)) from None
+    except FdLimitError as exc:
+        raise click.UsageError(str(exc), ctx) from None
 
 
 class ListenerError(Exception):
@@ -91,16 +95,19 @@ async def serve(config: Config, metrics_address: str, health_address: str) -> in
 
         recorder = PrometheusRecorder()
         render = recorder.render
-    manager = PluginManager(config, recorder=recorder)
-    listeners = await _start_listeners(manager, metrics_address, health_address, render)
+    listeners = sum(1 for address in (metrics_address, health_address) if address)
+    manager = PluginManager(
+        config, recorder=recorder, listener_connections=listeners * MAX_CONNECTIONS
+    )
+    servers = await _start_listeners(manager, metrics_address, health_address, render)
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, manager.stop)
     loop.add_signal_handler(signal.SIGHUP, manager.reload)
     try:
         await manager.serve()
     finally:
-        for listener in listeners:
-            await listener.stop()
+        for server in servers:
+            await server.stop()
         for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             loop.remove_signal_handler(signum)
     return 0
