@@ -5,7 +5,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 BIN    := $(VENV)/bin
 
-.PHONY: install run test test-e2e test-e2e-local kube-etcd lint proto bench soak image lock docker-build docker-push deploy undeploy clean
+.PHONY: install run test test-e2e test-e2e-local kube-etcd lint proto bench attack soak image lock docker-build docker-push deploy undeploy clean
 
 install: $(VENV)/.installed
 
@@ -54,6 +54,10 @@ proto: install
 ## bench: every benchmark against a real serve process; prints a table (BENCH_ARGS=--json for JSON)
 bench: install
 	$(PY) -m benchmarks.bench all $(BENCH_ARGS)
+
+## attack: a slowloris crowd and a burst against serve's HTTP listeners; prints figures
+attack: install
+	$(PY) -m benchmarks.attack $(ATTACK_ARGS)
 
 ## soak: 1,000 kubelet restarts with Allocate calls and deleted sockets; stops by itself
 soak: install

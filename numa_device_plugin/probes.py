@@ -14,11 +14,13 @@ connection costs a few kilobytes and no thread, and none may hold on:
 - a request head must arrive within :data:`READ_TIMEOUT` seconds and fit in
   :data:`MAX_REQUEST` bytes (else 408 or 431, then close);
 - at most :data:`MAX_CONNECTIONS` connections are open at once. A new one beyond
-  that evicts the oldest open connection older than :data:`EVICT_AGE` seconds (a
-  client that has not sent its request by then is slow or hostile); when every open
-  connection is younger, the new one is closed at once. A prober, which sends its
-  request as it connects, is answered within a loop turn or two and so is neither
-  held up by a slowloris crowd nor evicted by it;
+  that evicts the oldest open connection, if it is older than :data:`EVICT_AGE`
+  seconds; when every open connection is younger (a burst), the new one is closed
+  at once. A prober, which sends its request as it connects, is answered within a
+  loop turn or two: it becomes the oldest only after every connection before it was
+  evicted, so a slowloris crowd neither holds it up nor evicts it unless it opens
+  more than :data:`MAX_CONNECTIONS` connections within that time. The age guard
+  keeps a burst from evicting its own members before they are read;
 - one request per connection (``Connection: close``), so a client cannot keep a
   connection open by asking again.
 """
@@ -37,8 +39,10 @@ WRITE_TIMEOUT = 5.0
 MAX_REQUEST = 8192
 # Open connections per listener (each costs ~3 KB of buffers and objects).
 MAX_CONNECTIONS = 128
-# Seconds an open connection must have had before a newcomer may evict it.
-EVICT_AGE = 0.5
+# Seconds an open connection must have had before a newcomer may evict it: long
+# enough to read a request that came with the connection, short enough that an
+# attacker must open 128 / 0.05 = 2,560 connections a second to get newcomers refused.
+EVICT_AGE = 0.05
 # What prometheus-client's generate_latest() writes: the text format 0.0.4.
 METRICS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 TEXT = "text/plain; charset=utf-8"

@@ -63,3 +63,17 @@ def test_benchmark_table(capsys: pytest.CaptureFixture[str]) -> None:
     out = capsys.readouterr().out
     assert out.startswith("machine: cores ")
     assert "re-registration  8 NUMA nodes, 2 restarts  p99" in out
+
+
+def test_the_attack_script_runs_and_prints_its_figures(capsys: pytest.CaptureFixture[str]) -> None:
+    from benchmarks import attack
+
+    assert (
+        attack.main(["--slowloris", "50", "--burst", "50", "--burst-timeout", "10", "--json"]) == 0
+    )
+    document = json.loads(capsys.readouterr().out)
+    assert document["slowloris"]["connections_opened"] == 50
+    burst = document["burst"]
+    assert burst["answered"] + burst["refused"] + burst["hung"] == 50
+    assert burst["hung"] == 0, "every connection ends, answered or refused"
+    assert document["slowloris"]["probe"]["failed"] == 0, "the prober was answered"
