@@ -4,6 +4,7 @@ folders, and a guard that fails any test leaving asyncio tasks running."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import shutil
 import tarfile
@@ -35,6 +36,17 @@ def pytest_configure(config: pytest.Config) -> None:
         raise pytest.UsageError(
             f"CI={value} but {SNAPSHOTS} is absent: clone the project with ../shared beside it"
         )
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """Leave no temporary files: pytest removes passing tests' ``tmp_path`` folders
+    (``tmp_path_retention_policy``); drop its per-user root too once it is empty."""
+    import getpass
+
+    root = Path(tempfile.gettempdir()) / f"pytest-of-{getpass.getuser()}"
+    with contextlib.suppress(OSError):
+        root.rmdir()  # only when empty: failed tests' folders stay
 
 
 @pytest.fixture
