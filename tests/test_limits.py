@@ -9,6 +9,7 @@ import errno
 import os
 import resource
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -24,8 +25,16 @@ from tests.standin_helpers import eventually, running, serve_args, wait_all_live
 from tests.test_manager import make_config
 
 
-def limited(soft: int, hard: int) -> None:
-    resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+def limited(soft: int, hard: int, argv: list[str]) -> list[str]:
+    """``argv`` run under RLIMIT_NOFILE ``(soft, hard)``, set by a Python wrapper that
+    execs it (not preexec_fn: forking a threaded process, as grpc's test process is,
+    can deadlock the child before exec)."""
+    code = (
+        "import os, resource, sys; "
+        f"resource.setrlimit(resource.RLIMIT_NOFILE, ({soft}, {hard})); "
+        "os.execv(sys.argv[1], sys.argv[1:])"
+    )
+    return [sys.executable, "-c", code, *argv]
 
 
 def test_ensure_fds_raises_the_soft_limit_or_refuses() -> None:
@@ -48,9 +57,8 @@ def test_a_hard_limit_too_low_exits_2_naming_both_limits(tmp_path: Path, sock_di
     second while liveness saw a live process."""
     tree = build_machine(tmp_path / "sys", nodes=64, cpus_per_node=1)
     result = subprocess.run(
-        serve_args(tree, sock_dir),
+        limited(100, 100, serve_args(tree, sock_dir)),
         env=dict(os.environ, PYTHONPATH=str(REPO)),
-        preexec_fn=lambda: limited(100, 100),
         capture_output=True,
         text=True,
         timeout=60,
@@ -68,9 +76,8 @@ async def test_a_low_soft_limit_is_raised_and_every_resource_registers(
     names = [f"numa-align/numa-{node}" for node in range(64)]
     async with KubeletStandIn(sock_dir) as kubelet:
         plugin = subprocess.Popen(
-            serve_args(tree, sock_dir),
+            limited(100, 4096, serve_args(tree, sock_dir)),
             env=dict(os.environ, PYTHONPATH=str(REPO)),
-            preexec_fn=lambda: limited(100, 4096),
             stderr=subprocess.DEVNULL,
         )
         try:
