@@ -10,7 +10,7 @@ container still holds. Exclusive CPUs of N already assigned to containers
 (other Guaranteed pods, or ours holding more CPUs than devices) cannot go to a
 new pod, so only
 
-    healthy(N) = held(N) + max(0, |allocatable CPUs of N| - |exclusive CPUs of N assigned|)
+    healthy(N) = held(N) + |allocatable CPUs of N that no container has|
 
 devices are Healthy: every held device, then the lowest-numbered free ones.
 The kubelet's allocatable for the resource is that healthy count, and the
@@ -243,7 +243,7 @@ def live_devices(
         # slot id from an earlier slots-mode run): still listed, or the kubelet
         # fails the pod when it re-admits it.
         ordered = sorted([*ordered, *((_index(device_id), device_id) for device_id in extra)])
-    free = max(0, len(allocatable) - len(assigned))
+    free = len(allocatable - assigned)  # assigned ⊆ allocatable: never negative
     devices = []
     for index, device_id in ordered:
         if unaligned:

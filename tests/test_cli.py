@@ -11,6 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import click
 import pytest
 
 from numa_device_plugin import __version__
@@ -54,7 +55,64 @@ SERVE_FLAGS = [
     ("--log-format", "NUMA_LOG_FORMAT"),
     ("--metrics-address", "NUMA_METRICS_ADDRESS"),
     ("--health-address", "NUMA_HEALTH_ADDRESS"),
+    ("--pod-resources-socket", "NUMA_POD_RESOURCES_SOCKET"),
+    ("--pod-resources-interval", "NUMA_POD_RESOURCES_INTERVAL"),
+    ("--reserved-cpus", "NUMA_RESERVED_CPUS"),
+    ("--allow-unaligned", "NUMA_ALLOW_UNALIGNED"),
 ]
+
+
+# Every other command's flags and variables, written out likewise.
+COMMAND_FLAGS = {
+    "serve": SERVE_FLAGS,
+    "discover": [
+        ("--sysfs-root", "NUMA_SYSFS_ROOT"),
+        ("--resource-prefix", "NUMA_RESOURCE_PREFIX"),
+        ("--include-cpuless-nodes", "NUMA_INCLUDE_CPULESS_NODES"),
+        ("--output", "NUMA_OUTPUT"),
+        ("--log-level", "NUMA_LOG_LEVEL"),
+    ],
+    "status": [
+        ("--pod-resources-socket", "NUMA_POD_RESOURCES_SOCKET"),
+        ("--socket-dir", "NUMA_SOCKET_DIR"),
+        ("--reserved-cpus", "NUMA_RESERVED_CPUS"),
+        ("--sysfs-root", "NUMA_SYSFS_ROOT"),
+        ("--resource-prefix", "NUMA_RESOURCE_PREFIX"),
+        ("--capacity", "NUMA_CAPACITY"),
+        ("--include-cpuless-nodes", "NUMA_INCLUDE_CPULESS_NODES"),
+        ("--output", "NUMA_OUTPUT"),
+        ("--log-level", "NUMA_LOG_LEVEL"),
+    ],
+    "demo": [
+        ("--sysfs-root", "NUMA_SYSFS_ROOT"),
+        ("--resource-prefix", "NUMA_RESOURCE_PREFIX"),
+        ("--capacity", "NUMA_CAPACITY"),
+        ("--include-cpuless-nodes", "NUMA_INCLUDE_CPULESS_NODES"),
+        ("--log-level", "NUMA_LOG_LEVEL"),
+        ("--log-format", "NUMA_LOG_FORMAT"),
+        ("--keep", "NUMA_KEEP"),
+    ],
+    "health": [
+        ("--address", "NUMA_ADDRESS"),
+        ("--check", "NUMA_CHECK"),
+        ("--log-level", "NUMA_LOG_LEVEL"),
+    ],
+}
+
+
+def test_every_commands_flags_and_variables_are_the_written_ones() -> None:
+    from numa_device_plugin.cli import cli
+
+    ctx = click.Context(cli)
+    for name, expected in COMMAND_FLAGS.items():
+        command = cli.get_command(ctx, name)
+        assert command is not None, name
+        found = [
+            (max(p.opts, key=len).split("/")[0], p.envvar)
+            for p in command.params
+            if p.name != "help"
+        ]
+        assert sorted(found) == sorted(expected), name
 
 
 def test_serve_help_lists_every_flag_and_env_var(capsys: pytest.CaptureFixture[str]) -> None:
