@@ -139,7 +139,10 @@ def serve_config(argv: list[str]) -> Config:
 def test_every_option_of_every_command_has_its_variable() -> None:
     from numa_device_plugin.cli import cli
 
-    for name, command in cli.commands.items():
+    ctx = click.Context(cli)
+    for name in cli.list_commands(ctx):
+        command = cli.get_command(ctx, name)
+        assert command is not None
         for param in command.params:
             if param.name == "help":
                 continue
@@ -485,3 +488,31 @@ def test_resource_socket_path_too_long_exits_2(
     assert f"is {len(str(path))} bytes" in err
     assert "at most 105" in err
     assert sorted(os.listdir(sock_dir)) == [], "no socket, no lock: nothing was touched"
+
+
+def test_serve_loads_only_what_it_uses() -> None:
+    """The stand-in (demo's), the status report and prometheus-client (metrics off)
+    stay out of serve's imports; once, cli/__init__ imported every command."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; from numa_device_plugin.cli import cli; import click; "
+        "cli.get_command(click.Context(cli), 'serve'); "
+        "print(' '.join(sorted(sys.modules)))"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True, text=True, check=True, env={**os.environ, "PYTHONPATH": str(REPO)},
+    )  # fmt: skip
+    loaded = set(result.stdout.split())
+    assert "numa_device_plugin.cli.serve" in loaded
+    for module in (
+        "numa_device_plugin.kubelet_standin",
+        "numa_device_plugin.cli.demo",
+        "numa_device_plugin.cli.status",
+        "numa_device_plugin.status",
+        "numa_device_plugin.metrics",
+        "prometheus_client",
+    ):
+        assert module not in loaded, module

@@ -1,33 +1,57 @@
 """The ``numa-device-plugin`` command line: ``serve``, ``discover``, ``demo``, ``status``
 and ``health``, one module each; the options they share are in :mod:`.options`.
 
+A command's module is imported only when that command runs (or ``--help`` lists it), so
+``serve`` never loads the kubelet stand-in (``demo``), the status report or anything
+else it does not use.
+
 Every option can also be set by an environment variable (``--help`` lists them); a flag
 on the command line wins. A bad value, from either, exits 2 with the command's usage.
 """
 
 from __future__ import annotations
 
+import importlib
 import sys
 from collections.abc import Sequence
 
 import click
 
 from numa_device_plugin import __version__, sysfs
-from numa_device_plugin.cli import demo, discover, health, serve, status
+
+# Command name -> the module holding it (as ``command``), in ``--help`` order.
+COMMANDS = {
+    "serve": "numa_device_plugin.cli.serve",
+    "discover": "numa_device_plugin.cli.discover",
+    "demo": "numa_device_plugin.cli.demo",
+    "status": "numa_device_plugin.cli.status",
+    "health": "numa_device_plugin.cli.health",
+}
+
+
+class LazyGroup(click.Group):
+    """A group whose commands are imported from :data:`COMMANDS` when first asked for."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return list(COMMANDS)
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        module = COMMANDS.get(cmd_name)
+        if module is None:
+            return None
+        command: click.Command = importlib.import_module(module).command
+        return command
 
 
 @click.group(
     "numa-device-plugin",
+    cls=LazyGroup,
     help="Kubernetes device plugin advertising one extended resource per NUMA node.",
     context_settings={"max_content_width": 100},
 )
 @click.version_option(__version__, prog_name="numa-device-plugin", message="%(prog)s %(version)s")
 def cli() -> None:
     """The command group; each command is a module of this package."""
-
-
-for _module in (serve, discover, demo, status, health):
-    cli.add_command(_module.command)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
