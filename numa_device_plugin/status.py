@@ -24,7 +24,7 @@ from numa_device_plugin.api.podresources.v1 import api_pb2 as pr_pb2
 from numa_device_plugin.capacity import live_devices, misalignment, node_capacity, view_from
 from numa_device_plugin.config import Config
 from numa_device_plugin.devices import CPUS
-from numa_device_plugin.manager import Discovery
+from numa_device_plugin.discovery import Discovery
 
 
 def build_status(

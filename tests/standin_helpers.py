@@ -134,3 +134,22 @@ async def serve_process(
             process.wait(10)
         served.final_log = served.log()
         log_path.unlink(missing_ok=True)
+
+
+@asynccontextmanager
+async def live_plugin(
+    tree: SysfsTree,
+    folder: Path,
+    names: list[str],
+    listener: str = "--health-address",
+    *flags: str,
+) -> AsyncIterator[tuple[KubeletStandIn, ServeProcess, int]]:
+    """The stand-in and a ``serve`` process with an HTTP ``listener`` on a free port,
+    every resource of ``names`` live: ``(kubelet, plugin, port)``."""
+    port = free_port()
+    async with (
+        KubeletStandIn(folder) as kubelet,
+        serve_process(tree, folder, listener, f"127.0.0.1:{port}", *flags) as plugin,
+    ):
+        await wait_all_live(kubelet, names, timeout=20)
+        yield kubelet, plugin, port

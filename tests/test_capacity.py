@@ -362,19 +362,26 @@ async def test_metrics_follow_the_live_count(two_nodes: SysfsTree, sock_dir: Pat
 async def test_the_poller_stops_when_cancelled_as_a_read_is_requested(sock_dir: Path) -> None:
     """Regression: with asyncio.wait_for (Python 3.11) a cancel arriving as a read was
     requested was swallowed, and stopping the plugin waited a whole interval more."""
+    from numa_device_plugin.catalog import Catalog
     from numa_device_plugin.config import Config
-    from numa_device_plugin.manager import PluginManager
-    from numa_device_plugin.podresources import PodResourcesClient
+    from numa_device_plugin.poller import CapacityPoller
+    from numa_device_plugin.recorder import NullRecorder
 
-    manager = PluginManager(Config(socket_dir=sock_dir, pod_resources_interval=3600))
-    manager._poll_now = asyncio.Event()
-    async with PodResourcesClient(sock_dir / "nowhere.sock") as client:
-        task = asyncio.create_task(manager._poll_loop(client))
+    config = Config(
+        socket_dir=sock_dir,
+        pod_resources_socket=sock_dir / "nowhere.sock",
+        pod_resources_interval=3600,
+    )
+    poller = CapacityPoller(config, Catalog(lambda resource: None), NullRecorder())  # type: ignore[arg-type, return-value]
+    try:
+        task = asyncio.create_task(poller.run())
         await asyncio.sleep(0)  # the poller waits for its event now
-        manager.request_poll()
+        poller.request()
         task.cancel()
         await asyncio.wait({task}, timeout=5)
         assert task.cancelled()
+    finally:
+        await poller.close()
 
 
 async def test_an_outage_of_the_pod_resources_api_keeps_the_last_counts(

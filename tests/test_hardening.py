@@ -18,14 +18,16 @@ import pytest
 
 from numa_device_plugin.api.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
 from numa_device_plugin.config import Config
+from numa_device_plugin.discovery import Discovery, discover
 from numa_device_plugin.fake_sysfs import SysfsTree
 from numa_device_plugin.kubelet_standin import KubeletStandIn
 from numa_device_plugin.lock import LOCK_DIR_NAME, LOCK_FILE_NAME
-from numa_device_plugin.manager import Discovery, PluginManager, discover
+from numa_device_plugin.manager import PluginManager
 from tests.standin_helpers import (
     ServeProcess,
     eventually,
     free_port,
+    live_plugin,
     running,
     serve_process,
     wait_all_live,
@@ -125,14 +127,8 @@ async def test_a_lock_file_replaced_by_a_folder_makes_the_plugin_stand_down(
 ) -> None:
     """Holding no lock, the plugin must not serve: a newcomer could take the lock and
     both would register. It stands down, unready, until it can lock again."""
-    port = free_port()
-    flags = ("--health-address", f"127.0.0.1:{port}")
     lock = sock_dir / LOCK_DIR_NAME / LOCK_FILE_NAME
-    async with (
-        KubeletStandIn(sock_dir) as kubelet,
-        serve_process(two_nodes, sock_dir, *flags) as plugin,
-    ):
-        await wait_all_live(kubelet, NAMES, timeout=20)
+    async with live_plugin(two_nodes, sock_dir, NAMES) as (kubelet, plugin, port):
         await eventually(lambda: readyz(port)[0] == 200)
         lock.unlink()
         lock.mkdir()
@@ -158,13 +154,7 @@ async def test_a_newcomer_on_a_new_lock_file_makes_the_plugin_stand_down(
     down (its streams end, /readyz names the holder) and waits to take over."""
     from numa_device_plugin.lock import InstanceLock
 
-    port = free_port()
-    flags = ("--health-address", f"127.0.0.1:{port}")
-    async with (
-        KubeletStandIn(sock_dir) as kubelet,
-        serve_process(two_nodes, sock_dir, *flags) as plugin,
-    ):
-        await wait_all_live(kubelet, NAMES, timeout=20)
+    async with live_plugin(two_nodes, sock_dir, NAMES) as (kubelet, plugin, port):
         (sock_dir / LOCK_DIR_NAME / LOCK_FILE_NAME).unlink()
         newcomer = InstanceLock(sock_dir)
         assert newcomer.try_acquire()

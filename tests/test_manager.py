@@ -340,7 +340,7 @@ async def test_unexpected_error_in_the_loop_is_survived(
             raise RuntimeError("surprise")
         await real(*args, **kwargs)  # type: ignore[arg-type]
 
-    monkeypatch.setattr("numa_device_plugin.manager.register", exploding)
+    monkeypatch.setattr("numa_device_plugin.endpoint.register", exploding)
     async with KubeletStandIn(sock_dir) as kubelet, running(make_config(two_nodes, sock_dir)):
         await wait_all_live(kubelet, NAMES)
     assert calls["n"] >= 3
@@ -458,19 +458,22 @@ async def test_a_hung_register_times_out_and_is_retried(
 async def test_a_register_finishing_after_its_endpoint_was_removed_does_not_count(
     two_nodes: SysfsTree, sock_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from numa_device_plugin import manager as manager_module
-    from numa_device_plugin.manager import PluginManager, _Endpoint, discover
+    from numa_device_plugin import endpoint as endpoint_module
+    from numa_device_plugin.discovery import discover
+    from numa_device_plugin.endpoint import Endpoint
+    from numa_device_plugin.manager import PluginManager
     from numa_device_plugin.servicer import NumaDevicePluginServicer
 
     async def accepted(*args: object, **kwargs: object) -> None:
         return None
 
-    monkeypatch.setattr(manager_module, "register", accepted)
+    monkeypatch.setattr(endpoint_module, "register", accepted)
     config = make_config(two_nodes, sock_dir)
     manager = PluginManager(config)
     resource = discover(config).resources["numa-align/numa-0"]
-    endpoint = _Endpoint(config, resource, NumaDevicePluginServicer(resource), (0, 0, 0))
-    await manager._keep_registering(endpoint)  # the endpoint is not (any more) the current one
+    endpoint = Endpoint(config, resource, NumaDevicePluginServicer(resource), (0, 0, 0))
+    # The endpoint is not (any more) the current one.
+    await manager.endpoints.keep_registering(endpoint)
     assert manager.registered == set()
 
 

@@ -18,7 +18,13 @@ from numa_device_plugin.fake_sysfs import SysfsTree
 from numa_device_plugin.kubelet_standin import KubeletStandIn
 from numa_device_plugin.probes import MAX_REQUEST, ProbeServer
 from tests.conftest import REPO
-from tests.standin_helpers import eventually, free_port, serve_process, wait_all_live
+from tests.standin_helpers import (
+    eventually,
+    free_port,
+    live_plugin,
+    serve_process,
+    wait_all_live,
+)
 
 NAMES = ["numa-align/numa-0", "numa-align/numa-1"]
 
@@ -120,13 +126,7 @@ async def test_a_slowloris_crowd_makes_no_threads_and_the_probes_still_answer(
     two_nodes: SysfsTree, sock_dir: Path
 ) -> None:
     """2,000 half-open connections once made 2,015 threads (one per connection)."""
-    port = free_port()
-    flags = ("--health-address", f"127.0.0.1:{port}")
-    async with (
-        KubeletStandIn(sock_dir) as kubelet,
-        serve_process(two_nodes, sock_dir, *flags) as plugin,
-    ):
-        await wait_all_live(kubelet, NAMES, timeout=20)
+    async with live_plugin(two_nodes, sock_dir, NAMES) as (_, plugin, port):
         before = threads_of(plugin.pid)
         crowd = []
         try:

@@ -16,9 +16,10 @@ import click
 
 from numa_device_plugin.cli import options
 from numa_device_plugin.config import Config
+from numa_device_plugin.discovery import discover
 from numa_device_plugin.kubelet_standin import KubeletStandIn
 from numa_device_plugin.logs import configure_logging
-from numa_device_plugin.manager import PluginManager, discover
+from numa_device_plugin.manager import PluginManager
 
 
 @click.command(

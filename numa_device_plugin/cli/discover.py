@@ -11,8 +11,8 @@ import click
 from numa_device_plugin import sysfs
 from numa_device_plugin.cli import options
 from numa_device_plugin.config import Config
+from numa_device_plugin.discovery import Discovery, discover
 from numa_device_plugin.logs import configure_logging
-from numa_device_plugin.manager import Discovery, discover
 
 
 @click.command("discover", help="Print the NUMA nodes and the resources that would be advertised.")

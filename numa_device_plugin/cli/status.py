@@ -14,8 +14,8 @@ from typing import Any
 import click
 
 from numa_device_plugin.cli import options
+from numa_device_plugin.discovery import discover
 from numa_device_plugin.logs import configure_logging
-from numa_device_plugin.manager import discover
 
 
 @click.command(

@@ -1,0 +1,216 @@
+"""The capacity poller: the kubelet's pod resources API -> :class:`KubeletView` -> the
+device list (and health) each servicer advertises.
+
+It only feeds the servicers; the restart loop never waits for it. Rules, from the
+kubelet:
+
+- ``List`` is read every ``--pod-resources-interval`` seconds, and sooner when asked:
+  right after every registration (a new kubelet may have other allocatable CPUs) and
+  :data:`ALLOCATE_POLL_DELAY` after every Allocate (the kubelet's CPU manager assigns
+  a container's CPUs right after the device manager's Allocate).
+- ``GetAllocatableResources`` changes only when the kubelet restarts with other
+  settings, so it is read after registrations and every :data:`ALLOCATABLE_EVERY`
+  polls, not at every one.
+- A read gives up after ``min(interval, POLL_TIMEOUT)`` seconds: a silent API holds up
+  nothing, and the first read at start-up never delays registration by more.
+- An outage after the API has answered keeps the last answer's counts (busy CPUs
+  stay busy); only before the first answer does :mod:`.capacity` count from sysfs.
+- A kubelet whose CPU manager is not ``static`` lists no allocatable CPUs: every
+  device turns Unhealthy (unless ``--allow-unaligned``), said once per change and at
+  each registration.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+
+import structlog
+
+from numa_device_plugin.capacity import KubeletView, NodeCapacity, live_devices, node_capacity
+from numa_device_plugin.catalog import Catalog
+from numa_device_plugin.config import Config
+from numa_device_plugin.devices import HEALTHY
+from numa_device_plugin.podresources import PodResourcesClient, PodResourcesError
+from numa_device_plugin.recorder import Recorder
+
+log = structlog.get_logger(__name__)
+
+# Seconds after an Allocate to read the pod resources API again.
+ALLOCATE_POLL_DELAY = 0.5
+# Seconds one pod resources call may take at most.
+POLL_TIMEOUT = 2.0
+# Between registrations, GetAllocatableResources is read again every this many polls.
+ALLOCATABLE_EVERY = 12
+
+
+class CapacityPoller:
+    """Reads the pod resources API and sets the device list of every servicer in
+    ``catalog`` from it (ListAndWatch sends the changes).
+
+    ``view`` is the last answer (None before the first, or while the API has never
+    answered). :meth:`run` is the polling task; :meth:`request` asks for a read sooner.
+    """
+
+    def __init__(self, config: Config, catalog: Catalog, recorder: Recorder) -> None:
+        self.config = config
+        self.catalog = catalog
+        self.recorder = recorder
+        self.client = PodResourcesClient(config.pod_resources_path)
+        self.view: KubeletView | None = None
+        self._applied = False
+        self._reachable: bool | None = None
+        # time.time() of the last good read; None: never since start.
+        self._read_at: float | None = None
+        self._now = asyncio.Event()
+        self._timer: asyncio.TimerHandle | None = None
+        self._allocatable_asked = False
+        self._polls = 0
+
+    # -- what the kubelet showed ------------------------------------------------------------
+
+    def capacities(self) -> list[NodeCapacity]:
+        """Per advertised NUMA node, its CPUs and devices as the kubelet last showed them."""
+        return [
+            node_capacity(
+                name,
+                resource.node_id,
+                self.catalog.node_cpus(resource.node_id),
+                self.catalog.servicers[name].devices,
+                self.view,
+                self.config.reserved_cpus,
+            )
+            for name, resource in self.catalog.resources.items()
+        ]
+
+    def unaligned(self) -> bool:
+        """True when the kubelet's CPU manager is not static and devices are withheld."""
+        return (
+            self.view is not None
+            and not self.view.cpu_manager_static
+            and not self.config.allow_unaligned
+        )
+
+    def warn_unaligned(self, resources: list[str]) -> None:
+        """Say why every device of ``resources`` is Unhealthy and what to set."""
+        log.warning(
+            "the kubelet's CPU manager is not static (its pod resources API lists no "
+            "allocatable CPUs): nothing can be aligned, so every device is reported "
+            "Unhealthy. Set cpuManagerPolicy: static (--cpu-manager-policy=static) and "
+            "topologyManagerPolicy: single-numa-node, or pass --allow-unaligned",
+            resources=resources,
+        )
+
+    # -- feeding the servicers --------------------------------------------------------------
+
+    def apply(self, view: KubeletView | None) -> None:
+        """Advertise the device lists ``view`` calls for, on every servicer."""
+        self.view = view
+        self._applied = True
+        for name, resource in self.catalog.resources.items():
+            servicer = self.catalog.servicers[name]
+            devices = live_devices(
+                self.config.capacity,
+                resource.node_id,
+                self.catalog.node_cpus(resource.node_id),
+                name,
+                resource.devices,
+                view,
+                reserved_cpus=self.config.reserved_cpus,
+                allow_unaligned=self.config.allow_unaligned,
+            )
+            if devices != servicer.devices:
+                healthy = sum(1 for device in devices if device.health == HEALTHY)
+                log.info(
+                    "device list changed", resource=name, devices=len(devices), healthy=healthy
+                )
+                servicer.set_devices(devices)
+            self.recorder.devices(name, servicer.devices)
+        self.recorder.capacity(self.capacities(), view.memory if view is not None else {})
+
+    def reapply(self) -> None:
+        """After a rediscovery: the new servicers get the last answer's device lists."""
+        if self._applied:
+            self.apply(self.view)
+
+    # -- reading ----------------------------------------------------------------------------
+
+    def request(self, delay: float = 0.0, *, allocatable: bool = False) -> None:
+        """Read ``delay`` seconds from now (loop thread only); ``allocatable``: read
+        ``GetAllocatableResources`` too, not only ``List``."""
+        self._allocatable_asked |= allocatable
+        if delay <= 0:
+            self._now.set()
+        elif self._timer is None or self._timer.cancelled():
+            self._timer = asyncio.get_running_loop().call_later(delay, self._fire)
+
+    def _fire(self) -> None:
+        self._timer = None
+        self._now.set()
+
+    async def poll_once(self) -> None:
+        """One read, applied when its answer differs from the last one."""
+        timeout = min(self.config.pod_resources_interval, POLL_TIMEOUT)
+        self._polls += 1
+        allocatable = self._allocatable_asked or self._polls % ALLOCATABLE_EVERY == 0
+        self._allocatable_asked = False
+        try:
+            view: KubeletView | None = await self.client.view(timeout, allocatable=allocatable)
+        except PodResourcesError as exc:
+            self._unreachable(exc)
+            if self._read_at is not None:
+                return  # an outage after an answer: the last answer holds
+            view = None
+        else:
+            if self._reachable is False:
+                log.info("the kubelet's pod resources API can be read again")
+            self._reachable = True
+            self._read_at = time.time()
+            self.recorder.pod_resources(True, self._read_at)
+        if self._applied and view == self.view:
+            return  # nothing changed since the last read: the usual case, kept cheap
+        was_unaligned = self.unaligned()
+        self.apply(view)
+        if self.unaligned() and not was_unaligned:
+            self.warn_unaligned(sorted(self.catalog.resources))
+
+    def _unreachable(self, exc: PodResourcesError) -> None:
+        if self._reachable is not False:
+            if self._read_at is None:
+                what = (
+                    "counting each NUMA node's usable CPUs minus --reserved-cpus and "
+                    "skipping the CPU manager check until it can"
+                )
+            else:
+                what = "keeping the counts of its last answer until it can"
+            log.warning(
+                f"the kubelet's pod resources API cannot be read; {what}",
+                socket=str(exc.socket),
+                code=exc.code.name,
+                details=exc.details[:200],
+            )
+        self._reachable = False
+        self.recorder.pod_resources(False, self._read_at)
+
+    async def run(self) -> None:
+        """Read every ``pod_resources_interval`` seconds, or when asked sooner; until
+        cancelled."""
+        while True:
+            # asyncio.timeout, not wait_for: Python 3.11's wait_for swallows a
+            # cancellation that arrives as the event is set, and the poller would
+            # outlive the plugin's shutdown by an interval.
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self.config.pod_resources_interval):
+                    await self._now.wait()
+            self._now.clear()
+            try:
+                await self.poll_once()
+            except Exception:
+                log.exception("reading the pod resources API failed unexpectedly")
+
+    async def close(self) -> None:
+        """Cancel a pending timer and close the connection."""
+        if self._timer is not None:
+            self._timer.cancel()
+        await self.client.close()
