@@ -208,7 +208,7 @@ async def test_refused_registration_is_retried_with_backoff(
     two_nodes: SysfsTree, sock_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     kubelet = KubeletStandIn(sock_dir)
-    real_register = kubelet._register
+    real_register = kubelet.device_manager.register
     refusals = {"left": 3}
 
     async def flaky(request: api_pb2.RegisterRequest) -> str | None:
@@ -217,7 +217,7 @@ async def test_refused_registration_is_retried_with_backoff(
             return "device manager is busy"
         return await real_register(request)
 
-    monkeypatch.setattr(kubelet, "_register", flaky)
+    monkeypatch.setattr(kubelet.device_manager, "register", flaky)
     async with kubelet, running(make_config(two_nodes, sock_dir)) as manager:
         await wait_all_live(kubelet, NAMES)
         refused = [r for r in kubelet.registrations if r.error is not None]
@@ -438,7 +438,7 @@ async def test_a_hung_register_times_out_and_is_retried(
     """A kubelet whose Register never answers once: the call must time out
     (--register-timeout) and be retried, not wait for good."""
     kubelet = KubeletStandIn(sock_dir)
-    real_register = kubelet._register
+    real_register = kubelet.device_manager.register
     hung: list[str] = []
 
     async def hang_once(request: api_pb2.RegisterRequest) -> str | None:
@@ -447,7 +447,7 @@ async def test_a_hung_register_times_out_and_is_retried(
             await asyncio.Event().wait()
         return await real_register(request)
 
-    monkeypatch.setattr(kubelet, "_register", hang_once)
+    monkeypatch.setattr(kubelet.device_manager, "register", hang_once)
     config = make_config(two_nodes, sock_dir, register_timeout=0.3)
     async with kubelet, running(config) as manager:
         await wait_all_live(kubelet, NAMES)

@@ -1,0 +1,74 @@
+"""The package's shape: one job per class, small modules, imports that never run in a
+circle (data flows one way: sysfs -> topology -> devices -> servicers -> registration)."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+from tests.conftest import REPO
+
+PACKAGE = REPO / "numa_device_plugin"
+# The targets of the manager split: no module over ~400 lines, no class over ~250.
+MAX_MODULE_LINES = 400
+MAX_CLASS_LINES = 275
+
+
+def modules() -> dict[str, Path]:
+    """Module name -> file, generated protobuf stubs left out."""
+    found = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        if "api" in path.relative_to(PACKAGE).parts:
+            continue
+        name = ".".join(path.relative_to(REPO).with_suffix("").parts).removesuffix(".__init__")
+        found[name] = path
+    return found
+
+
+def imports(path: Path, known: set[str]) -> set[str]:
+    """The package modules ``path`` imports at module level (not inside functions)."""
+    found = set()
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, ast.ImportFrom) and node.module:
+            for alias in node.names:
+                candidate = f"{node.module}.{alias.name}"
+                found.add(candidate if candidate in known else node.module)
+        elif isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+    return found & known
+
+
+def test_no_module_or_class_is_too_big() -> None:
+    for name, path in modules().items():
+        lines = path.read_text().splitlines()
+        assert len(lines) <= MAX_MODULE_LINES, f"{name}: {len(lines)} lines"
+        for node in ast.walk(ast.parse("\n".join(lines))):
+            if isinstance(node, ast.ClassDef):
+                size = (node.end_lineno or node.lineno) - node.lineno + 1
+                assert size <= MAX_CLASS_LINES, f"{name}.{node.name}: {size} lines"
+
+
+def test_no_import_runs_in_a_circle() -> None:
+    found = modules()
+    graph = {name: imports(path, set(found)) - {name} for name, path in found.items()}
+    done: set[str] = set()
+
+    def visit(name: str, path: tuple[str, ...]) -> None:
+        assert name not in path, " -> ".join((*path, name))
+        if name in done:
+            return
+        for imported in graph[name]:
+            if imported != name.rsplit(".", 1)[0]:  # a package's own __init__ is not a cycle
+                visit(imported, (*path, name))
+        done.add(name)
+
+    for name in graph:
+        visit(name, ())
+
+
+def test_the_poller_and_the_watcher_only_feed_or_wake() -> None:
+    """They never reach back into the manager or the endpoints."""
+    found = modules()
+    for name in ("numa_device_plugin.poller", "numa_device_plugin.watcher"):
+        imported = imports(found[name], set(found))
+        assert not imported & {"numa_device_plugin.manager", "numa_device_plugin.endpoint"}
