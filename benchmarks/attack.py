@@ -19,14 +19,13 @@ import argparse
 import asyncio
 import json
 import resource
-import socket
 import statistics
 import sys
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from benchmarks.harness import PluginProcess, machine_info, percentile, rig, settle
+from benchmarks.harness import PluginProcess, free_port, machine_info, percentile, rig, settle
 
 MB = 1024 * 1024
 PROBE_TIMEOUT = 3.0
@@ -67,13 +66,6 @@ class Prober:
             "p99_ms": round(percentile(ok, 0.99), 2) if ok else None,
             "max_ms": round(max(ok), 2) if ok else None,
         }
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
 
 
 def threads(plugin: PluginProcess) -> int:

@@ -9,6 +9,7 @@ import os
 import platform
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -25,6 +26,14 @@ from numa_device_plugin.fake_sysfs import build_machine
 from numa_device_plugin.kubelet_standin import KubeletStandIn
 
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 nobody listens on right now."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+        return port
 
 
 def resource_names(nodes: int) -> list[str]:

@@ -131,7 +131,7 @@ class ProbeServer:
         self._open[task] = now
         try:
             await self._serve(reader, writer)
-        except (ConnectionError, asyncio.CancelledError, TimeoutError, OSError):
+        except (asyncio.CancelledError, OSError):  # ConnectionError, TimeoutError too
             pass
         finally:
             self._open.pop(task, None)

@@ -16,7 +16,7 @@ import click
 
 from numa_device_plugin.cli import options
 from numa_device_plugin.config import Config
-from numa_device_plugin.discovery import discover
+from numa_device_plugin.discovery import Discovery, discover
 from numa_device_plugin.kubelet_standin import KubeletStandIn
 from numa_device_plugin.logs import configure_logging
 from numa_device_plugin.manager import PluginManager
@@ -92,7 +92,7 @@ async def _demo(params: dict[str, Any]) -> int:
                 envs = dict(response.container_responses[0].envs)
                 print(f"\nAllocate({first}, [{device}]) -> envs {json.dumps(envs)}")
                 if params["keep"]:
-                    await _keep_serving(kubelet, config, first, device, serving)
+                    await _keep_serving(kubelet, config, discovery, first, device, serving)
             finally:
                 manager.stop()
                 await asyncio.wait({serving})
@@ -114,12 +114,17 @@ def _print_demo(kubelet: KubeletStandIn, names: Sequence[str], folder: Path) -> 
 
 
 async def _keep_serving(
-    kubelet: KubeletStandIn, config: Config, name: str, device: str, serving: asyncio.Task[None]
+    kubelet: KubeletStandIn,
+    config: Config,
+    discovery: Discovery,
+    name: str,
+    device: str,
+    serving: asyncio.Task[None],
 ) -> None:
     """Show the Allocate's container in the stand-in's pod resources API (with the first
     CPU of its NUMA node), say how to look, and serve until SIGINT or SIGTERM."""
-    node = int(name.rsplit("-", 1)[1])
-    cpus = sorted(next(p.node.cpus for p in discover(config).plans if p.node.id == node))
+    node = discovery.resources[name].node_id
+    cpus = sorted(next(p.node.cpus for p in discovery.plans if p.node.id == node))
     kubelet.add_pod("demo", "demo", [("app", {name: [device]}, cpus[:1])])
     print(
         "\nServing until Ctrl-C. In another terminal:\n"
