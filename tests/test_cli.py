@@ -59,6 +59,10 @@ SERVE_FLAGS = [
     ("--pod-resources-interval", "NUMA_POD_RESOURCES_INTERVAL"),
     ("--reserved-cpus", "NUMA_RESERVED_CPUS"),
     ("--allow-unaligned", "NUMA_ALLOW_UNALIGNED"),
+    ("--config-file", "NUMA_CONFIG_FILE"),
+    ("--node-name", "NUMA_NODE_NAME"),
+    ("--kubeconfig", "NUMA_KUBECONFIG"),
+    ("--node-config-interval", "NUMA_NODE_CONFIG_INTERVAL"),
 ]
 
 
@@ -196,8 +200,8 @@ def never_serve(monkeypatch: pytest.MonkeyPatch) -> list[object]:
     accepted fails the test at once instead of serving until the test times out."""
     served: list[object] = []
 
-    async def fake_serve(*args: object) -> int:
-        served.append(args)
+    async def fake_serve(*args: object, **kwargs: object) -> int:
+        served.append((*args, kwargs))
         return 0
 
     monkeypatch.setattr(serve, "serve", fake_serve)

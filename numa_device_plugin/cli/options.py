@@ -11,6 +11,7 @@ the listener addresses, where empty means off as documented.
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -107,6 +108,21 @@ def folder(text: str) -> Path:
     if not text:
         raise ValueError("an empty path")
     return Path(os.path.abspath(text))
+
+
+def file_path(text: str) -> Path:
+    """A non-empty path, made absolute (it is read later, and again on every look)."""
+    return folder(text)
+
+
+_DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+
+
+def node_name(text: str) -> str:
+    """A Kubernetes node name: a DNS subdomain (at most 253 of ``[a-z0-9.-]``)."""
+    if len(text) > 253 or not _DNS_SUBDOMAIN.fullmatch(text):
+        raise ValueError(f"{text!r} is not a node name (lower-case DNS subdomain)")
+    return text
 
 
 def existing_folder(text: str) -> Path:
@@ -300,6 +316,38 @@ reserved_cpus = _option(
     frozenset(),
     "LIST",
     shown="none",
+)
+config_file = _option(
+    "--config-file",
+    "named configurations, one chosen by the node's label numa-align/config (YAML: "
+    "default, configs); needs --node-name",
+    file_path,
+    None,
+    "PATH",
+    shown="none",
+)
+node_name_option = _option(
+    "--node-name",
+    "this node's name, to read its labels from the API server (the downward API's spec.nodeName)",
+    node_name,
+    None,
+    "NAME",
+    shown="none",
+)
+kubeconfig = _option(
+    "--kubeconfig",
+    "with --config-file: the kubeconfig to reach the API server (none: in-cluster)",
+    file_path,
+    None,
+    "PATH",
+    shown="in-cluster",
+)
+node_config_interval = _option(
+    "--node-config-interval",
+    "with --config-file: seconds between looks at the node's label and the file",
+    interval,
+    60.0,
+    "S",
 )
 keep = _switch("--keep", "after the Allocate, keep serving until Ctrl-C (SIGINT) or SIGTERM")
 allow_unaligned = _switch(

@@ -11,7 +11,7 @@ import os
 import signal
 import socket
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import click
 
@@ -23,6 +23,18 @@ from numa_device_plugin.manager import PluginManager
 from numa_device_plugin.memory import limit_malloc_arenas
 from numa_device_plugin.probes import MAX_CONNECTIONS
 from numa_device_plugin.server import SocketPathError
+
+if TYPE_CHECKING:
+    from numa_device_plugin.supervisor import Selector
+
+
+class Runner(Protocol):
+    """What serve drives: a :class:`PluginManager` or a ``ConfigSupervisor``."""
+
+    def readiness_problems(self) -> list[str]: ...
+    def stop(self) -> None: ...
+    def reload(self) -> None: ...
+    async def serve(self) -> None: ...
 
 
 @click.command("serve", help="Run the device plugin daemon against the kubelet.")
@@ -42,6 +54,10 @@ from numa_device_plugin.server import SocketPathError
     options.pod_resources_interval,
     options.reserved_cpus,
     options.allow_unaligned,
+    options.config_file,
+    options.node_name_option,
+    options.kubeconfig,
+    options.node_config_interval,
 )
 @click.pass_context
 def command(ctx: click.Context, /, **params: Any) -> int:
@@ -51,13 +67,22 @@ def command(ctx: click.Context, /, **params: Any) -> int:
         config = options.config_from_params(params)
     except ValueError as exc:
         raise click.UsageError(str(exc), ctx) from None
+    select = _node_selection(ctx, params)
     limit_malloc_arenas()
     try:
         check_socket_dir(config.socket_dir)
     except ValueError as exc:
         raise click.BadParameter(str(exc), ctx, param=options.param(ctx, "socket_dir")) from None
     try:
-        return asyncio.run(serve(config, params["metrics_address"], params["health_address"]))
+        return asyncio.run(
+            serve(
+                config,
+                params["metrics_address"],
+                params["health_address"],
+                select=select,
+                select_interval=params["node_config_interval"],
+            )
+        )
     except SocketPathError as exc:
         raise click.BadParameter(
             str(exc), ctx, param_hint="'--socket-dir' / '--resource-prefix'"
@@ -66,6 +91,29 @@ def command(ctx: click.Context, /, **params: Any) -> int:
         raise click.BadParameter(str(exc), ctx, param=options.param(ctx, exc.option)) from None
     except FdLimitError as exc:
         raise click.UsageError(str(exc), ctx) from None
+
+
+def _node_selection(ctx: click.Context, params: dict[str, Any]) -> Selector | None:
+    """With ``--config-file``: the selection of the node's configuration by its label
+    (:func:`label_selection`); None without. Usage errors for the flags that need it."""
+    path = params["config_file"]
+    if path is None:
+        for name in ("node_name", "kubeconfig"):
+            if params[name] is not None:
+                raise click.BadParameter(
+                    "only applies with --config-file", ctx, param=options.param(ctx, name)
+                )
+        return None
+    if params["node_name"] is None:
+        raise click.BadParameter(
+            "--config-file needs this node's name (the chart sets NUMA_NODE_NAME from "
+            "spec.nodeName)",
+            ctx,
+            param=options.param(ctx, "node_name"),
+        )
+    from numa_device_plugin.supervisor import label_selection
+
+    return label_selection(path, params["node_name"], params["kubeconfig"], dict(params))
 
 
 class ListenerError(Exception):
@@ -83,10 +131,20 @@ class ListenerError(Exception):
         super().__init__(f"cannot listen on {address!r}: {reason}")
 
 
-async def serve(config: Config, metrics_address: str, health_address: str) -> int:
+async def serve(
+    config: Config,
+    metrics_address: str,
+    health_address: str,
+    *,
+    select: Selector | None = None,
+    select_interval: float = 60.0,
+) -> int:
     """Run a :class:`PluginManager` for ``config`` with the HTTP listeners asked for
-    (``""``: none) until a stop signal; 0 then. Raises :class:`ListenerError` when a
-    listener cannot be bound, before anything else is served."""
+    (``""``: none) until a stop signal; 0 then. With ``select`` (per-node
+    configuration), a :class:`ConfigSupervisor` runs the manager for the Config it
+    chooses, looking again every ``select_interval`` seconds. Raises
+    :class:`ListenerError` when a listener cannot be bound, before anything else is
+    served."""
     loop = asyncio.get_running_loop()
     recorder = None
     render = None
@@ -96,9 +154,17 @@ async def serve(config: Config, metrics_address: str, health_address: str) -> in
         recorder = PrometheusRecorder()
         render = recorder.render
     listeners = sum(1 for address in (metrics_address, health_address) if address)
-    manager = PluginManager(
-        config, recorder=recorder, listener_connections=listeners * MAX_CONNECTIONS
-    )
+
+    def make_manager(chosen: Config) -> PluginManager:
+        return PluginManager(
+            chosen, recorder=recorder, listener_connections=listeners * MAX_CONNECTIONS
+        )
+
+    manager: Runner = make_manager(config)
+    if select is not None:
+        from numa_device_plugin.supervisor import ConfigSupervisor
+
+        manager = ConfigSupervisor(select, make_manager, select_interval)
     servers = await _start_listeners(manager, metrics_address, health_address, render)
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, manager.stop)
@@ -114,7 +180,7 @@ async def serve(config: Config, metrics_address: str, health_address: str) -> in
 
 
 async def _start_listeners(
-    manager: PluginManager,
+    manager: Runner,
     metrics_address: str,
     health_address: str,
     render: Callable[[], bytes] | None,

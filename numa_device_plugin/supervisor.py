@@ -1,0 +1,193 @@
+"""Serve the configuration the node's label chooses, and follow it when it changes.
+
+:class:`ConfigSupervisor` asks a selection function (blocking, run in a thread) which
+configuration to serve: at start, every ``interval`` seconds, and on SIGHUP. For each
+new choice it stops the running :class:`PluginManager` (an orderly teardown: sockets
+removed, so the kubelet sees the old devices go) and starts one for the new
+:class:`Config`. The same choice keeps the manager running.
+
+When no configuration can be chosen (the label names none, the file is malformed,
+the node cannot be read at start) nothing is served: the manager is stopped, the
+readiness probe reports the reason, and one log line names the label and the reason
+(again only when the reason changes). A failed read of the labels while a
+configuration is served keeps it: an API server outage is not the operator's choice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+from numa_device_plugin.config import Config
+from numa_device_plugin.manager import PluginManager
+from numa_device_plugin.nodeconfig import (
+    CONFIG_LABEL,
+    NodeConfigError,
+    load_node_configs,
+    resolve,
+)
+
+log = structlog.get_logger(__name__)
+
+# Seconds between looks at the node's label and the configuration file.
+DEFAULT_INTERVAL = 60.0
+
+Selection = tuple[str | None, Config]
+Selector = Callable[[], Selection]
+
+
+class ConfigSupervisor:
+    """One :class:`PluginManager` at a time, for the configuration ``select`` returns.
+
+    ``select``: blocking, returns (configuration name or None for the flags alone,
+    :class:`Config`), raises :class:`NodeConfigError`. ``make_manager``: a manager for
+    a Config. ``interval``: seconds between selections.
+    """
+
+    def __init__(
+        self,
+        select: Callable[[], Selection],
+        make_manager: Callable[[Config], PluginManager],
+        interval: float = DEFAULT_INTERVAL,
+    ) -> None:
+        self._select = select
+        self._make_manager = make_manager
+        self.interval = interval
+        self.manager: PluginManager | None = None
+        self.current: Selection | None = None
+        self.problem: str | None = None
+        self.looks = 0  # selections made so far (tests wait for it)
+        self._task: asyncio.Task[None] | None = None
+        self._woken = asyncio.Event()
+        self._stopping = False
+        self._reload = False
+        self._logged: str | None = None
+
+    def readiness_problems(self) -> list[str]:
+        """Why the plugin is not ready: the reason no configuration is served, else
+        the manager's problems ([] when ready)."""
+        if self.problem is not None:
+            return [self.problem]
+        if self.manager is None:
+            return ["the node's configuration is not chosen yet"]
+        return self.manager.readiness_problems()
+
+    def stop(self) -> None:
+        """Stop the manager and return from :meth:`serve` (SIGTERM)."""
+        self._stopping = True
+        if self.manager is not None:
+            self.manager.stop()
+        self._woken.set()
+
+    def reload(self) -> None:
+        """Choose again now; an unchanged choice makes the manager reload (SIGHUP)."""
+        self._reload = True
+        self._woken.set()
+
+    async def serve(self) -> None:
+        """Until :meth:`stop`. Raises what a manager's ``serve`` raises (a manager
+        that fails ends the supervisor, as it ends ``serve`` without one)."""
+        try:
+            while not self._stopping:
+                self._woken.clear()
+                await self._look()
+                if self._task is not None and self._task.done():
+                    self._task.result()  # raises its error
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._woken.wait(), self.interval)
+                if self._task is not None and self._task.done() and not self._stopping:
+                    self._task.result()
+        finally:
+            await self._retire()
+
+    async def _look(self) -> None:
+        await self._choose()
+        self.looks += 1
+
+    async def _choose(self) -> None:
+        reload, self._reload = self._reload, False
+        try:
+            selection = await asyncio.to_thread(self._select)
+        except NodeConfigError as exc:
+            self._failed(exc)
+            if not (exc.transient and self.manager is not None):
+                await self._retire()
+            return
+        self.problem = None
+        self._logged = None
+        if self.manager is not None and selection == self.current:
+            if reload:
+                self.manager.reload()
+            return
+        await self._retire()
+        if self._stopping:
+            return
+        name, config = selection
+        log.info(
+            "serving the node's configuration",
+            label=CONFIG_LABEL,
+            configuration=name or "(flags and variables)",
+            capacity=str(config.capacity),
+        )
+        self.current = selection
+        self.manager = self._make_manager(config)
+        self._task = asyncio.create_task(self.manager.serve(), name="plugin manager")
+        self._task.add_done_callback(lambda _: self._woken.set())
+
+    def _failed(self, exc: NodeConfigError) -> None:
+        message = str(exc)
+        if exc.transient and self.manager is not None:
+            if self._logged != message:
+                log.warning(
+                    "cannot read the node's label; keeping the configuration served",
+                    label=CONFIG_LABEL,
+                    reason=message,
+                )
+            self._logged = message
+            return
+        self.problem = f"no configuration served: {message}"
+        if self._logged != message:
+            log.error("serving nothing", label=CONFIG_LABEL, reason=message)
+        self._logged = message
+
+    async def _retire(self) -> None:
+        """Stop the running manager and wait for its teardown."""
+        manager, task = self.manager, self._task
+        self.manager, self._task, self.current = None, None, None
+        if manager is None or task is None:
+            return
+        manager.stop()
+        try:
+            await task
+        except asyncio.CancelledError:
+            if not task.cancelled():
+                raise
+
+
+def label_selection(
+    path: Path, node: str, kubeconfig: Path | None, base: Mapping[str, Any]
+) -> Callable[[], Selection]:
+    """A ``select`` for :class:`ConfigSupervisor`: reads node ``node``'s labels from the
+    API server (:class:`NodeLabelReader`), then the file at ``path`` (read again each
+    time, so an updated ConfigMap is followed), and resolves them over ``base`` (serve's
+    parameters). Its NodeConfigErrors name the label and its value."""
+    from numa_device_plugin.nodelabels import NodeLabelReader
+
+    reader = NodeLabelReader(node, kubeconfig)
+
+    def select() -> Selection:
+        labels = reader.read()
+        try:
+            configs = load_node_configs(path, base)
+        except NodeConfigError as exc:
+            value = labels.get(CONFIG_LABEL)
+            shown = "unset" if value is None else f"{value!r}"
+            raise NodeConfigError(f"node {node} (label {CONFIG_LABEL} {shown}): {exc}") from None
+        return resolve(configs, node, labels, base)
+
+    return select
