@@ -23,6 +23,7 @@ import yaml
 
 from numa_device_plugin import __version__
 from numa_device_plugin.cli import options, serve
+from numa_device_plugin.nodeconfig import parse_node_configs
 from tests.conftest import REPO, under_ci
 from tests.test_deployments import KUBERNETES_VERSIONS, check_pod_monitor, render
 
@@ -46,6 +47,12 @@ RENDERINGS: dict[str, list[str]] = {
         *("--set-json", "config.podResourcesInterval=2.5", "--set", "config.allowUnaligned=true"),
     ],
     "no-metrics": ["--set", "config.metricsPort=0"],
+    "per-node": [
+        "--set-json",
+        'config.named={"exact": {"capacity": "cpus", "reservedCpus": "0-1",'
+        ' "podResourcesInterval": 0.5}, "small": {"capacity": 10}, "plain": {}}',
+        *("--set", "config.default=small"),
+    ],
 }
 RENDERINGS["flavour-custom"] += ["--set", "kubelet.root=/data/kubelet"]
 
@@ -72,9 +79,13 @@ def template(*args: str) -> list[dict[str, Any]]:
     return [d for d in yaml.safe_load_all(result.stdout) if d]
 
 
-def of_kind(documents: list[dict[str, Any]], kind: str) -> dict[str, Any]:
-    (found,) = [d for d in documents if d["kind"] == kind]
-    return found
+def of_kind(documents: list[dict[str, Any]], kind: str, name: str = RELEASE) -> dict[str, Any]:
+    """The one object of ``kind``; where there are several (ConfigMaps), the one ``name``."""
+    found = [d for d in documents if d["kind"] == kind]
+    if len(found) > 1:
+        found = [d for d in found if d["metadata"]["name"] == name]
+    (only,) = found
+    return only
 
 
 def container(documents: list[dict[str, Any]]) -> dict[str, Any]:
@@ -118,6 +129,11 @@ def test_every_rendering_passes_kubernetes_validate_strict(name: str, version: s
         (["--set", "config.metricsPort=9202"], "metricsPort"),
         (["--set", "config.logLevel=loud"], "logLevel"),
         (["--set", "image.pullPolicy=Sometimes"], "pullPolicy"),
+        (["--set-json", 'config.named={"a": {"capacity": "all"}}'], "capacity"),
+        (["--set-json", 'config.named={"a": {"logLevel": "debug"}}'], "logLevel"),
+        (["--set-json", 'config.named={"-a": {}}'], "-a"),
+        (["--set-json", 'config.named={"a": {"capacity": 5, "reservedCpus": "0"}}'], "capacity"),
+        (["--set-json", 'config.named={"a": {"podResourcesInterval": 0}}'], "podResources"),
     ],
 )
 def test_the_schema_refuses_bad_values(args: list[str], needle: str) -> None:
@@ -140,6 +156,76 @@ def test_nfd_and_own_node_affinity_cannot_be_mixed() -> None:
     )
     assert result.returncode != 0
     assert "leave affinity.nodeAffinity out" in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["--set", "config.default=a"], "config.default needs config.named"),
+        (
+            ["--set-json", 'config.named={"a": {}}', "--set", "config.default=b"],
+            'config.default "b" names no configuration',
+        ),
+        (
+            # reservedCpus inherited from the settings above, capacity made slots here
+            [*RENDERINGS["cpus"], "--set-json", 'config.named={"a": {"capacity": 5}}'],
+            'config.named.a: reservedCpus "0-1" need capacity "cpus"',
+        ),
+    ],
+)
+def test_per_node_values_that_cannot_work_fail_the_rendering(args: list[str], needle: str) -> None:
+    result = run_helm("template", RELEASE, str(CHART), *args)
+    assert result.returncode != 0, f"{args} was accepted"
+    assert needle in result.stderr
+
+
+def test_per_node_configuration_reaches_the_plugin(monkeypatch: pytest.MonkeyPatch) -> None:
+    documents = template(*RENDERINGS["per-node"])
+    params = serve_args(documents, monkeypatch)
+    path = Path("/etc/numa-device-plugin/configs.yaml")
+    assert params["config_file"] == path
+    text = of_kind(documents, "ConfigMap", f"{RELEASE}-node-configs")["data"]["configs.yaml"]
+    configs = parse_node_configs(path, text, params)
+    assert configs.default == "small"
+    assert configs.configs == {
+        "exact": {"capacity": "cpus", "reserved_cpus": {0, 1}, "pod_resources_interval": 0.5},
+        "small": {"capacity": 10},
+        "plain": {},
+    }
+    spec = of_kind(documents, "DaemonSet")["spec"]["template"]["spec"]
+    assert spec["automountServiceAccountToken"] is True
+    env = {e["name"]: e for e in container(documents)["env"]}
+    assert env["NUMA_NODE_NAME"]["valueFrom"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
+    (mount,) = [m for m in container(documents)["volumeMounts"] if m["name"] == "node-configs"]
+    assert (mount["mountPath"], mount["subPath"]) == (str(path), "configs.yaml")
+    (volume,) = [v for v in spec["volumes"] if v["name"] == "node-configs"]
+    assert volume["configMap"]["name"] == f"{RELEASE}-node-configs"
+    role = of_kind(documents, "ClusterRole")
+    assert role["rules"] == [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get"]}]
+    binding = of_kind(documents, "ClusterRoleBinding")
+    assert binding["roleRef"]["name"] == role["metadata"]["name"]
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": spec["serviceAccountName"], "namespace": "kube-system"}
+    ]
+    # Without named configurations: no token, no API access, no file.
+    plain = template()
+    assert (
+        of_kind(plain, "DaemonSet")["spec"]["template"]["spec"]["automountServiceAccountToken"]
+        is False
+    )
+    assert not {"ClusterRole", "ClusterRoleBinding"} & {d["kind"] for d in plain}
+    assert "NUMA_CONFIG_FILE" not in of_kind(plain, "ConfigMap")["data"]
+
+
+def test_a_named_configuration_change_rolls_the_pods() -> None:
+    def checksum(named: str) -> str:
+        documents = template("--set-json", f"config.named={named}")
+        metadata = of_kind(documents, "DaemonSet")["spec"]["template"]["metadata"]
+        value: str = metadata["annotations"]["checksum/node-configs"]
+        return value
+
+    assert checksum('{"a": {"capacity": 5}}') == checksum('{"a": {"capacity": 5}}')
+    assert checksum('{"a": {"capacity": 5}}') != checksum('{"a": {"capacity": 6}}')
 
 
 def serve_args(documents: list[dict[str, Any]], monkeypatch: pytest.MonkeyPatch) -> Any:

@@ -52,4 +52,47 @@ NUMA_RESERVED_CPUS: {{ $c.reservedCpus | quote }}
 {{- if $c.allowUnaligned }}
 NUMA_ALLOW_UNALIGNED: "true"
 {{- end }}
+{{- if include "numa-device-plugin.perNode" . }}
+NUMA_CONFIG_FILE: {{ include "numa-device-plugin.configFile" . | quote }}
+{{- end }}
+{{- end -}}
+
+{{/* Where the pods find the named configurations (a subPath mount: a ConfigMap update
+reaches a node only when the checksum rolls its pod, one node at a time). */}}
+{{- define "numa-device-plugin.configFile" -}}/etc/numa-device-plugin/configs.yaml{{- end -}}
+
+{{/* The file of named configurations, in the keys of serve's flags. Fails for a default
+naming no configuration, or a configuration whose reservedCpus (its own or inherited)
+come without capacity "cpus". */}}
+{{- define "numa-device-plugin.nodeConfigs" -}}
+{{- $c := .Values.config -}}
+{{- $keys := dict "capacity" "capacity" "resourcePrefix" "resource-prefix" "podResourcesInterval" "pod-resources-interval" "reservedCpus" "reserved-cpus" "allowUnaligned" "allow-unaligned" -}}
+{{- $configs := dict -}}
+{{- range $name, $settings := $c.named -}}
+{{- $out := dict -}}
+{{- range $key, $value := ($settings | default dict) -}}
+{{- $_ := set $out (get $keys $key) $value -}}
+{{- end -}}
+{{- $capacity := (hasKey ($settings | default dict) "capacity") | ternary (get ($settings | default dict) "capacity") $c.capacity -}}
+{{- $reserved := (hasKey ($settings | default dict) "reservedCpus") | ternary (get ($settings | default dict) "reservedCpus") $c.reservedCpus -}}
+{{- if and $reserved (ne (toString $capacity) "cpus") -}}
+{{- fail (printf "config.named.%s: reservedCpus %q need capacity \"cpus\" (it has %v)" $name $reserved $capacity) -}}
+{{- end -}}
+{{- $_ := set $configs $name $out -}}
+{{- end -}}
+{{- $file := dict "configs" $configs -}}
+{{- with $c.default -}}
+{{- if not (hasKey $c.named .) -}}
+{{- fail (printf "config.default %q names no configuration in config.named" .) -}}
+{{- end -}}
+{{- $_ := set $file "default" . -}}
+{{- end -}}
+{{- toYaml $file -}}
+{{- end -}}
+
+{{/* True (non-empty) when per-node configuration is on. */}}
+{{- define "numa-device-plugin.perNode" -}}
+{{- if .Values.config.named -}}true{{- else if .Values.config.default -}}
+{{- fail "config.default needs config.named" -}}
+{{- end -}}
 {{- end -}}
