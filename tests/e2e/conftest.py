@@ -203,7 +203,11 @@ class LocalPlatform(Platform):
             with urllib.request.urlopen(f"http://{address}{path}", timeout=5) as answer:
                 return int(answer.status), answer.read().decode()
         except urllib.error.HTTPError as error:
-            return int(error.code), ""
+            return int(error.code), error.read().decode(errors="replace")
+
+    def readyz(self) -> tuple[int, str]:
+        """The plugin's ``/readyz``: status and text (the reasons when 503)."""
+        return self._get(self.description["health"], "/readyz")
 
     def plugin_ready(self) -> bool:
         return self._get(self.description["health"], "/readyz")[0] == 200
@@ -254,6 +258,18 @@ class LocalPlatform(Platform):
 
     def reload_plugin(self) -> None:
         os.kill(self._pid("plugin"), signal.SIGHUP)
+
+    def start_plugin_with(self, argv: list[str], ready: bool = True) -> None:
+        """Stop the plugin and start ``argv`` in its place (``plugin_argv`` gives the
+        current one); wait until it is ready when ``ready``."""
+        self._stop("plugin", signal.SIGTERM)
+        self._start("plugin", argv)
+        if ready:
+            self.eventually(self.plugin_ready, 60, "the restarted plugin to be ready", 0.5)
+
+    @property
+    def plugin_argv(self) -> list[str]:
+        return list(self.processes["plugin"]["argv"])
 
     def restart_kubelet(self, cpu_manager: str | None = None) -> None:
         self._stop("kubelet", signal.SIGKILL)

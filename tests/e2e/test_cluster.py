@@ -7,6 +7,7 @@ resources API, and the API server (allocatable, pod phase and reason, scheduler 
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -15,7 +16,7 @@ from kubernetes import client
 
 from numa_device_plugin.sysfs import parse_cpulist
 from tests.conftest import REPO
-from tests.e2e.conftest import ClusterConfig, Platform
+from tests.e2e.conftest import ClusterConfig, LocalPlatform, Platform
 
 pytestmark = pytest.mark.e2e
 # What a pod prints to show where it runs, read from the kernel, not from the plugin.
@@ -388,3 +389,95 @@ def test_offlined_cpu_loses_its_device_after_sighup(
         platform.set_cpu_online(cpu, True)
     platform.reload_plugin()
     platform.eventually(lambda: allocatable_is(platform, {"numa-align/numa-1": full}), 60, "back")
+
+
+def test_per_node_configuration_with_the_charts_service_account(
+    platform: Platform, cluster: ClusterConfig, tmp_path: Path
+) -> None:
+    """The chart's per-node objects on the real API server (RBAC on): the plugin, given a
+    token of the chart's ServiceAccount and the chart's configs.yaml, follows the node's
+    label numa-align/config, serves nothing for an unknown name, and is refused (403,
+    unready) without the chart's ClusterRoleBinding."""
+    if not isinstance(platform, LocalPlatform):
+        pytest.skip("runs the plugin as a process with a service account token: local only")
+    from tests.test_helm import RELEASE, of_kind, template
+
+    reserved = ",".join(map(str, sorted(cluster.reserved_cpus)))
+    named = {"slots": {"capacity": 7}, "exact": {"capacity": "cpus"}}
+    if reserved:
+        named["exact"]["reservedCpus"] = reserved
+    documents = template(
+        "--set-json", f"config.named={json.dumps(named)}", "--set", "config.default=slots"
+    )
+    account = of_kind(documents, "ServiceAccount")
+    role, binding = of_kind(documents, "ClusterRole"), of_kind(documents, "ClusterRoleBinding")
+    configs = tmp_path / "configs.yaml"
+    configs.write_text(
+        of_kind(documents, "ConfigMap", f"{RELEASE}-node-configs")["data"]["configs.yaml"]
+    )
+    rbac = client.RbacAuthorizationV1Api(platform.core.api_client)
+    core, node, name = platform.core, platform.node, account["metadata"]["name"]
+    original = platform.plugin_argv
+    core.create_namespaced_service_account("kube-system", account)
+    rbac.create_cluster_role(role)
+    rbac.create_cluster_role_binding(binding)
+    try:
+        request = client.AuthenticationV1TokenRequest(
+            spec=client.V1TokenRequestSpec(
+                audiences=["https://kubernetes.default.svc.cluster.local"],
+                expiration_seconds=3600,
+            )
+        )
+        token = core.create_namespaced_service_account_token(name, "kube-system", request)
+        kubeconfig = yaml.safe_load(Path(platform.description["kubeconfig"]).read_text())
+        kubeconfig["users"][0]["user"] = {"token": token.status.token}
+        (tmp_path / "kubeconfig").write_text(json.dumps(kubeconfig))
+        label(core, node, "exact")
+        per_node = ["--config-file", str(configs), "--node-name", node]
+        per_node += ["--kubeconfig", str(tmp_path / "kubeconfig"), "--node-config-interval", "1"]
+        platform.start_plugin_with([*original, *per_node])
+        numa0 = "numa-align/numa-0"
+        exact = cluster.exclusive_cpus(0)
+        platform.eventually(
+            lambda: platform.allocatable().get(numa0) == str(exact), 90, f"{numa0}={exact}"
+        )
+        label(core, node, "slots")
+        platform.eventually(lambda: platform.allocatable().get(numa0) == "7", 90, f"{numa0}=7")
+
+        label(core, node, "nope")
+        platform.eventually(
+            lambda: "numa-align/config='nope' names no configuration" in platform.readyz()[1],
+            60, "the plugin to serve nothing for an unknown name",
+        )  # fmt: skip
+        assert platform.readyz()[0] == 503
+
+        # The chart's binding taken away: the API server refuses (403), nothing is served.
+        rbac.delete_cluster_role_binding(binding["metadata"]["name"])
+        label(core, node, "exact")
+        platform.eventually(
+            lambda: "403" in platform.readyz()[1] and "needs get on nodes" in platform.readyz()[1],
+            60, "the plugin to be refused the node",
+        )  # fmt: skip
+        rbac.create_cluster_role_binding(binding)
+        platform.eventually(platform.plugin_ready, 60, "the plugin to be ready again")
+        platform.eventually(
+            lambda: platform.allocatable().get(numa0) == str(exact), 90, f"{numa0}={exact}"
+        )
+    finally:
+        label(core, node, None)
+        platform.start_plugin_with(original)
+        for delete in (
+            lambda: rbac.delete_cluster_role_binding(binding["metadata"]["name"]),
+            lambda: rbac.delete_cluster_role(role["metadata"]["name"]),
+            lambda: core.delete_namespaced_service_account(name, "kube-system"),
+        ):
+            try:
+                delete()
+            except client.ApiException as exc:
+                if exc.status != 404:
+                    raise
+
+
+def label(core: client.CoreV1Api, node: str, value: str | None) -> None:
+    """Set (None: remove) the node's numa-align/config label."""
+    core.patch_node(node, {"metadata": {"labels": {"numa-align/config": value}}})
