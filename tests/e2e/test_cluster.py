@@ -481,3 +481,23 @@ def test_per_node_configuration_with_the_charts_service_account(
 def label(core: client.CoreV1Api, node: str, value: str | None) -> None:
     """Set (None: remove) the node's numa-align/config label."""
     core.patch_node(node, {"metadata": {"labels": {"numa-align/config": value}}})
+
+
+def test_the_charts_objects_are_accepted_by_the_api_server(platform: Platform) -> None:
+    """Every object of the chart's per-node rendering passes the real API server's
+    validation and admission (a server-side dry run: nothing is stored). The one-machine
+    cluster cannot run the DaemonSet itself: it has no controller manager (no pods
+    from a DaemonSet), no CNI (host-network pods only) and no plugin image."""
+    from kubernetes import utils
+
+    from tests.test_helm import RENDERINGS, template
+
+    documents = template(*RENDERINGS["per-node"])
+    kinds = []
+    for document in documents:
+        utils.create_from_dict(platform.core.api_client, document, dry_run="All")
+        kinds.append(document["kind"])
+    assert sorted(kinds) == sorted([
+        "ServiceAccount", "ConfigMap", "ConfigMap", "ClusterRole", "ClusterRoleBinding",
+        "Service", "DaemonSet",
+    ])  # fmt: skip
