@@ -41,6 +41,7 @@ from numa_device_plugin.devices import (
     UNHEALTHY,
     Capacity,
     Device,
+    Resource,
     cpu_device_id,
 )
 
@@ -51,7 +52,9 @@ OTHERS = "other"
 
 class Holder(NamedTuple):
     """One container as ``List()`` reports it: its exclusive ``cpus`` (CPU ids; empty
-    for shared-pool containers) and ``devices`` (resource name -> device ids).
+    for shared-pool containers), ``devices`` (resource name -> device ids) and
+    ``memory`` ((NUMA node, memory type) -> bytes of its memory blocks naming the
+    node, Memory Manager ``Static``).
     A named tuple: a poll builds one per container, so it must be cheap."""
 
     namespace: str
@@ -59,6 +62,7 @@ class Holder(NamedTuple):
     container: str
     cpus: frozenset[int]
     devices: Mapping[str, tuple[str, ...]] = MappingProxyType({})
+    memory: Mapping[tuple[int, str], int] = MappingProxyType({})
 
 
 @dataclass(frozen=True)
@@ -70,13 +74,16 @@ class KubeletView:
     that hold devices (others may be listed too); ``foreign_cpus``: exclusive CPUs
     of the containers left out of ``holders``; ``memory``: per NUMA node id and
     memory type (``memory``, ``hugepages-2Mi``...), allocatable bytes (only under
-    the Memory Manager's ``Static`` policy; empty otherwise).
+    the Memory Manager's ``Static`` policy; empty otherwise); ``assigned_memory``:
+    the same shape, the bytes of every container's memory blocks (a block naming
+    several NUMA nodes counts in full on each).
     """
 
     allocatable_cpus: frozenset[int]
     holders: tuple[Holder, ...] = ()
     memory: Mapping[int, Mapping[str, int]] = field(default_factory=dict)
     foreign_cpus: frozenset[int] = frozenset()
+    assigned_memory: Mapping[int, Mapping[str, int]] = field(default_factory=dict)
 
     @cached_property
     def assigned_cpus(self) -> frozenset[int]:
@@ -95,8 +102,16 @@ def view_from(
     """The :class:`KubeletView` of a ``List`` and a ``GetAllocatableResources`` answer."""
     holders = []
     foreign: set[int] = set()
+    assigned: dict[int, dict[str, int]] = {}
     for pod in pods.pod_resources:
         for container in pod.containers:
+            own: dict[tuple[int, str], int] = {}
+            for block in container.memory:
+                for node in block.topology.nodes:
+                    key = (node.ID, block.memory_type)
+                    own[key] = own.get(key, 0) + block.size
+                    per_type = assigned.setdefault(node.ID, {})
+                    per_type[block.memory_type] = per_type.get(block.memory_type, 0) + block.size
             if not container.devices:
                 foreign.update(container.cpu_ids)
                 continue
@@ -108,7 +123,12 @@ def view_from(
                 )
             holders.append(
                 Holder(
-                    pod.namespace, pod.name, container.name, frozenset(container.cpu_ids), devices
+                    pod.namespace,
+                    pod.name,
+                    container.name,
+                    frozenset(container.cpu_ids),
+                    devices,
+                    own or MappingProxyType({}),
                 )
             )
     memory: dict[int, dict[str, int]] = {}
@@ -121,6 +141,7 @@ def view_from(
         holders=tuple(holders),
         memory=memory,
         foreign_cpus=frozenset(foreign),
+        assigned_memory=assigned,
     )
 
 
@@ -256,6 +277,77 @@ def live_devices(
         else:
             health = UNHEALTHY
         devices.append(_device(device_id, node_id, index, health))
+    return tuple(devices)
+
+
+def assigned_memory(
+    view: KubeletView | None, ours: Iterable[str]
+) -> dict[tuple[int, str, str], int]:
+    """Bytes of memory blocks per (NUMA node, memory type, holder): ``holder`` is
+    :data:`OURS` for containers that hold any resource of ``ours`` (our resource
+    names), :data:`OTHERS` for the rest. Empty without a view."""
+    if view is None:
+        return {}
+    names = set(ours)
+    held: dict[tuple[int, str], int] = {}
+    for holder in view.holders:
+        if names.intersection(holder.devices):
+            for key, size in holder.memory.items():
+                held[key] = held.get(key, 0) + size
+    found = {}
+    for node, per_type in view.assigned_memory.items():
+        for memory_type, total in per_type.items():
+            mine = held.get((node, memory_type), 0)
+            found[(node, memory_type, OURS)] = mine
+            found[(node, memory_type, OTHERS)] = total - mine
+    return found
+
+
+def live_memory_devices(
+    resource: Resource, view: KubeletView | None, *, allow_unaligned: bool = False
+) -> tuple[Device, ...]:
+    """The device list to advertise for a memory resource (``resource.memory`` set)::
+
+        healthy = held + floor((allocatable - assigned) / unit)
+
+    held devices first, then the lowest-numbered (:mod:`.numamemory`). ``view`` None
+    (the API never answered): allocatable is the pool's sysfs ``fallback``, nothing
+    assigned. A view without memory (the Memory Manager's policy is not ``Static``):
+    every device Unhealthy, unless ``allow_unaligned`` (then as without the API).
+    Deterministic, ids in unit order; held ids no longer in the list stay listed.
+    """
+    pool = resource.memory
+    assert pool is not None, f"{resource.name} is not a memory resource"
+    unaligned = False
+    held: set[str] = set()
+    if view is None or not view.memory:
+        unaligned = view is not None and not allow_unaligned
+        allocatable, assigned = pool.fallback, 0
+    else:
+        allocatable = view.memory.get(resource.node_id, {}).get(pool.memory_type, 0)
+        assigned = view.assigned_memory.get(resource.node_id, {}).get(pool.memory_type, 0)
+    if view is not None:
+        for holder in view.holders:
+            ids = holder.devices.get(resource.name)
+            if ids:
+                held.update(ids)
+    ordered = [(device.index, device.id) for device in resource.devices]
+    extra = held.difference(device_id for _, device_id in ordered)
+    if extra:
+        ordered = sorted([*ordered, *((_index(device_id), device_id) for device_id in extra)])
+    free = max(0, allocatable - assigned) // pool.unit
+    devices = []
+    for index, device_id in ordered:
+        if unaligned:
+            health = UNHEALTHY
+        elif device_id in held:
+            health = HEALTHY
+        elif free > 0:
+            health = HEALTHY
+            free -= 1
+        else:
+            health = UNHEALTHY
+        devices.append(_device(device_id, resource.node_id, index, health))
     return tuple(devices)
 
 

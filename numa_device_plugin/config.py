@@ -19,6 +19,7 @@ from numa_device_plugin.devices import (
     validate_capacity,
     validate_resource_prefix,
 )
+from numa_device_plugin.numamemory import ReservedMemory
 from numa_device_plugin.registration import KUBELET_SOCKET_NAME
 from numa_device_plugin.server import check_socket_path
 
@@ -87,7 +88,10 @@ class Config:
     seconds between reads of it. ``reserved_cpus``: CPUs the kubelet keeps for
     itself, used in ``cpus`` mode only while the API cannot be read.
     ``allow_unaligned``: keep devices Healthy on a kubelet whose CPU manager is
-    not ``static``.
+    not ``static`` (or, for memory resources, whose Memory Manager is not ``Static``).
+    ``memory_unit``: bytes per memory device, None: no memory resources;
+    ``reserved_memory``: the kubelet's ``--reserved-memory`` as (NUMA node, memory
+    type, bytes), used for memory only while the API cannot be read.
 
     Raises ValueError from ``__post_init__`` for an invalid prefix, capacity,
     a non-positive duration, or settings that contradict ``cpus`` mode.
@@ -105,6 +109,8 @@ class Config:
     pod_resources_interval: float = 5.0
     reserved_cpus: frozenset[int] = frozenset()
     allow_unaligned: bool = False
+    memory_unit: int | None = None
+    reserved_memory: ReservedMemory = ()
 
     def __post_init__(self) -> None:
         validate_resource_prefix(self.resource_prefix)
@@ -126,6 +132,10 @@ class Config:
             )
         if self.reserved_cpus and self.capacity != CPUS:
             raise ValueError("--reserved-cpus only applies with --capacity cpus")
+        if self.memory_unit is not None and self.memory_unit <= 0:
+            raise ValueError(f"memory unit must be positive, got {self.memory_unit}")
+        if self.reserved_memory and self.memory_unit is None:
+            raise ValueError("--reserved-memory only applies with --memory-unit")
 
     @property
     def cpus_mode(self) -> bool:

@@ -20,6 +20,13 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Literal
 
+from numa_device_plugin.numamemory import (
+    MemoryPool,
+    ReservedMemory,
+    memory_device_id,
+    node_pools,
+    resource_suffix,
+)
 from numa_device_plugin.topology import NodePlan
 
 DEFAULT_RESOURCE_PREFIX = "numa-align"
@@ -59,12 +66,15 @@ class Resource:
     """One extended resource (``numa-align/numa-<node_id>``) served by one device plugin.
 
     ``socket_name`` is the file name of its unix socket in the device-plugin
-    folder, which is also the ``endpoint`` of its RegisterRequest.
+    folder, which is also the ``endpoint`` of its RegisterRequest. ``memory``: for
+    a memory resource (``numa-align/numa-1-memory``, ``--memory-unit``), the pool
+    its devices stand for; None for the NUMA node's CPU (or slot) resource.
     """
 
     name: str
     node_id: int
     devices: tuple[Device, ...]
+    memory: MemoryPool | None = None
 
     @property
     def socket_name(self) -> str:
@@ -160,18 +170,41 @@ def cpu_devices(node_id: int, cpus: Iterable[int]) -> tuple[Device, ...]:
     )
 
 
+def memory_resources(
+    prefix: str, plan: NodePlan, unit: int, reserved: ReservedMemory
+) -> list[Resource]:
+    """With ``--memory-unit`` ``unit`` (bytes): the memory resources of an advertised
+    NUMA node, ``<prefix>/numa-<id>-memory`` and one per hugepage pool, each with one
+    device per unit of the pool's size (:mod:`numa_device_plugin.numamemory`).
+    Raises ValueError when the unit makes too many devices."""
+    node = plan.node
+    resources = []
+    for pool in node_pools(node.id, node.memory_bytes, dict(node.hugepages), unit, reserved):
+        devices = tuple(
+            Device(id=memory_device_id(node.id, pool.memory_type, index), node_id=node.id,
+                   index=index)
+            for index in range(pool.devices)
+        )  # fmt: skip
+        name = f"{resource_name(prefix, node.id)}-{resource_suffix(pool.memory_type)}"
+        resources.append(Resource(name=name, node_id=node.id, devices=devices, memory=pool))
+    return resources
+
+
 def build_resources(
     plans: Iterable[NodePlan],
     *,
     prefix: str = DEFAULT_RESOURCE_PREFIX,
     capacity: Capacity = DEFAULT_CAPACITY,
     reserved_cpus: frozenset[int] = frozenset(),
+    memory_unit: int | None = None,
+    reserved_memory: ReservedMemory = (),
 ) -> Mapping[str, Resource]:
-    """One resource per advertised NUMA node, keyed by resource name, in NUMA id order.
+    """One resource per advertised NUMA node, keyed by resource name, in NUMA id order,
+    and with ``memory_unit`` (bytes) its memory resources after it.
 
     In ``cpus`` mode a node's devices are its usable CPUs minus ``reserved_cpus``
     (the starting point; the kubelet's pod resources API refines it live).
-    Raises ValueError for an invalid prefix or capacity.
+    Raises ValueError for an invalid prefix or capacity, or a unit too small.
     """
     validate_resource_prefix(prefix)
     validate_capacity(capacity)
@@ -189,4 +222,7 @@ def build_resources(
         else:
             resource = build_resource(prefix, node_id, capacity)
         resources[resource.name] = resource
+        if memory_unit is not None:
+            for memory in memory_resources(prefix, plan, memory_unit, reserved_memory):
+                resources[memory.name] = memory
     return resources

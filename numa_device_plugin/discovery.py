@@ -16,6 +16,7 @@ import structlog
 from numa_device_plugin import sysfs
 from numa_device_plugin.config import Config
 from numa_device_plugin.devices import Resource, build_resources
+from numa_device_plugin.numamemory import format_quantity
 from numa_device_plugin.topology import NodePlan, plan_nodes, read_topology, topology_warnings
 
 log = structlog.get_logger(__name__)
@@ -33,7 +34,8 @@ def discover(config: Config) -> Discovery:
     """Read the topology under ``config.sysfs_root`` and build the resources; log the plan.
 
     Raises :class:`~numa_device_plugin.sysfs.SysfsError` (or its subclass
-    ``SysfsFormatError``, naming the file and content) when sysfs cannot be read.
+    ``SysfsFormatError``, naming the file and content) when sysfs cannot be read,
+    ValueError when ``--memory-unit`` would give a pool too many devices.
     """
     topology = read_topology(config.sysfs_root)
     plans = plan_nodes(topology, include_cpuless=config.include_cpuless_nodes)
@@ -42,6 +44,8 @@ def discover(config: Config) -> Discovery:
         prefix=config.resource_prefix,
         capacity=config.capacity,
         reserved_cpus=config.reserved_cpus,
+        memory_unit=config.memory_unit,
+        reserved_memory=config.reserved_memory,
     )
     for plan in plans:
         node = plan.node
@@ -50,6 +54,8 @@ def discover(config: Config) -> Discovery:
             "cpus": sysfs.format_cpulist(node.cpus),
             "memory_bytes": node.memory_bytes,
         }
+        if node.hugepages:
+            fields["hugepages"] = {format_quantity(size): n for size, n in node.hugepages}
         if plan.reason is not None:
             fields["reason"] = plan.reason
         if plan.advertised:

@@ -42,8 +42,10 @@ class SysfsTree:
         *,
         distance: str | None = None,
         mem_kb: int | None = 1048576,
+        hugepages: dict[int, int] | None = None,
     ) -> SysfsTree:
-        """Create ``node/node<id>`` with the given cpulist, distance row and MemTotal (kB)."""
+        """Create ``node/node<id>`` with the given cpulist, distance row, MemTotal (kB)
+        and hugepage pools (page size in kB -> pages)."""
         folder = self.system / "node" / f"node{node_id}"
         folder.mkdir(parents=True, exist_ok=True)
         if cpulist is not None:
@@ -54,6 +56,10 @@ class SysfsTree:
             self.write(
                 f"node/node{node_id}/meminfo",
                 f"Node {node_id} MemTotal:  {mem_kb} kB\nNode {node_id} MemFree:  1 kB\n",
+            )
+        for size_kb, pages in (hugepages or {}).items():
+            self.write(
+                f"node/node{node_id}/hugepages/hugepages-{size_kb}kB/nr_hugepages", f"{pages}\n"
             )
         return self
 

@@ -152,8 +152,8 @@ class PluginManager:
         self.wake(STREAM_LOST, name)
 
     def _registered(self, name: str) -> None:
-        if self.poller.unaligned():
-            self.poller.warn_unaligned([name])
+        if self.poller.withheld(name):
+            self.poller.warn_withheld([name])
         # A (new) kubelet: its allocatable CPUs may differ from the last one's.
         self.poller.request(allocatable=True)
 

@@ -130,6 +130,14 @@ class PrometheusRecorder:
             ["numa_node", "memory_type"],
             registry=r,
         )
+        self.assigned_memory = Gauge(
+            "numa_node_assigned_memory_bytes",
+            "Memory of the NUMA node in containers' memory blocks, by type, held by "
+            "containers holding our resources (holder=numa-align) or not (holder=other); "
+            "a block naming several NUMA nodes counts in full on each",
+            ["numa_node", "memory_type", "holder"],
+            registry=r,
+        )
         self.pod_resources_up = Gauge(
             f"{prefix}_pod_resources_up",
             "1 when the last read of the kubelet's pod resources API answered, else 0",
@@ -187,13 +195,17 @@ class PrometheusRecorder:
         self.devices_gauge.labels(resource, UNHEALTHY).set(len(devices) - healthy)
 
     def capacity(
-        self, nodes: Sequence[NodeCapacity], memory: Mapping[int, Mapping[str, int]]
+        self,
+        nodes: Sequence[NodeCapacity],
+        memory: Mapping[int, Mapping[str, int]],
+        assigned_memory: Mapping[tuple[int, str, str], int],
     ) -> None:
         for metric in (
             self.allocatable_cpus,
             self.assigned_cpus,
             self.misaligned,
             self.allocatable_memory,
+            self.assigned_memory,
         ):
             metric.clear()
         for node in nodes:
@@ -205,6 +217,8 @@ class PrometheusRecorder:
         for node_id, per_type in memory.items():
             for memory_type, size in per_type.items():
                 self.allocatable_memory.labels(str(node_id), memory_type).set(size)
+        for (node_id, memory_type, holder), size in assigned_memory.items():
+            self.assigned_memory.labels(str(node_id), memory_type, holder).set(size)
 
     def pod_resources(self, up: bool, last_read: float | None) -> None:
         self.pod_resources_up.set(1 if up else 0)

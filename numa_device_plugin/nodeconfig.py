@@ -77,6 +77,8 @@ def _settings() -> dict[str, tuple[str, Callable[[Any], Any]]]:
         "pod-resources-interval": ("pod_resources_interval", _text(options.interval)),
         "allow-unaligned": ("allow_unaligned", _switch),
         "include-cpuless-nodes": ("include_cpuless_nodes", _switch),
+        "memory-unit": ("memory_unit", _text(options.memory_unit)),
+        "reserved-memory": ("reserved_memory", _text(options.reserved_memory)),
     }
 
 

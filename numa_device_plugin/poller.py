@@ -28,7 +28,14 @@ import time
 
 import structlog
 
-from numa_device_plugin.capacity import KubeletView, NodeCapacity, live_devices, node_capacity
+from numa_device_plugin.capacity import (
+    KubeletView,
+    NodeCapacity,
+    assigned_memory,
+    live_devices,
+    live_memory_devices,
+    node_capacity,
+)
 from numa_device_plugin.catalog import Catalog
 from numa_device_plugin.config import Config
 from numa_device_plugin.devices import HEALTHY
@@ -72,6 +79,7 @@ class CapacityPoller:
 
     def capacities(self) -> list[NodeCapacity]:
         """Per advertised NUMA node, its CPUs and devices as the kubelet last showed them."""
+        resources = self.catalog.resources
         return [
             node_capacity(
                 name,
@@ -81,8 +89,41 @@ class CapacityPoller:
                 self.view,
                 self.config.reserved_cpus,
             )
-            for name, resource in self.catalog.resources.items()
+            for name, resource in resources.items()
+            if resource.memory is None
         ]
+
+    def memory_unaligned(self) -> bool:
+        """True when the kubelet's Memory Manager reports no memory (its policy is not
+        Static) and memory devices are withheld."""
+        return self.view is not None and not self.view.memory and not self.config.allow_unaligned
+
+    def withheld(self, name: str) -> bool:
+        """True when every device of resource ``name`` is withheld for a kubelet
+        manager's policy (the CPU manager's for CPU resources, the Memory Manager's for
+        memory resources)."""
+        resource = self.catalog.resources.get(name)
+        if resource is not None and resource.memory is not None:
+            return self.memory_unaligned()
+        return self.unaligned()
+
+    def warn_withheld(self, names: list[str]) -> None:
+        """Say, once for the CPU resources and once for the memory ones among
+        ``names``, why their devices are Unhealthy and what to set."""
+        resources = self.catalog.resources
+        memory = [n for n in names if n in resources and resources[n].memory is not None]
+        cpus = [n for n in names if n not in memory]
+        if cpus and self.unaligned():
+            self.warn_unaligned(cpus)
+        if memory and self.memory_unaligned():
+            log.warning(
+                "the kubelet's Memory Manager is not Static (its pod resources API lists "
+                "no allocatable memory): memory cannot be aligned, so every memory device "
+                "is reported Unhealthy. Set memoryManagerPolicy: Static "
+                "(--memory-manager-policy=Static) with --reserved-memory (e.g. "
+                "0:memory=1Gi), or pass --allow-unaligned",
+                resources=memory,
+            )
 
     def unaligned(self) -> bool:
         """True when the kubelet's CPU manager is not static and devices are withheld."""
@@ -110,16 +151,21 @@ class CapacityPoller:
         self._applied = True
         for name, resource in self.catalog.resources.items():
             servicer = self.catalog.servicers[name]
-            devices = live_devices(
-                self.config.capacity,
-                resource.node_id,
-                self.catalog.node_cpus(resource.node_id),
-                name,
-                resource.devices,
-                view,
-                reserved_cpus=self.config.reserved_cpus,
-                allow_unaligned=self.config.allow_unaligned,
-            )
+            if resource.memory is not None:
+                devices = live_memory_devices(
+                    resource, view, allow_unaligned=self.config.allow_unaligned
+                )
+            else:
+                devices = live_devices(
+                    self.config.capacity,
+                    resource.node_id,
+                    self.catalog.node_cpus(resource.node_id),
+                    name,
+                    resource.devices,
+                    view,
+                    reserved_cpus=self.config.reserved_cpus,
+                    allow_unaligned=self.config.allow_unaligned,
+                )
             if devices != servicer.devices:
                 healthy = sum(1 for device in devices if device.health == HEALTHY)
                 log.info(
@@ -127,7 +173,11 @@ class CapacityPoller:
                 )
                 servicer.set_devices(devices)
             self.recorder.devices(name, servicer.devices)
-        self.recorder.capacity(self.capacities(), view.memory if view is not None else {})
+        self.recorder.capacity(
+            self.capacities(),
+            view.memory if view is not None else {},
+            assigned_memory(view, self.catalog.resources),
+        )
 
     def reapply(self) -> None:
         """After a rediscovery: the new servicers get the last answer's device lists."""
@@ -170,10 +220,14 @@ class CapacityPoller:
             self.recorder.pod_resources(True, self._read_at)
         if self._applied and view == self.view:
             return  # nothing changed since the last read: the usual case, kept cheap
-        was_unaligned = self.unaligned()
+        was = (self.unaligned(), self.memory_unaligned())
         self.apply(view)
-        if self.unaligned() and not was_unaligned:
-            self.warn_unaligned(sorted(self.catalog.resources))
+        now = (self.unaligned(), self.memory_unaligned())
+        names = sorted(self.catalog.resources)
+        if now[0] and not was[0]:
+            self.warn_withheld([n for n in names if self.catalog.resources[n].memory is None])
+        if now[1] and not was[1]:
+            self.warn_withheld([n for n in names if self.catalog.resources[n].memory is not None])
 
     def _unreachable(self, exc: PodResourcesError) -> None:
         if self._reachable is not False:

@@ -40,10 +40,14 @@ class Recorder(Protocol):
         """The device list the resource advertises now (its health follows the live count)."""
 
     def capacity(
-        self, nodes: Sequence[NodeCapacity], memory: Mapping[int, Mapping[str, int]]
+        self,
+        nodes: Sequence[NodeCapacity],
+        memory: Mapping[int, Mapping[str, int]],
+        assigned_memory: Mapping[tuple[int, str, str], int],
     ) -> None:
-        """Per advertised NUMA node its CPUs as the kubelet sees them, and the memory the
-        kubelet reports per NUMA node and type (bytes; empty without the Memory Manager)."""
+        """Per advertised NUMA node its CPUs as the kubelet sees them, the memory the
+        kubelet reports per NUMA node and type (bytes; empty without the Memory
+        Manager), and the bytes assigned per (NUMA node, type, holder)."""
 
     def pod_resources(self, up: bool, last_read: float | None) -> None:
         """One read of the kubelet's pod resources API succeeded (``up``) or failed;
@@ -72,7 +76,10 @@ class NullRecorder:
         pass
 
     def capacity(
-        self, nodes: Sequence[NodeCapacity], memory: Mapping[int, Mapping[str, int]]
+        self,
+        nodes: Sequence[NodeCapacity],
+        memory: Mapping[int, Mapping[str, int]],
+        assigned_memory: Mapping[tuple[int, str, str], int],
     ) -> None:
         pass
 

@@ -204,6 +204,13 @@ def parse_meminfo_total(text: str) -> int:
     return int(match.group(1)) * 1024
 
 
+def parse_count(text: str) -> int:
+    """A non-negative whole number such as ``nr_hugepages``. Raises ValueError otherwise."""
+    if not text.isdigit():
+        raise ValueError("expected a non-negative whole number")
+    return int(text)
+
+
 def parse_online_flag(text: str) -> bool:
     """Parse ``cpu/cpuN/online``: ``1`` online, ``0`` offline. Raises ValueError otherwise."""
     if text == "1":

@@ -60,7 +60,9 @@ class NumaNode:
     id to the kernel's relative distance (10 = local), None when unknown (no
     ``distance`` file, or one in a form we cannot map);
     ``all_cpus``: every CPU sysfs lists for it, online or not; ``missing_folder``:
-    the node is listed online but has no ``nodeN`` folder.
+    the node is listed online but has no ``nodeN`` folder; ``hugepages``: its
+    hugepage pools, (page size in bytes, pages) sorted by size, from
+    ``nodeN/hugepages/hugepages-<kB>kB/nr_hugepages`` (pools with 0 pages included).
     """
 
     id: int
@@ -69,6 +71,7 @@ class NumaNode:
     distances: Mapping[int, int] | None = None
     all_cpus: frozenset[int] = frozenset()
     missing_folder: bool = False
+    hugepages: tuple[tuple[int, int], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -249,7 +252,31 @@ def _read_node(
         memory_bytes=_informative(folder / "meminfo", sysfs.parse_meminfo_total, warnings),
         distances=_distances(folder / "distance", node_ids, possible, warnings),
         all_cpus=all_cpus,
+        hugepages=_hugepages(folder / "hugepages", warnings),
     )
+
+
+def _hugepages(folder: Path, warnings: list[str]) -> tuple[tuple[int, int], ...]:
+    """(page size in bytes, pages) per ``hugepages-<kB>kB`` pool under ``folder``; a
+    pool whose folder name or ``nr_hugepages`` is malformed is left out with a warning
+    naming the file. No folder (a kernel without hugepages): ()."""
+    try:
+        entries = sorted(folder.iterdir())
+    except OSError:
+        return ()
+    pools = []
+    for entry in entries:
+        match = _HUGEPAGES_DIR.fullmatch(entry.name)
+        if match is None:
+            warnings.append(f"unexpected hugepage pool folder {entry}; left out")
+            continue
+        count = _informative(entry / "nr_hugepages", sysfs.parse_count, warnings)
+        if count is not None:
+            pools.append((int(match.group(1)) * 1024, count))
+    return tuple(sorted(pools))
+
+
+_HUGEPAGES_DIR = re.compile(r"hugepages-([1-9][0-9]*)kB")
 
 
 def plan_nodes(topology: Topology, *, include_cpuless: bool = False) -> tuple[NodePlan, ...]:

@@ -49,7 +49,7 @@ def test_view_from_sums_the_memory_blocks_of_a_numa_node() -> None:
 def test_allocatable_memory_reaches_its_metric() -> None:
     """Mutation: ``numa_node_allocatable_memory_bytes`` set to 0."""
     recorder = PrometheusRecorder()
-    recorder.capacity([], {1: {"memory": 4 * 2**30, "hugepages-1Gi": 2**30}})
+    recorder.capacity([], {1: {"memory": 4 * 2**30, "hugepages-1Gi": 2**30}}, {})
     text = recorder.render().decode()
     assert (
         'numa_node_allocatable_memory_bytes{memory_type="memory",numa_node="1"} 4.294967296e+09'

@@ -59,6 +59,8 @@ SERVE_FLAGS = [
     ("--pod-resources-interval", "NUMA_POD_RESOURCES_INTERVAL"),
     ("--reserved-cpus", "NUMA_RESERVED_CPUS"),
     ("--allow-unaligned", "NUMA_ALLOW_UNALIGNED"),
+    ("--memory-unit", "NUMA_MEMORY_UNIT"),
+    ("--reserved-memory", "NUMA_RESERVED_MEMORY"),
     ("--config-file", "NUMA_CONFIG_FILE"),
     ("--node-name", "NUMA_NODE_NAME"),
     ("--kubeconfig", "NUMA_KUBECONFIG"),

@@ -90,6 +90,30 @@ def cpulist(text: str) -> frozenset[int]:
         raise ValueError(f"{text!r} is not a cpulist like 0-1,8: {exc}") from None
 
 
+# The floor of --memory-unit: smaller units only multiply devices.
+MIN_MEMORY_UNIT = 1 << 20
+
+
+def memory_unit(text: str) -> int:
+    """A memory quantity of at least 1Mi, as bytes (``1Gi`` -> 1073741824)."""
+    from numa_device_plugin.numamemory import parse_quantity
+
+    value = parse_quantity(text)
+    if value < MIN_MEMORY_UNIT:
+        raise ValueError(f"{text!r} is below the floor of 1Mi")
+    return value
+
+
+def reserved_memory(text: str) -> tuple[tuple[int, str, int], ...]:
+    """The kubelet's ``--reserved-memory`` syntax: ``0:memory=1Gi;1:memory=2Gi``."""
+    from numa_device_plugin.numamemory import parse_reserved_memory
+
+    value = parse_reserved_memory(text)
+    if not value:
+        raise ValueError(f"{text!r} reserves nothing; expected 0:memory=1Gi;1:memory=2Gi")
+    return value
+
+
 # The floor of --pod-resources-interval: below it the poller spins for nothing.
 MIN_INTERVAL = 0.1
 
@@ -351,7 +375,27 @@ node_config_interval = _option(
 )
 keep = _switch("--keep", "after the Allocate, keep serving until Ctrl-C (SIGINT) or SIGTERM")
 allow_unaligned = _switch(
-    "--allow-unaligned", "keep devices Healthy on a kubelet whose CPU manager policy is not static"
+    "--allow-unaligned",
+    "keep devices Healthy on a kubelet whose CPU manager policy is not static (memory "
+    "devices: whose Memory Manager policy is not Static)",
+)
+memory_unit_option = _option(
+    "--memory-unit",
+    "advertise NUMA memory and hugepages too: numa-N-memory and numa-N-hugepages-<size>, "
+    "one device per SIZE (1Gi pages: one per page); off when unset",
+    memory_unit,
+    None,
+    "SIZE",
+    shown="off",
+)
+reserved_memory_option = _option(
+    "--reserved-memory",
+    "with --memory-unit: the kubelet's --reserved-memory (0:memory=1Gi;1:memory=2Gi), "
+    "used while the pod resources API cannot be read",
+    reserved_memory,
+    (),
+    "LIST",
+    shown="none",
 )
 
 
@@ -377,6 +421,8 @@ _CONFIG_FIELDS = (
     "pod_resources_interval",
     "reserved_cpus",
     "allow_unaligned",
+    "memory_unit",
+    "reserved_memory",
 )
 
 

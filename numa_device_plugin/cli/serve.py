@@ -54,6 +54,8 @@ class Runner(Protocol):
     options.pod_resources_interval,
     options.reserved_cpus,
     options.allow_unaligned,
+    options.memory_unit_option,
+    options.reserved_memory_option,
     options.config_file,
     options.node_name_option,
     options.kubeconfig,
