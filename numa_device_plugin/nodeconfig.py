@@ -67,18 +67,18 @@ def _text(convert: Callable[[str], Any]) -> Callable[[Any], Any]:
 
 
 def _settings() -> dict[str, tuple[str, Callable[[Any], Any]]]:
-    from numa_device_plugin.cli import options
+    from numa_device_plugin.cli import values
     from numa_device_plugin.devices import validate_resource_prefix
 
     return {
-        "capacity": ("capacity", _text(options.capacity)),
+        "capacity": ("capacity", _text(values.capacity)),
         "resource-prefix": ("resource_prefix", _text(validate_resource_prefix)),
-        "reserved-cpus": ("reserved_cpus", _text(options.cpulist)),
-        "pod-resources-interval": ("pod_resources_interval", _text(options.interval)),
+        "reserved-cpus": ("reserved_cpus", _text(values.cpulist)),
+        "pod-resources-interval": ("pod_resources_interval", _text(values.interval)),
         "allow-unaligned": ("allow_unaligned", _switch),
         "include-cpuless-nodes": ("include_cpuless_nodes", _switch),
-        "memory-unit": ("memory_unit", _text(options.memory_unit)),
-        "reserved-memory": ("reserved_memory", _text(options.reserved_memory)),
+        "memory-unit": ("memory_unit", _text(values.memory_unit)),
+        "reserved-memory": ("reserved_memory", _text(values.reserved_memory)),
     }
 
 

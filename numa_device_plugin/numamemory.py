@@ -45,6 +45,10 @@ _SUFFIXES = {
 _QUANTITY = re.compile(r"([0-9]+)(Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E)?")
 
 
+class MemoryUnitError(ValueError):
+    """``--memory-unit`` gives a pool more than :data:`MAX_MEMORY_DEVICES` devices."""
+
+
 def parse_quantity(text: str) -> int:
     """A Kubernetes memory quantity as bytes: a whole number with an optional binary
     (``Ki`` .. ``Ei``) or decimal (``k`` .. ``E``) suffix, ``1Gi``, ``512Mi``, ``1000000``.
@@ -77,7 +81,10 @@ def parse_memory_type(text: str) -> tuple[str, int | None]:
     if text == MEMORY:
         return text, None
     if text.startswith(HUGEPAGES_PREFIX):
-        size = parse_quantity(text.removeprefix(HUGEPAGES_PREFIX))
+        try:
+            size = parse_quantity(text.removeprefix(HUGEPAGES_PREFIX))
+        except ValueError:
+            size = 0
         if size > 0:
             return hugepages_type(size), size
     raise ValueError(f"{text!r} is not a memory type (memory, hugepages-2Mi, hugepages-1Gi...)")
@@ -170,8 +177,8 @@ def node_pools(
 ) -> list[MemoryPool]:
     """The memory pools of NUMA node ``node_id``: ``memory_bytes`` (MemTotal, None:
     unknown, no memory resource), ``hugepages`` (page size in bytes -> pages). Pools
-    without a whole device are left out. Raises ValueError when a pool would have more
-    than :data:`MAX_MEMORY_DEVICES` devices (the unit is too small)."""
+    without a whole device are left out. Raises :class:`MemoryUnitError` when a pool
+    would have more than :data:`MAX_MEMORY_DEVICES` devices (the unit is too small)."""
     pools = []
     huge_total = sum(size * count for size, count in hugepages.items())
     if memory_bytes is not None:
@@ -186,7 +193,7 @@ def node_pools(
         fallback = max(0, total - kept.get((node_id, memory_type), 0))
         pool = MemoryPool(memory_type, per_device, total, fallback)
         if pool.devices > MAX_MEMORY_DEVICES:
-            raise ValueError(
+            raise MemoryUnitError(
                 f"--memory-unit {format_quantity(unit)} gives NUMA node {node_id} "
                 f"{pool.devices} {memory_type} devices, more than {MAX_MEMORY_DEVICES}: "
                 "choose a larger unit"

@@ -71,7 +71,7 @@ def test_serve_sets_the_limit_before_serving(monkeypatch: pytest.MonkeyPatch) ->
     monkeypatch.setattr(serve, "limit_malloc_arenas", limit)
     monkeypatch.setattr(serve, "check_socket_dir", lambda folder: calls.append("check"))
 
-    async def fake_serve(*args: object) -> int:
+    async def fake_serve(*args: object, **kwargs: object) -> int:
         calls.append("serve")
         return 0
 

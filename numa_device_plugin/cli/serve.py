@@ -21,6 +21,7 @@ from numa_device_plugin.limits import FdLimitError
 from numa_device_plugin.logs import configure_logging
 from numa_device_plugin.manager import PluginManager
 from numa_device_plugin.memory import limit_malloc_arenas
+from numa_device_plugin.numamemory import MemoryUnitError
 from numa_device_plugin.probes import MAX_CONNECTIONS
 from numa_device_plugin.server import SocketPathError
 
@@ -93,6 +94,8 @@ def command(ctx: click.Context, /, **params: Any) -> int:
         raise click.BadParameter(str(exc), ctx, param=options.param(ctx, exc.option)) from None
     except FdLimitError as exc:
         raise click.UsageError(str(exc), ctx) from None
+    except MemoryUnitError as exc:
+        raise click.BadParameter(str(exc), ctx, param=options.param(ctx, "memory_unit")) from None
 
 
 def _node_selection(ctx: click.Context, params: dict[str, Any]) -> Selector | None:

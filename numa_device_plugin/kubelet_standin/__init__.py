@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from numa_device_plugin.api.deviceplugin.v1beta1 import api_pb2
@@ -31,7 +31,7 @@ from numa_device_plugin.kubelet_standin.devicemanager import (
     RegisterRecord,
 )
 from numa_device_plugin.kubelet_standin.podresources import PodResourcesStandIn
-from numa_device_plugin.kubelet_standin.pods import Pods
+from numa_device_plugin.kubelet_standin.pods import Container, Pods
 
 __all__ = ["CHECKPOINT_NAME", "KubeletStandIn", "PluginClient", "RegisterRecord"]
 
@@ -54,7 +54,8 @@ class KubeletStandIn:
         pod_resources_dir: Path | None = None,
         allocatable_cpus: Sequence[int] = (),
         cpu_manager_policy: str = "static",
-        allocatable_memory: dict[int, int] | None = None,
+        allocatable_memory: Mapping[int, int | Mapping[str, int]] | None = None,
+        memory_manager_policy: str = "Static",
     ) -> None:
         self.directory = directory
         self._changed = asyncio.Event()
@@ -67,6 +68,7 @@ class KubeletStandIn:
             allocatable_cpus=allocatable_cpus,
             cpu_manager_policy=cpu_manager_policy,
             allocatable_memory=allocatable_memory,
+            memory_manager_policy=memory_manager_policy,
         )
         self.pod_resources: PodResourcesStandIn | None = None
         if pod_resources_dir is not None:
@@ -100,9 +102,11 @@ class KubeletStandIn:
         self,
         namespace: str,
         name: str,
-        containers: Sequence[tuple[str, dict[str, list[str]], Sequence[int]]],
+        containers: Sequence[Container],
     ) -> None:
-        """Place a pod (:meth:`Pods.add`)."""
+        """Place a pod (:meth:`Pods.add`): per container its name, ``{resource: device
+        ids}``, exclusive CPU ids and, optionally, memory blocks ``(type, bytes, NUMA
+        nodes)``."""
         self.model.add(namespace, name, containers)
 
     def remove_pod(self, namespace: str, name: str) -> None:

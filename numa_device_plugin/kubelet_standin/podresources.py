@@ -56,7 +56,7 @@ class _PodResourcesServicer(pr_grpc.PodResourcesListerServicer):  # type: ignore
         self, request: pr_pb2.ListPodResourcesRequest, context: Context
     ) -> pr_pb2.ListPodResourcesResponse:
         self._api.calls += 1
-        return pr_pb2.ListPodResourcesResponse(pod_resources=self._api.pods.pods)
+        return pr_pb2.ListPodResourcesResponse(pod_resources=self._api.pods.listed())
 
     async def GetAllocatableResources(
         self, request: pr_pb2.AllocatableResourcesRequest, context: Context

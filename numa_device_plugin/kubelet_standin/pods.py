@@ -5,18 +5,25 @@ What the kubelet's pod resources API reports comes from here: the pods placed wi
 kubelet's managers may hand out. ``GetAllocatableResources().cpu_ids`` are
 ``allocatable_cpus`` (every CPU minus the reserved set) under ``cpu_manager_policy``
 ``static``, and empty under ``none``, as the kubelet's CPU manager reports them;
-``memory`` lists ``allocatable_memory`` per NUMA node (the Memory Manager's
-``Static`` policy); ``devices`` are the healthy devices of every plugin whose stream
-is open.
+``memory`` lists ``allocatable_memory`` per NUMA node and memory type, and ``List``
+gives each container's memory blocks, under ``memory_manager_policy`` ``Static``;
+under ``None`` both are empty, as the kubelet's Memory Manager reports them.
+``devices`` are the healthy devices of every plugin whose stream is open.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 from numa_device_plugin.api.deviceplugin.v1beta1 import api_pb2
 from numa_device_plugin.api.podresources.v1 import api_pb2 as pr_pb2
 from numa_device_plugin.devices import HEALTHY
+
+# A container as a test places it: name, {resource: device ids}, exclusive CPU ids and,
+# optionally, its memory blocks (memory type, bytes, NUMA node ids).
+MemoryBlock = tuple[str, int, Sequence[int]]
+Container = tuple[Any, ...]
 
 
 def _topology(nodes: Sequence[int]) -> pr_pb2.TopologyInfo:
@@ -38,26 +45,36 @@ class Pods:
         *,
         allocatable_cpus: Sequence[int] = (),
         cpu_manager_policy: str = "static",
-        allocatable_memory: Mapping[int, int] | None = None,
+        allocatable_memory: Mapping[int, int | Mapping[str, int]] | None = None,
+        memory_manager_policy: str = "Static",
     ) -> None:
         self._devices = devices
         self._healthy = healthy
         self.pods: list[pr_pb2.PodResources] = []
         self.allocatable_cpus = list(allocatable_cpus)
         self.cpu_manager_policy = cpu_manager_policy
-        self.allocatable_memory = dict(allocatable_memory or {})
+        # NUMA node -> memory type -> bytes (a bare number: the type "memory").
+        self.allocatable_memory: dict[int, dict[str, int]] = {
+            node: dict(value) if isinstance(value, Mapping) else {"memory": value}
+            for node, value in (allocatable_memory or {}).items()
+        }
+        self.memory_manager_policy = memory_manager_policy
 
     def add(
         self,
         namespace: str,
         name: str,
-        containers: Sequence[tuple[str, dict[str, list[str]], Sequence[int]]],
+        containers: Sequence[Container],
     ) -> None:
-        """Place a pod: per container its name, ``{resource: device ids}`` and exclusive
-        CPU ids. Device topology is taken from what the plugins reported."""
+        """Place a pod: per container its name, ``{resource: device ids}``, exclusive
+        CPU ids and, optionally, memory blocks ``(type, bytes, NUMA nodes)``. Device
+        topology is taken from what the plugins reported."""
         pod = pr_pb2.PodResources(name=name, namespace=namespace)
-        for container_name, devices, cpus in containers:
+        for container_name, devices, cpus, *rest in containers:
             container = pod.containers.add(name=container_name, cpu_ids=list(cpus))
+            blocks: Sequence[MemoryBlock] = rest[0] if rest else ()
+            for memory_type, size, nodes in blocks:
+                container.memory.add(memory_type=memory_type, size=size, topology=_topology(nodes))
             for resource, ids in devices.items():
                 nodes = sorted(
                     {
@@ -71,6 +88,20 @@ class Pods:
                     resource_name=resource, device_ids=ids, topology=_topology(nodes)
                 )
         self.pods.append(pod)
+
+    def listed(self) -> list[pr_pb2.PodResources]:
+        """The pods as ``List`` gives them: without memory blocks unless the Memory
+        Manager's policy is ``Static``."""
+        if self.memory_manager_policy == "Static":
+            return self.pods
+        bare = []
+        for pod in self.pods:
+            copy = pr_pb2.PodResources()
+            copy.CopyFrom(pod)
+            for container in copy.containers:
+                del container.memory[:]
+            bare.append(copy)
+        return bare
 
     def remove(self, namespace: str, name: str) -> None:
         """The pod is gone: its containers no longer hold devices or CPUs."""
@@ -87,8 +118,12 @@ class Pods:
         topology, and the CPUs and memory its managers may hand out."""
         cpus = self.allocatable_cpus if self.cpu_manager_policy == "static" else []
         response = pr_pb2.AllocatableResourcesResponse(cpu_ids=cpus)
-        for node, size in sorted(self.allocatable_memory.items()):
-            response.memory.add(memory_type="memory", size=size, topology=_topology([node]))
+        if self.memory_manager_policy == "Static":
+            for node, per_type in sorted(self.allocatable_memory.items()):
+                for memory_type, size in sorted(per_type.items()):
+                    response.memory.add(
+                        memory_type=memory_type, size=size, topology=_topology([node])
+                    )
         for resource, devices in sorted(self._healthy().items()):
             for device in devices:
                 if device.health == HEALTHY:
