@@ -86,6 +86,8 @@ COMMAND_FLAGS = {
         ("--resource-prefix", "NUMA_RESOURCE_PREFIX"),
         ("--capacity", "NUMA_CAPACITY"),
         ("--include-cpuless-nodes", "NUMA_INCLUDE_CPULESS_NODES"),
+        ("--memory-unit", "NUMA_MEMORY_UNIT"),
+        ("--reserved-memory", "NUMA_RESERVED_MEMORY"),
         ("--output", "NUMA_OUTPUT"),
         ("--log-level", "NUMA_LOG_LEVEL"),
     ],

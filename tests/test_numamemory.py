@@ -372,3 +372,42 @@ def test_bad_memory_flags_exit_2(
     err = " ".join(capsys.readouterr().err.split())
     assert "Usage:" in err
     assert fault in err
+
+
+def test_status_shows_free_units_per_type_and_flags_miscounted_memory(tmp_path: Path) -> None:
+    from numa_device_plugin.cli.options import config_from_params
+    from numa_device_plugin.discovery import discover
+    from numa_device_plugin.status import build_status, render_table
+
+    tree = machine(tmp_path)
+    config = config_from_params({"sysfs_root": tree.root, "memory_unit": GI,
+                                 "socket_dir": tmp_path / "dp"})  # fmt: skip
+    pods = pr_pb2.ListPodResourcesResponse()
+    pod = pods.pod_resources.add(name="pg", namespace="db")
+    good = pod.containers.add(name="pg", memory=[block("memory", 2 * GI, [1])])
+    good.devices.add(resource_name=M1, device_ids=["numa1-mem0000", "numa1-mem0001"])
+    bad = pod.containers.add(name="sidecar", memory=[block("memory", 3 * GI, [1])])
+    bad.devices.add(resource_name=M1, device_ids=["numa1-mem0002"])
+    pods.pod_resources.add(name="web", namespace="web").containers.add(
+        name="web", memory=[block("memory", GI, [1])]
+    )
+    allocatable = pr_pb2.AllocatableResourcesResponse()
+    allocatable.memory.append(block("memory", 7 * GI, [1]))
+    allocatable.devices.add(resource_name=M1, device_ids=["numa1-mem0000"])
+    document = build_status(discover(config), config, pods, allocatable)
+    (entry,) = [e for e in document["memory"] if e["resource"] == M1]
+    assert {k: v for k, v in entry.items() if k != "holders"} == {
+        "id": 1, "resource": M1, "memory_type": "memory", "unit": GI, "capacity": 8,
+        "allocatable": 1, "allocated": 3, "allocatable_bytes": 7 * GI,
+        "assigned_bytes": {"ours": 5 * GI, "others": GI}, "free_units": 1,
+    }  # fmt: skip
+    assert [h["problem"] is None for h in entry["holders"]] == [True, False]
+    assert document["miscounted"] == 1
+    assert document["memory_manager_static"] is True
+    text = render_table(document)
+    assert (
+        f"NUMA node 1 memory ({M1}, unit 1Gi): capacity 8, allocatable 1, allocated 3, "
+        "free units 1 (allocatable 7Gi, assigned ours 5Gi, others 1Gi)"
+    ) in text
+    assert "db/pg sidecar: 1 device(s), 3Gi, MISCOUNTED: 1 device(s) for" in text
+    assert "db/pg pg: 2 device(s), 2Gi, counted" in text

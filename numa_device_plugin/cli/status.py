@@ -31,6 +31,8 @@ from numa_device_plugin.logs import configure_logging
     options.resource_prefix,
     options.capacity_option,
     options.include_cpuless_nodes,
+    options.memory_unit_option,
+    options.reserved_memory_option,
     options.output,
     options.quiet_log_level,
 )
