@@ -58,6 +58,8 @@ HOST_TOOLS = {  # program: the Debian package that has it
 VM_TOOLS = {"qemu-system-x86_64": "qemu-system-x86", "apt-get": "apt", "dpkg-deb": "dpkg"}
 BUSYBOX = Path("/bin/busybox")  # Debian's busybox-static: a complete, static image
 NODE_NAME = "numa-e2e"
+# The kubelet's hard eviction threshold (memory.available), the default of KubeletSettings.
+EVICTION_MEMORY_BYTES = render.KubeletSettings.eviction_memory_bytes
 CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "numa-device-plugin"
 
 
@@ -327,6 +329,11 @@ class Cluster:
             reserved_cpus=self.spec.reserved_cpus,
             cpu_manager=cpu_manager,
             memory_manager=self.spec.memory_manager,
+            # Static: the reserved memory must add up to the eviction threshold (no kube or
+            # system memory is reserved); all of it on NUMA node 0.
+            reserved_memory=((0, EVICTION_MEMORY_BYTES),)
+            if self.spec.memory_manager == "Static"
+            else (),
         )
 
     def _kubelet(self) -> None:
@@ -372,6 +379,10 @@ class Cluster:
             "time_scale": self.spec.time_scale,
             "reserved_cpus": self.spec.reserved_cpus,
             "memory_manager": self.spec.memory_manager,
+            # The kubelet's reservedMemory in its --reserved-memory syntax, for the plugin.
+            "reserved_memory": f"0:memory={EVICTION_MEMORY_BYTES // 2**20}Mi"
+            if self.spec.memory_manager == "Static"
+            else "",
             "disposable_kernel": self.spec.disposable_kernel,
             "pod_resources_socket": "/var/lib/kubelet/pod-resources/kubelet.sock",
             "pod_logs": "/var/log/pods",
@@ -607,6 +618,8 @@ def run_vm(spec: Spec, shape: render.GuestShape, timeout: float) -> int:
             results="/ndp-results",
             time_scale=scale * spec.time_scale,
             disposable_kernel=True,
+            # The guest's kubelet runs the Memory Manager (exact NUMA memory is tested there).
+            memory_manager="Static",
         )
     )
     (results / "spec.json").write_text(json.dumps(asdict(guest_spec)))

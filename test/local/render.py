@@ -275,7 +275,7 @@ class GuestShape:
 
     cpu_nodes: int = 2
     cpus_per_node: int = 3
-    memory_mib_per_cpu_node: int = 2560
+    memory_mib_per_cpu_node: int = 4096
     memory_only_mib: int = 1024
 
     @property

@@ -314,6 +314,20 @@ class LocalPlatform(Platform):
             )
         return {i for d in answer.devices if d.resource_name == resource for i in d.device_ids}
 
+    def kubelet_memory(self) -> dict[int, dict[str, int]]:
+        """Per NUMA node and memory type, the bytes the kubelet's Memory Manager may hand
+        out (``GetAllocatableResources().memory``); empty unless its policy is Static."""
+        target = f"unix://{self.description['pod_resources_socket']}"
+        with grpc.insecure_channel(target) as channel:
+            answer = pr_grpc.PodResourcesListerStub(channel).GetAllocatableResources(
+                pr_pb2.AllocatableResourcesRequest(), timeout=10
+            )
+        found: dict[int, dict[str, int]] = {}
+        for block in answer.memory:
+            for node in block.topology.nodes:
+                found.setdefault(node.ID, {})[block.memory_type] = block.size
+        return found
+
     def set_cpu_online(self, cpu: int, online: bool) -> None:
         if not self.disposable_kernel:
             pytest.fail("CPU hotplug is only done in the NUMA_VM guest's disposable kernel")

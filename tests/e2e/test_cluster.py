@@ -8,6 +8,7 @@ resources API, and the API server (allocatable, pod phase and reason, scheduler 
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -36,10 +37,12 @@ def pod_manifest(
     cpus: int,
     resource: str | None = None,
     count: int = 1,
+    memory: str = "128Mi",
+    more: dict[str, str] | None = None,
 ) -> client.V1Pod:
     """A Guaranteed pod pinned to the platform's node; ``resource`` is ours (or none, for a
-    foreign pod that only takes exclusive CPUs)."""
-    limits = {"cpu": str(cpus), "memory": "128Mi"}
+    foreign pod that only takes exclusive CPUs); ``more``: further resources."""
+    limits = {"cpu": str(cpus), "memory": memory, **(more or {})}
     if resource is not None:
         limits[resource] = str(count)
     return client.V1Pod(
@@ -501,3 +504,80 @@ def test_the_charts_objects_are_accepted_by_the_api_server(platform: Platform) -
         "ServiceAccount", "ConfigMap", "ConfigMap", "ClusterRole", "ClusterRoleBinding",
         "Service", "DaemonSet",
     ])  # fmt: skip
+
+
+MEMORY_UNIT = 256 * 2**20
+
+
+@pytest.fixture
+def memory_mode(platform: Platform) -> Iterator[LocalPlatform]:
+    """The plugin restarted with ``--memory-unit 256Mi`` and the kubelet's reserved
+    memory; the test's end restores it. Needs the kubelet's Memory Manager ``Static``
+    (the NUMA_VM guest runs it)."""
+    if not isinstance(platform, LocalPlatform) or not platform.memory_manager_static:
+        pytest.skip("needs the kubelet's Memory Manager policy Static (run with NUMA_VM=1)")
+    original = platform.plugin_argv
+    reserved = platform.description["reserved_memory"]
+    platform.start_plugin_with([*original, "--memory-unit", "256Mi", "--reserved-memory", reserved])
+    yield platform
+    platform.start_plugin_with(original)
+
+
+def test_exact_numa_memory_keeps_a_pod_pending_instead_of_failing(
+    memory_mode: LocalPlatform, two_numa_nodes: ClusterConfig, namespace: str
+) -> None:
+    """numa-align/numa-1-memory is node 1's allocatable memory (the kubelet's Memory
+    Manager, read by the test itself) over the unit; a foreign Guaranteed pod's memory
+    on node 1 lowers it; a pod asking more units than are free stays Pending."""
+    platform = memory_mode
+    resource = "numa-align/numa-1-memory"
+    allocatable = platform.kubelet_memory()[1]["memory"]
+    units = allocatable // MEMORY_UNIT
+    assert units >= 8, f"NUMA node 1 has {allocatable} bytes allocatable: too few for the test"
+    platform.eventually(
+        lambda: platform.allocatable().get(resource) == str(units), 90, f"{resource}={units}"
+    )
+    # Foreign: it holds node 1's CPU resource, not its memory, and takes 512Mi there.
+    create(platform, namespace, pod_manifest(
+        platform, "foreign", "sleep 3600", 1, "numa-align/numa-1", memory="512Mi"
+    ))  # fmt: skip
+    wait_phase(platform, "foreign", namespace, "Running")
+    platform.eventually(
+        lambda: platform.allocatable().get(resource) == str(units - 2), 90, f"{resource} -2"
+    )
+    # Ours asks 2 units with its 512Mi: it runs on node 1, memory and CPUs.
+    create(platform, namespace, pod_manifest(
+        platform, "ours", WHERE + "; sleep 3600", 1, "numa-align/numa-1", memory="512Mi",
+        more={resource: "2"},
+    ))  # fmt: skip
+    wait_phase(platform, "ours", namespace, "Running")
+    seen = platform.eventually(
+        lambda: (found := placement(platform, "ours", namespace)).get("NUMA_NODE") and found,
+        60, "the pod's placement",
+    )  # fmt: skip
+    assert seen["Mems_allowed_list"] == "1"
+    assert parse_cpulist(seen["Cpus_allowed_list"]) <= two_numa_nodes.numa_cpus[1]
+    # Held devices stay Healthy: the kubelet's allocatable is unchanged, its free units
+    # are units - 4 after the scheduler subtracts ours.
+    assert platform.allocatable().get(resource) == str(units - 2)
+
+    free = units - 4
+    create(platform, namespace, pod_manifest(
+        platform, "too-big", "true", 1, "numa-align/numa-1",
+        memory=f"{(free + 1) * 256}Mi", more={resource: str(free + 1)},
+    ))  # fmt: skip
+
+    def unschedulable() -> str:
+        found = platform.core.read_namespaced_pod("too-big", namespace)
+        for condition in found.status.conditions or []:
+            if condition.type == "PodScheduled" and condition.reason == "Unschedulable":
+                return str(condition.message)
+        return ""
+
+    assert f"Insufficient {resource}" in platform.eventually(unschedulable, 60, "refusal")
+    found = platform.core.read_namespaced_pod("too-big", namespace)
+    assert found.status.phase == "Pending", "Pending, not failed by the kubelet"
+    status = json.loads(platform.cli("status", "--output", "json", "--memory-unit", "256Mi"))
+    (entry,) = [e for e in status["memory"] if e["resource"] == resource]
+    assert entry["free_units"] == free
+    assert [h["problem"] for h in entry["holders"]] == [None]
