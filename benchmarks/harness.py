@@ -169,6 +169,10 @@ class Rig:
             ) from None
 
 
+# GiB of memory per NUMA node in rigs with memory.
+MEMORY_GIB = 256
+
+
 @asynccontextmanager
 async def rig(
     nodes: int,
@@ -178,23 +182,37 @@ async def rig(
     cpus_per_node: int = 2,
     extra: Sequence[str] = (),
     pod_resources: bool = False,
+    memory: bool = False,
 ) -> AsyncIterator[Rig]:
     """A temp folder (short path) with a sysfs tree, the stand-in and the plugin process.
 
     With ``start`` the plugin is started and registered before the block runs. With
     ``pod_resources`` the stand-in also serves the pod resources API (every CPU
-    allocatable) and the plugin is pointed at it.
+    allocatable) and the plugin is pointed at it. With ``memory`` every NUMA node has
+    :data:`MEMORY_GIB` GiB (16 of them in 1Gi pages, 2 in 2Mi pages), the stand-in's
+    Memory Manager is Static, and the plugin runs with ``--memory-unit 1Gi``.
     """
     folder = Path(tempfile.mkdtemp(prefix="ndpb-", dir="/tmp"))
     try:
         tree = build_machine(folder / "sys", nodes, cpus_per_node)
         socket_dir = folder / "dp"
         standin = KubeletStandIn(socket_dir)
+        allocatable_memory: dict[int, int | dict[str, int]] = {}
+        if memory:
+            for node in range(nodes):
+                tree.node(node, mem_kb=MEMORY_GIB << 20, hugepages={1048576: 16, 2048: 1024})
+                allocatable_memory[node] = {
+                    "memory": (MEMORY_GIB - 18) << 30,
+                    "hugepages-1Gi": 16 << 30,
+                    "hugepages-2Mi": 2 << 30,
+                }
+            extra = (*extra, "--memory-unit", "1Gi")
         if pod_resources:
             standin = KubeletStandIn(
                 socket_dir,
                 pod_resources_dir=folder / "pr",
                 allocatable_cpus=range(nodes * cpus_per_node),
+                allocatable_memory=allocatable_memory,
             )
             extra = (*extra, "--pod-resources-socket", str(folder / "pr" / "kubelet.sock"))
         async with standin as kubelet:

@@ -41,6 +41,10 @@ RENDERINGS: dict[str, list[str]] = {
     **{f"flavour-{name}": ["--set", f"kubelet.flavour={name}"] for name in FLAVOURS},
     "nfd": ["--set", "nfd.enabled=true"],
     "monitoring": ["--set", "podMonitor.enabled=true"],
+    "memory": [
+        *("--set", "config.memoryUnit=1Gi"),
+        *("--set", "config.reservedMemory=0:memory=1Gi;1:memory=2Gi"),
+    ],
     "cpus": [
         *("--set", "config.capacity=cpus", "--set", "config.reservedCpus=0-1"),
         # --set reads floats as strings: --set-json gives the number.
@@ -134,6 +138,13 @@ def test_every_rendering_passes_kubernetes_validate_strict(name: str, version: s
         (["--set-json", 'config.named={"-a": {}}'], "-a"),
         (["--set-json", 'config.named={"a": {"capacity": 5, "reservedCpus": "0"}}'], "capacity"),
         (["--set-json", 'config.named={"a": {"podResourcesInterval": 0}}'], "podResources"),
+        (["--set", "config.memoryUnit=1.5Gi"], "memoryUnit"),
+        (["--set", "config.reservedMemory=0:memory=1Gi"], "memoryUnit"),
+        (
+            ["--set", "config.memoryUnit=1Gi", "--set", "config.reservedMemory=memory"],
+            "reservedMemory",
+        ),
+        (["--set-json", 'config.named={"a": {"memoryUnit": ""}}'], "memoryUnit"),
     ],
 )
 def test_the_schema_refuses_bad_values(args: list[str], needle: str) -> None:
@@ -272,6 +283,24 @@ def test_every_setting_reaches_the_plugin(monkeypatch: pytest.MonkeyPatch) -> No
     no_metrics = template(*RENDERINGS["no-metrics"])
     assert "NUMA_METRICS_ADDRESS" not in of_kind(no_metrics, "ConfigMap")["data"]
     assert all(d["kind"] != "Service" for d in no_metrics)
+
+
+def test_memory_settings_reach_the_plugin(monkeypatch: pytest.MonkeyPatch) -> None:
+    documents = template(*RENDERINGS["memory"])
+    config = options.config_from_params(serve_args(documents, monkeypatch))
+    assert config.memory_unit == 2**30
+    assert config.reserved_memory == ((0, "memory", 2**30), (1, "memory", 2 * 2**30))
+    named = template(
+        "--set-json",
+        'config.named={"big": {"memoryUnit": "4Gi", "reservedMemory": "0:memory=1Gi"}}',
+    )
+    text = of_kind(named, "ConfigMap", f"{RELEASE}-node-configs")["data"]["configs.yaml"]
+    params = serve_args(named, monkeypatch)
+    configs = parse_node_configs(Path("/etc/numa-device-plugin/configs.yaml"), text, params)
+    assert configs.configs["big"] == {
+        "memory_unit": 4 * 2**30,
+        "reserved_memory": ((0, "memory", 2**30),),
+    }
 
 
 def test_a_settings_change_rolls_the_pods() -> None:

@@ -411,3 +411,20 @@ def test_status_shows_free_units_per_type_and_flags_miscounted_memory(tmp_path: 
     ) in text
     assert "db/pg sidecar: 1 device(s), 3Gi, MISCOUNTED: 1 device(s) for" in text
     assert "db/pg pg: 2 device(s), 2Gi, counted" in text
+
+
+def test_assigned_memory_reaches_its_metric(tmp_path: Path) -> None:
+    from numa_device_plugin.metrics import PrometheusRecorder
+
+    seen = view({1: {"memory": 7 * GI}}, [
+        ({M1: ["numa1-mem0000"]}, [block("memory", GI, [1])]),
+        ({"vendor/gpu": ["g0"]}, [block("memory", 2 * GI, [1])]),  # another plugin's holder
+    ])  # fmt: skip
+    recorder = PrometheusRecorder()
+    recorder.capacity([], seen.memory, assigned_memory(seen, [M1]))
+    text = recorder.render().decode()
+    name = "numa_node_assigned_memory_bytes"
+    assert (
+        f'{name}{{holder="numa-align",memory_type="memory",numa_node="1"}} 1.073741824e+09' in text
+    )
+    assert f'{name}{{holder="other",memory_type="memory",numa_node="1"}} 2.147483648e+09' in text

@@ -52,6 +52,12 @@ NUMA_RESERVED_CPUS: {{ $c.reservedCpus | quote }}
 {{- if $c.allowUnaligned }}
 NUMA_ALLOW_UNALIGNED: "true"
 {{- end }}
+{{- if $c.memoryUnit }}
+NUMA_MEMORY_UNIT: {{ $c.memoryUnit | quote }}
+{{- end }}
+{{- if $c.reservedMemory }}
+NUMA_RESERVED_MEMORY: {{ $c.reservedMemory | quote }}
+{{- end }}
 {{- if include "numa-device-plugin.perNode" . }}
 NUMA_CONFIG_FILE: {{ include "numa-device-plugin.configFile" . | quote }}
 {{- end }}
@@ -66,7 +72,7 @@ naming no configuration, or a configuration whose reservedCpus (its own or inher
 come without capacity "cpus". */}}
 {{- define "numa-device-plugin.nodeConfigs" -}}
 {{- $c := .Values.config -}}
-{{- $keys := dict "capacity" "capacity" "resourcePrefix" "resource-prefix" "podResourcesInterval" "pod-resources-interval" "reservedCpus" "reserved-cpus" "allowUnaligned" "allow-unaligned" -}}
+{{- $keys := dict "capacity" "capacity" "resourcePrefix" "resource-prefix" "podResourcesInterval" "pod-resources-interval" "reservedCpus" "reserved-cpus" "allowUnaligned" "allow-unaligned" "memoryUnit" "memory-unit" "reservedMemory" "reserved-memory" -}}
 {{- $configs := dict -}}
 {{- range $name, $settings := $c.named -}}
 {{- $out := dict -}}
