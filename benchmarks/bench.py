@@ -222,10 +222,13 @@ async def scale() -> list[Figure]:
 # -- pod resources polling -------------------------------------------------------------------
 
 
-def place_containers(bench: Rig, count: int, memory: bool = False) -> None:
+def place_containers(
+    bench: Rig, count: int, memory: bool = False, hold_memory: bool = False
+) -> None:
     """``count`` Guaranteed containers: every other one holds a device of ours and a
     CPU on NUMA node 0 or 1, the rest a CPU without our devices. With ``memory`` each
-    also has a 1 GiB memory block on its node (and ours holds a memory device for it)."""
+    also has a 1 GiB memory block on its node; with ``hold_memory`` ours hold a memory
+    device for it."""
     for index in range(count):
         node = index % 2
         cpu = node * 128 + index // 2
@@ -233,7 +236,7 @@ def place_containers(bench: Rig, count: int, memory: bool = False) -> None:
         if index % 4 < 2:
             resource = f"numa-align/numa-{node}"
             devices[resource] = [f"numa{node}-cpu{cpu:04d}"]
-            if memory:
+            if hold_memory:
                 devices[f"{resource}-memory"] = [f"numa{node}-mem{index // 2:04d}"]
         blocks = [("memory", 1 << 30, [node])] if memory else []
         bench.kubelet.add_pod("bench", f"pod-{index}", [("app", devices, [cpu], blocks)])
@@ -242,9 +245,10 @@ def place_containers(bench: Rig, count: int, memory: bool = False) -> None:
 async def polling(idle_seconds: float, window: float = 8.0) -> list[Figure]:
     """Plugin CPU per pod resources read (List + GetAllocatableResources + the live
     count) at 10 and 200 containers, read every 100 ms (the floor) for a few seconds,
-    with CPUs only and with ``--memory-unit 1Gi`` (256 GiB per node: 3 more resources
-    per node, 238 + 16 + 2 devices; each container a 1 GiB block): the memory figure's
-    target is the CPUs-only figure plus 10%. Then idle CPU with the default 5 s
+    with CPUs only and with ``--memory-unit 1Gi``, against the same kubelet (Memory
+    Manager Static, 256 GiB per node, each container a 1 GiB memory block): memory on
+    adds 3 resources per node (238 + 16 + 2 devices), and its figure's target is the
+    CPUs-only figure plus 10%. Then idle CPU with the default 5 s
     interval. 2 NUMA nodes x 128 CPUs, cpus mode."""
     figures = []
     for containers in (10, 200):
@@ -252,8 +256,8 @@ async def polling(idle_seconds: float, window: float = 8.0) -> list[Figure]:
         for memory in (False, True):
             fast = ("--pod-resources-interval", "0.1")  # the floor
             async with rig(2, CPUS, cpus_per_node=128, extra=fast, pod_resources=True,
-                           memory=memory) as bench:  # fmt: skip
-                place_containers(bench, containers, memory)
+                           memory=True, memory_unit=memory) as bench:  # fmt: skip
+                place_containers(bench, containers, memory=True, hold_memory=memory)
                 await settle(1.0)
                 calls, before = bench.kubelet.pod_resources_calls, bench.plugin.cpu_seconds()
                 await asyncio.sleep(window)

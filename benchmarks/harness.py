@@ -183,14 +183,16 @@ async def rig(
     extra: Sequence[str] = (),
     pod_resources: bool = False,
     memory: bool = False,
+    memory_unit: bool = False,
 ) -> AsyncIterator[Rig]:
     """A temp folder (short path) with a sysfs tree, the stand-in and the plugin process.
 
     With ``start`` the plugin is started and registered before the block runs. With
     ``pod_resources`` the stand-in also serves the pod resources API (every CPU
     allocatable) and the plugin is pointed at it. With ``memory`` every NUMA node has
-    :data:`MEMORY_GIB` GiB (16 of them in 1Gi pages, 2 in 2Mi pages), the stand-in's
-    Memory Manager is Static, and the plugin runs with ``--memory-unit 1Gi``.
+    :data:`MEMORY_GIB` GiB (16 of them in 1Gi pages, 2 in 2Mi pages) and the stand-in's
+    Memory Manager is Static; with ``memory_unit`` too, the plugin runs with
+    ``--memory-unit 1Gi``.
     """
     folder = Path(tempfile.mkdtemp(prefix="ndpb-", dir="/tmp"))
     try:
@@ -206,7 +208,8 @@ async def rig(
                     "hugepages-1Gi": 16 << 30,
                     "hugepages-2Mi": 2 << 30,
                 }
-            extra = (*extra, "--memory-unit", "1Gi")
+            if memory_unit:
+                extra = (*extra, "--memory-unit", "1Gi")
         if pod_resources:
             standin = KubeletStandIn(
                 socket_dir,
