@@ -534,6 +534,7 @@ def test_exact_numa_memory_keeps_a_pod_pending_instead_of_failing(
     allocatable = platform.kubelet_memory()[1]["memory"]
     units = allocatable // MEMORY_UNIT
     assert units >= 8, f"NUMA node 1 has {allocatable} bytes allocatable: too few for the test"
+    print(f"NUMA node 1: kubelet allocatable memory {allocatable} bytes = {units} units of 256Mi")
     platform.eventually(
         lambda: platform.allocatable().get(resource) == str(units), 90, f"{resource}={units}"
     )
@@ -577,6 +578,7 @@ def test_exact_numa_memory_keeps_a_pod_pending_instead_of_failing(
     assert f"Insufficient {resource}" in platform.eventually(unschedulable, 60, "refusal")
     found = platform.core.read_namespaced_pod("too-big", namespace)
     assert found.status.phase == "Pending", "Pending, not failed by the kubelet"
+    print(f"after foreign 512Mi: {resource} allocatable {units - 2}; too-big asked {free + 1}")
     status = json.loads(platform.cli("status", "--output", "json", "--memory-unit", "256Mi"))
     (entry,) = [e for e in status["memory"] if e["resource"] == resource]
     assert entry["free_units"] == free
