@@ -275,7 +275,17 @@ async def test_a_cpu_manager_without_static_policy_gets_no_healthy_device(
     assert "--allow-unaligned" in warnings[0]["event"]
     registrations = [e for e in plugin.events() if e["event"] == "registered with the kubelet"]
     assert len(registrations) == 4
-    assert len(warnings) >= 4, "a line at each registration"
+    # A line at each registration made once the API has answered (both after the
+    # restart), and one when the first answer shows the policy: at least 3. Under load
+    # the first read can time out (0.2 s here) before the first registrations, which
+    # then cannot know the policy yet: 4 is not always reached.
+    after_restart = [
+        e
+        for e in plugin.events()[plugin.events().index(registrations[2]) :]
+        if "CPU manager is not static" in e["event"]
+    ]
+    assert len(after_restart) >= 2, "a line at each registration"
+    assert len(warnings) >= 3
 
 
 async def test_allow_unaligned_keeps_devices_healthy(two_nodes: SysfsTree, sock_dir: Path) -> None:
