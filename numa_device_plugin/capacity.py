@@ -258,13 +258,21 @@ def live_devices(
             held.update(ids)
     assigned = frozenset() if view is None else view.assigned_cpus & allocatable
     ordered = [(cpu, _cpu_id(node_id, cpu)) for cpu in sorted(allocatable)]
+    free = len(allocatable - assigned)  # assigned ⊆ allocatable: never negative
+    return _with_health(node_id, ordered, held, free, unaligned)
+
+
+def _with_health(
+    node_id: int, ordered: list[tuple[int, str]], held: set[str], free: int, unaligned: bool
+) -> tuple[Device, ...]:
+    """Devices for ``ordered`` (index, id) pairs: every one Unhealthy when
+    ``unaligned``; else the ``held`` ones Healthy, then the first ``free`` others.
+    Held ids missing from ``ordered`` (no longer allocatable: the kubelet's reserved
+    set changed, a slot id from an earlier run) are still listed, or the kubelet fails
+    the pod that holds them when it re-admits it."""
     extra = held.difference(device_id for _, device_id in ordered)
     if extra:
-        # Held but no longer allocatable (the kubelet's reserved set changed, or a
-        # slot id from an earlier slots-mode run): still listed, or the kubelet
-        # fails the pod when it re-admits it.
         ordered = sorted([*ordered, *((_index(device_id), device_id) for device_id in extra)])
-    free = len(allocatable - assigned)  # assigned ⊆ allocatable: never negative
     devices = []
     for index, device_id in ordered:
         if unaligned:
@@ -332,23 +340,8 @@ def live_memory_devices(
             if ids:
                 held.update(ids)
     ordered = [(device.index, device.id) for device in resource.devices]
-    extra = held.difference(device_id for _, device_id in ordered)
-    if extra:
-        ordered = sorted([*ordered, *((_index(device_id), device_id) for device_id in extra)])
     free = max(0, allocatable - assigned) // pool.unit
-    devices = []
-    for index, device_id in ordered:
-        if unaligned:
-            health = UNHEALTHY
-        elif device_id in held:
-            health = HEALTHY
-        elif free > 0:
-            health = HEALTHY
-            free -= 1
-        else:
-            health = UNHEALTHY
-        devices.append(_device(device_id, resource.node_id, index, health))
-    return tuple(devices)
+    return _with_health(resource.node_id, ordered, held, free, unaligned)
 
 
 @lru_cache(maxsize=65536)
