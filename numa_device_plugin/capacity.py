@@ -250,16 +250,21 @@ def live_devices(
         allocatable = node_cpus - reserved_cpus
     else:
         allocatable = view.allocatable_cpus & node_cpus
-    holders = () if view is None else view.holders
-    held: set[str] = set()
-    for holder in holders:
-        ids = holder.devices.get(resource)
-        if ids:
-            held.update(ids)
+    held = held_devices(view, resource)
     assigned = frozenset() if view is None else view.assigned_cpus & allocatable
     ordered = [(cpu, _cpu_id(node_id, cpu)) for cpu in sorted(allocatable)]
     free = len(allocatable - assigned)  # assigned ⊆ allocatable: never negative
     return _with_health(node_id, ordered, held, free, unaligned)
+
+
+def held_devices(view: KubeletView | None, resource: str) -> set[str]:
+    """The ids of ``resource`` that containers hold (``List()``); empty without a view."""
+    held: set[str] = set()
+    for holder in () if view is None else view.holders:
+        ids = holder.devices.get(resource)
+        if ids:
+            held.update(ids)
+    return held
 
 
 def _with_health(
@@ -327,21 +332,17 @@ def live_memory_devices(
     pool = resource.memory
     assert pool is not None, f"{resource.name} is not a memory resource"
     unaligned = False
-    held: set[str] = set()
     if view is None or not view.memory:
         unaligned = view is not None and not allow_unaligned
         allocatable, assigned = pool.fallback, 0
     else:
         allocatable = view.memory.get(resource.node_id, {}).get(pool.memory_type, 0)
         assigned = view.assigned_memory.get(resource.node_id, {}).get(pool.memory_type, 0)
-    if view is not None:
-        for holder in view.holders:
-            ids = holder.devices.get(resource.name)
-            if ids:
-                held.update(ids)
     ordered = [(device.index, device.id) for device in resource.devices]
     free = max(0, allocatable - assigned) // pool.unit
-    return _with_health(resource.node_id, ordered, held, free, unaligned)
+    return _with_health(
+        resource.node_id, ordered, held_devices(view, resource.name), free, unaligned
+    )
 
 
 @lru_cache(maxsize=65536)

@@ -110,20 +110,32 @@ class CapacityPoller:
     def warn_withheld(self, names: list[str]) -> None:
         """Say, once for the CPU resources and once for the memory ones among
         ``names``, why their devices are Unhealthy and what to set."""
-        resources = self.catalog.resources
-        memory = [n for n in names if n in resources and resources[n].memory is not None]
+        known = set(self._resources(memory=True))
+        memory = [n for n in names if n in known]
         cpus = [n for n in names if n not in memory]
         if cpus and self.unaligned():
             self.warn_unaligned(cpus)
         if memory and self.memory_unaligned():
-            log.warning(
-                "the kubelet's Memory Manager is not Static (its pod resources API lists "
-                "no allocatable memory): memory cannot be aligned, so every memory device "
-                "is reported Unhealthy. Set memoryManagerPolicy: Static "
-                "(--memory-manager-policy=Static) with --reserved-memory (e.g. "
-                "0:memory=1Gi), or pass --allow-unaligned",
-                resources=memory,
-            )
+            self.warn_memory(memory)
+
+    def warn_memory(self, resources: list[str]) -> None:
+        """Say why every device of the memory ``resources`` is Unhealthy and what to set."""
+        log.warning(
+            "the kubelet's Memory Manager is not Static (its pod resources API lists "
+            "no allocatable memory): memory cannot be aligned, so every memory device "
+            "is reported Unhealthy. Set memoryManagerPolicy: Static "
+            "(--memory-manager-policy=Static) with --reserved-memory (e.g. "
+            "0:memory=1Gi), or pass --allow-unaligned",
+            resources=resources,
+        )
+
+    def _resources(self, *, memory: bool) -> list[str]:
+        """The names of the memory resources (``memory``) or of the CPU ones, sorted."""
+        return sorted(
+            name
+            for name, resource in self.catalog.resources.items()
+            if (resource.memory is not None) == memory
+        )
 
     def unaligned(self) -> bool:
         """True when the kubelet's CPU manager is not static and devices are withheld."""
@@ -220,14 +232,13 @@ class CapacityPoller:
             self.recorder.pod_resources(True, self._read_at)
         if self._applied and view == self.view:
             return  # nothing changed since the last read: the usual case, kept cheap
-        was = (self.unaligned(), self.memory_unaligned())
+        was_cpus, was_memory = self.unaligned(), self.memory_unaligned()
         self.apply(view)
-        now = (self.unaligned(), self.memory_unaligned())
-        names = sorted(self.catalog.resources)
-        if now[0] and not was[0]:
-            self.warn_withheld([n for n in names if self.catalog.resources[n].memory is None])
-        if now[1] and not was[1]:
-            self.warn_withheld([n for n in names if self.catalog.resources[n].memory is not None])
+        if self.unaligned() and not was_cpus:
+            self.warn_unaligned(self._resources(memory=False))
+        memory = self._resources(memory=True)
+        if memory and self.memory_unaligned() and not was_memory:
+            self.warn_memory(memory)
 
     def _unreachable(self, exc: PodResourcesError) -> None:
         if self._reachable is not False:

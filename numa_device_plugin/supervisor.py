@@ -96,12 +96,10 @@ class ConfigSupervisor:
             while not self._stopping:
                 self._woken.clear()
                 await self._look()
-                if self._task is not None and self._task.done():
-                    self._task.result()  # raises its error
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._woken.wait(), self.interval)
                 if self._task is not None and self._task.done() and not self._stopping:
-                    self._task.result()
+                    self._task.result()  # a manager that ended on its own: raises its error
         finally:
             await self._retire()
 

@@ -242,11 +242,9 @@ def config(capacity: int | str) -> Config:
 
 
 @asynccontextmanager
-async def supervising(
-    choices: Choices, log: list[str], fail: Exception | None = None
-) -> AsyncIterator[ConfigSupervisor]:
+async def supervising(choices: Choices, log: list[str]) -> AsyncIterator[ConfigSupervisor]:
     def make(chosen: Config) -> PluginManager:
-        return cast(PluginManager, RecordingManager(chosen, log, fail))
+        return cast(PluginManager, RecordingManager(chosen, log))
 
     supervisor = ConfigSupervisor(choices, make, interval=3600)
     task = asyncio.create_task(supervisor.serve())

@@ -165,8 +165,10 @@ async def serve(
             chosen, recorder=recorder, listener_connections=listeners * MAX_CONNECTIONS
         )
 
-    manager: Runner = make_manager(config)
-    if select is not None:
+    manager: Runner
+    if select is None:
+        manager = make_manager(config)
+    else:
         from numa_device_plugin.supervisor import ConfigSupervisor
 
         manager = ConfigSupervisor(select, make_manager, select_interval)

@@ -95,6 +95,16 @@ def placement(platform: Platform, pod: str, namespace: str) -> dict[str, str]:
     return found
 
 
+def unschedulable(platform: Platform, pod: str, namespace: str) -> str:
+    """The scheduler's message when it found no node for ``pod`` (PodScheduled
+    Unschedulable), else ""."""
+    found = platform.core.read_namespaced_pod(pod, namespace)
+    for condition in found.status.conditions or []:
+        if condition.type == "PodScheduled" and condition.reason == "Unschedulable":
+            return str(condition.message)
+    return ""
+
+
 def allocatable_is(platform: Platform, wanted: dict[str, int]) -> bool:
     found = platform.allocatable()
     return all(found.get(r) == str(n) for r, n in wanted.items())
@@ -226,15 +236,9 @@ def test_init_container_example_runs(
 def test_more_devices_than_capacity_stays_pending(platform: Platform, namespace: str) -> None:
     pod = pod_manifest(platform, "too-many", "true", 1, "numa-align/numa-0", SLOTS + 1)
     create(platform, namespace, pod)
-
-    def unschedulable() -> str:
-        found = platform.core.read_namespaced_pod("too-many", namespace)
-        for condition in found.status.conditions or []:
-            if condition.type == "PodScheduled" and condition.reason == "Unschedulable":
-                return str(condition.message)
-        return ""
-
-    assert "Insufficient numa-align/numa-0" in platform.eventually(unschedulable, 60, "refusal")
+    refusal = platform.eventually(lambda: unschedulable(platform, "too-many", namespace), 60,
+                                  "refusal")  # fmt: skip
+    assert "Insufficient numa-align/numa-0" in refusal
     assert platform.core.read_namespaced_pod("too-many", namespace).status.phase == "Pending"
 
 
@@ -567,15 +571,9 @@ def test_exact_numa_memory_keeps_a_pod_pending_instead_of_failing(
         platform, "too-big", "true", 1, "numa-align/numa-1",
         memory=f"{(free + 1) * 256}Mi", more={resource: str(free + 1)},
     ))  # fmt: skip
-
-    def unschedulable() -> str:
-        found = platform.core.read_namespaced_pod("too-big", namespace)
-        for condition in found.status.conditions or []:
-            if condition.type == "PodScheduled" and condition.reason == "Unschedulable":
-                return str(condition.message)
-        return ""
-
-    assert f"Insufficient {resource}" in platform.eventually(unschedulable, 60, "refusal")
+    refusal = platform.eventually(lambda: unschedulable(platform, "too-big", namespace), 60,
+                                  "refusal")  # fmt: skip
+    assert f"Insufficient {resource}" in refusal
     found = platform.core.read_namespaced_pod("too-big", namespace)
     assert found.status.phase == "Pending", "Pending, not failed by the kubelet"
     print(f"after foreign 512Mi: {resource} allocatable {units - 2}; too-big asked {free + 1}")

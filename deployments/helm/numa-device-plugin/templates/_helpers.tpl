@@ -75,12 +75,13 @@ come without capacity "cpus". */}}
 {{- $keys := dict "capacity" "capacity" "resourcePrefix" "resource-prefix" "podResourcesInterval" "pod-resources-interval" "reservedCpus" "reserved-cpus" "allowUnaligned" "allow-unaligned" "memoryUnit" "memory-unit" "reservedMemory" "reserved-memory" -}}
 {{- $configs := dict -}}
 {{- range $name, $settings := $c.named -}}
+{{- $s := $settings | default dict -}}
 {{- $out := dict -}}
-{{- range $key, $value := ($settings | default dict) -}}
+{{- range $key, $value := $s -}}
 {{- $_ := set $out (get $keys $key) $value -}}
 {{- end -}}
-{{- $capacity := (hasKey ($settings | default dict) "capacity") | ternary (get ($settings | default dict) "capacity") $c.capacity -}}
-{{- $reserved := (hasKey ($settings | default dict) "reservedCpus") | ternary (get ($settings | default dict) "reservedCpus") $c.reservedCpus -}}
+{{- $capacity := (hasKey $s "capacity") | ternary (get $s "capacity") $c.capacity -}}
+{{- $reserved := (hasKey $s "reservedCpus") | ternary (get $s "reservedCpus") $c.reservedCpus -}}
 {{- if and $reserved (ne (toString $capacity) "cpus") -}}
 {{- fail (printf "config.named.%s: reservedCpus %q need capacity \"cpus\" (it has %v)" $name $reserved $capacity) -}}
 {{- end -}}
