@@ -314,6 +314,19 @@ class PluginManager:
             )
 
 
+def servable(
+    config: Config,
+    listener_connections: int,
+    discover_fn: Callable[[Config], Discovery] = discover,
+) -> None:
+    """What :meth:`PluginManager.serve` checks at start, without serving: discovery
+    and :func:`check_serving` for ``config``. Blocking. Raises what they raise:
+    :class:`~numa_device_plugin.sysfs.SysfsError`, ``MemoryUnitError`` (a ValueError),
+    :class:`~numa_device_plugin.server.SocketPathError`,
+    :class:`~numa_device_plugin.limits.FdLimitError`."""
+    check_serving(config, discover_fn(config), listener_connections)
+
+
 def check_serving(config: Config, discovery: Discovery, listener_connections: int) -> None:
     """Raise SocketPathError for a socket path too long, FdLimitError when the
     resources cannot get the file descriptors they need (the soft limit is raised as

@@ -23,6 +23,8 @@ from reading the file.
 
 from __future__ import annotations
 
+import os
+import stat
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,6 +39,10 @@ from numa_device_plugin.config import Config
 CONFIG_LABEL = "numa-align/config"
 # Limits of the file, far above any real use: a ConfigMap holds at most 1 MiB.
 MAX_FILE_BYTES = 1 << 20
+# Nesting of the YAML document (a real file nests 3 deep: configs, name, setting).
+MAX_DEPTH = 16
+# Characters of one YAML scalar (a cpulist of 1,024 CPUs is ~4,000 at worst).
+MAX_SCALAR = 8192
 
 
 class NodeConfigError(Exception):
@@ -49,9 +55,48 @@ class NodeConfigError(Exception):
         self.transient = transient
 
 
+class _StrictLoader(yaml.SafeLoader):
+    """PyYAML's safe loader that refuses what no configuration needs and a hostile
+    file uses: aliases and anchors (an alias bomb expands a few hundred bytes to
+    gigabytes), nesting deeper than :data:`MAX_DEPTH` (recursion) and scalars longer
+    than :data:`MAX_SCALAR` (an integer of thousands of digits). The document is
+    refused while it is composed, before anything is built."""
+
+    def __init__(self, stream: str) -> None:
+        super().__init__(stream)
+        self._depth = 0
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        event: Any = self.peek_event()  # type: ignore[no-untyped-call]
+        mark: Any = event.start_mark
+        if isinstance(event, yaml.AliasEvent) or getattr(event, "anchor", None):
+            raise yaml.MarkedYAMLError(
+                problem="anchors and aliases are not allowed here", problem_mark=mark
+            )
+        if isinstance(event, yaml.ScalarEvent) and len(event.value) > MAX_SCALAR:
+            raise yaml.MarkedYAMLError(
+                problem=f"a value of over {MAX_SCALAR} characters", problem_mark=mark
+            )
+        self._depth += 1
+        try:
+            if self._depth > MAX_DEPTH:
+                raise yaml.MarkedYAMLError(
+                    problem=f"nested over {MAX_DEPTH} deep", problem_mark=mark
+                )
+            return super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
+
+
+def _shown(value: Any) -> str:
+    """``repr(value)`` cut to 60 characters, for error messages."""
+    text = repr(value)
+    return text if len(text) <= 60 else f"{text[:57]}..."
+
+
 def _switch(value: Any) -> bool:
     if not isinstance(value, bool):
-        raise ValueError(f"{value!r} is not true or false")
+        raise ValueError(f"{_shown(value)} is not true or false")
     return value
 
 
@@ -60,7 +105,7 @@ def _text(convert: Callable[[str], Any]) -> Callable[[Any], Any]:
 
     def parse(value: Any) -> Any:
         if isinstance(value, bool) or not isinstance(value, (str, int, float)):
-            raise ValueError(f"{value!r} is not a text or a number")
+            raise ValueError(f"{_shown(value)} is not a text or a number")
         return convert(str(value))
 
     return parse
@@ -125,8 +170,8 @@ def parse_node_configs(path: Path, text: str, base: Mapping[str, Any]) -> NodeCo
     from numa_device_plugin.cli.options import config_from_params
 
     try:
-        document = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
+        document = yaml.load(text, Loader=_StrictLoader)  # a SafeLoader
+    except (yaml.YAMLError, ValueError, RecursionError) as exc:
         raise NodeConfigError(f"{path} is not YAML: {_one_line(str(exc))}") from None
     if not isinstance(document, dict):
         raise NodeConfigError(f"{path}: expected a mapping with 'configs', got {text[:60]!r}")
@@ -138,18 +183,20 @@ def parse_node_configs(path: Path, text: str, base: Mapping[str, Any]) -> NodeCo
         raise NodeConfigError(f"{path}: 'configs' must map at least one name to its settings")
     configs: dict[str, Mapping[str, Any]] = {}
     for name, settings in named.items():
-        where = f"{path}: configuration {name!r}"
+        where = f"{path}: configuration {_shown(name)}"
         if not isinstance(name, str) or not _label_value(name):
             raise NodeConfigError(f"{where}: a name must be a valid label value")
         if settings is None:
             settings = {}
         if not isinstance(settings, dict):
-            raise NodeConfigError(f"{where}: expected a mapping of settings, got {settings!r}")
+            raise NodeConfigError(
+                f"{where}: expected a mapping of settings, got {_shown(settings)}"
+            )
         overrides: dict[str, Any] = {}
         for key, value in settings.items():
-            if key not in SETTINGS:
+            if not isinstance(key, str) or key not in SETTINGS:
                 raise NodeConfigError(
-                    f"{where}: unknown setting {key!r} (known: {', '.join(SETTINGS)})"
+                    f"{where}: unknown setting {_shown(key)} (known: {', '.join(SETTINGS)})"
                 )
             param, convert = SETTINGS[key]
             try:
@@ -162,20 +209,29 @@ def parse_node_configs(path: Path, text: str, base: Mapping[str, Any]) -> NodeCo
             raise NodeConfigError(f"{where}: {exc}") from None
         configs[name] = overrides
     default = document.get("default")
-    if default is not None and default not in configs:
-        raise NodeConfigError(f"{path}: default {default!r} names no configuration")
+    if default is not None and (not isinstance(default, str) or default not in configs):
+        raise NodeConfigError(f"{path}: default {_shown(default)} names no configuration")
     return NodeConfigs(path, default, configs)
 
 
 def load_node_configs(path: Path, base: Mapping[str, Any]) -> NodeConfigs:
     """Read and parse ``path`` (:func:`parse_node_configs`). Raises
-    :class:`NodeConfigError` when it cannot be read, is over :data:`MAX_FILE_BYTES`
-    or is malformed."""
+    :class:`NodeConfigError` when it cannot be read, is not a regular file (a FIFO
+    neither blocks the open nor a read), is over :data:`MAX_FILE_BYTES` or is
+    malformed. A symlink is followed: a ConfigMap volume is made of them."""
     try:
-        with path.open("rb") as file:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as exc:
+        raise NodeConfigError(f"cannot read {path}: {exc.strerror or exc}") from None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise NodeConfigError(f"cannot read {path}: not a regular file")
+        with os.fdopen(os.dup(fd), "rb") as file:
             data = file.read(MAX_FILE_BYTES + 1)
     except OSError as exc:
         raise NodeConfigError(f"cannot read {path}: {exc.strerror or exc}") from None
+    finally:
+        os.close(fd)
     if len(data) > MAX_FILE_BYTES:
         raise NodeConfigError(f"{path} is over {MAX_FILE_BYTES} bytes")
     try:
@@ -205,4 +261,5 @@ def _label_value(text: str) -> bool:
 
 
 def _one_line(text: str) -> str:
-    return " ".join(text.split())
+    """``text`` on one line, cut to 300 characters (a log line stays a line)."""
+    return " ".join(text.split())[:300]

@@ -7,19 +7,25 @@ removed, so the kubelet sees the old devices go) and starts one for the new
 :class:`Config`. The same choice keeps the manager running.
 
 When no configuration can be chosen (the label names none, the file is malformed,
-the node cannot be read at start) nothing is served: the manager is stopped, the
-readiness probe reports the reason, and one log line names the label and the reason
-(again only when the reason changes). A failed read of the labels while a
-configuration is served keeps it: an API server outage is not the operator's choice.
+the node cannot be read at start, or the chosen configuration cannot be served on
+this node: ``check`` refuses it before the served one is torn down) nothing is
+served: the manager is stopped, the readiness probe reports the reason, and one log
+line names the label and the reason (again only when the reason changes). A failed
+read of the labels while a configuration is served keeps it: an API server outage is
+not the operator's choice.
+
+The selection runs in a daemon thread of its own, and a stop does not wait for it:
+whatever the file or the API server does, SIGTERM ends the plugin at once.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import threading
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import structlog
 
@@ -39,6 +45,34 @@ DEFAULT_INTERVAL = 60.0
 
 Selection = tuple[str | None, Config]
 Selector = Callable[[], Selection]
+T = TypeVar("T")
+
+
+async def in_daemon_thread(function: Callable[[], T], name: str) -> T:
+    """``function()`` in a new daemon thread; its result or its exception. Cancelling
+    the wait abandons the thread (it ends on its own; a daemon thread never holds up
+    the process's exit, unlike ``asyncio.to_thread``'s executor)."""
+    loop = asyncio.get_running_loop()
+    future: asyncio.Future[T] = loop.create_future()
+
+    def settle(result: Any, error: BaseException | None) -> None:
+        if future.done():
+            return
+        if error is not None:
+            future.set_exception(error)
+        else:
+            future.set_result(result)
+
+    def run() -> None:
+        try:
+            outcome: tuple[Any, BaseException | None] = (function(), None)
+        except BaseException as exc:  # handed to the awaiting task
+            outcome = (None, exc)
+        with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits
+            loop.call_soon_threadsafe(settle, *outcome)
+
+    threading.Thread(target=run, name=name, daemon=True).start()
+    return await future
 
 
 class ConfigSupervisor:
@@ -46,7 +80,9 @@ class ConfigSupervisor:
 
     ``select``: blocking, returns (configuration name or None for the flags alone,
     :class:`Config`), raises :class:`NodeConfigError`. ``make_manager``: a manager for
-    a Config. ``interval``: seconds between selections.
+    a Config. ``interval``: seconds between selections. ``check``: blocking, run in
+    the same thread for a new choice before anything is torn down; raises
+    :class:`NodeConfigError` when that Config cannot be served on this node.
     """
 
     def __init__(
@@ -54,8 +90,10 @@ class ConfigSupervisor:
         select: Callable[[], Selection],
         make_manager: Callable[[Config], PluginManager],
         interval: float = DEFAULT_INTERVAL,
+        check: Callable[[Config], None] | None = None,
     ) -> None:
         self._select = select
+        self._check = check
         self._make_manager = make_manager
         self.interval = interval
         self.manager: PluginManager | None = None
@@ -67,6 +105,7 @@ class ConfigSupervisor:
         self._stopping = False
         self._reload = False
         self._logged: str | None = None
+        self._selecting: asyncio.Future[Selection] | None = None
 
     def readiness_problems(self) -> list[str]:
         """Why the plugin is not ready: the reason no configuration is served, else
@@ -78,10 +117,13 @@ class ConfigSupervisor:
         return self.manager.readiness_problems()
 
     def stop(self) -> None:
-        """Stop the manager and return from :meth:`serve` (SIGTERM)."""
+        """Stop the manager and return from :meth:`serve` (SIGTERM), without waiting for
+        a selection under way."""
         self._stopping = True
         if self.manager is not None:
             self.manager.stop()
+        if self._selecting is not None:
+            self._selecting.cancel()
         self._woken.set()
 
     def reload(self) -> None:
@@ -109,8 +151,16 @@ class ConfigSupervisor:
 
     async def _choose(self) -> None:
         reload, self._reload = self._reload, False
+        current = self.current if self.manager is not None else None
+        self._selecting = asyncio.ensure_future(
+            in_daemon_thread(lambda: self._select_checked(current), "node configuration")
+        )
         try:
-            selection = await asyncio.to_thread(self._select)
+            selection = await self._selecting
+        except asyncio.CancelledError:
+            if self._stopping and self._selecting.cancelled():
+                return
+            raise
         except NodeConfigError as exc:
             self._failed(exc)
             if not (exc.transient and self.manager is not None):
@@ -136,6 +186,21 @@ class ConfigSupervisor:
         self.manager = self._make_manager(config)
         self._task = asyncio.create_task(self.manager.serve(), name="plugin manager")
         self._task.add_done_callback(lambda _: self._woken.set())
+
+    def _select_checked(self, current: Selection | None) -> Selection:
+        """The selection; a new one passed through ``check`` (in the selection's
+        thread)."""
+        selection = self._select()
+        if self._check is not None and selection != current:
+            try:
+                self._check(selection[1])
+            except NodeConfigError as exc:
+                name = selection[0] or "(flags and variables)"
+                raise NodeConfigError(
+                    f"configuration {name!r} chosen by {CONFIG_LABEL} cannot be served on "
+                    f"this node: {exc}"
+                ) from None
+        return selection
 
     def _failed(self, exc: NodeConfigError) -> None:
         message = str(exc)

@@ -165,13 +165,23 @@ async def serve(
             chosen, recorder=recorder, listener_connections=listeners * MAX_CONNECTIONS
         )
 
+    def check(chosen: Config) -> None:
+        from numa_device_plugin.manager import servable
+        from numa_device_plugin.nodeconfig import NodeConfigError
+        from numa_device_plugin.sysfs import SysfsError
+
+        try:
+            servable(chosen, listeners * MAX_CONNECTIONS)
+        except (SysfsError, SocketPathError, FdLimitError, ValueError, OSError) as exc:
+            raise NodeConfigError(str(exc)) from None
+
     manager: Runner
     if select is None:
         manager = make_manager(config)
     else:
         from numa_device_plugin.supervisor import ConfigSupervisor
 
-        manager = ConfigSupervisor(select, make_manager, select_interval)
+        manager = ConfigSupervisor(select, make_manager, select_interval, check)
     servers = await _start_listeners(manager, metrics_address, health_address, render)
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, manager.stop)
