@@ -39,6 +39,8 @@ from numa_device_plugin.config import Config
 CONFIG_LABEL = "numa-align/config"
 # Limits of the file, far above any real use: a ConfigMap holds at most 1 MiB.
 MAX_FILE_BYTES = 1 << 20
+# Characters of a NodeConfigError's one line (it is logged and shown by /readyz).
+MAX_MESSAGE = 360
 # Nesting of the YAML document (a real file nests 3 deep: configs, name, setting).
 MAX_DEPTH = 16
 # Characters of one YAML scalar (a cpulist of 1,024 CPUs is ~4,000 at worst).
@@ -47,10 +49,14 @@ MAX_SCALAR = 8192
 
 class NodeConfigError(Exception):
     """Why no configuration can be served on this node, one line naming the file or the
-    label. ``transient``: the node's labels could not be read (an API server outage),
-    so a configuration already served may stay."""
+    label, on one line of at most :data:`MAX_MESSAGE` characters. ``transient``: the
+    node's labels could not be read (an API server outage), so a configuration already
+    served may stay."""
 
     def __init__(self, message: str, *, transient: bool = False) -> None:
+        message = " ".join(message.split())
+        if len(message) > MAX_MESSAGE:  # a value echoed from a hostile file
+            message = f"{message[: MAX_MESSAGE - 3]}..."
         super().__init__(message)
         self.transient = transient
 

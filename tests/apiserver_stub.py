@@ -1,15 +1,33 @@
 """A stand-in API server for the one request per-node configuration makes: GET
-``/api/v1/nodes/<name>``. Tests set the node's labels or the status to answer, and
-hand the plugin a kubeconfig pointing at it."""
+``/api/v1/nodes/<name>``. Tests set the node's labels or the status to answer, or a
+hostile answer (any status, content type and body; silence; a drip of one byte at a
+time), and hand the plugin a kubeconfig pointing at it. It can serve HTTPS with a
+certificate made by ``openssl`` (:func:`make_tls`)."""
 
 from __future__ import annotations
 
 import json
+import ssl
+import subprocess
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+
+
+@dataclass(frozen=True)
+class Raw:
+    """A hostile answer: ``status``, ``content_type`` and ``body`` as given; ``silent``:
+    accept the request and never answer; ``drip``: seconds between single bytes."""
+
+    status: int = 200
+    content_type: str = "application/json"
+    body: bytes = b""
+    silent: bool = False
+    drip: float = 0.0
 
 
 class NodeApi:
@@ -21,6 +39,9 @@ class NodeApi:
         self.labels = dict(labels or {})
         self.status = 200
         self.reads = 0
+        self.raw: Raw | None = None
+        self.tokens: list[str] = []  # the bearer tokens the requests carried
+        self.stop = threading.Event()
         self._lock = threading.Lock()
 
     def answer(self, path: str) -> tuple[int, dict[str, object]]:
@@ -44,6 +65,11 @@ class NodeApi:
 def _handler(api: NodeApi) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:
+            api.tokens.append(self.headers.get("Authorization", "").removeprefix("Bearer "))
+            raw = api.raw
+            if raw is not None:
+                self._hostile(raw)
+                return
             status, body = api.answer(self.path)
             data = json.dumps(body).encode()
             self.send_response(status)
@@ -51,6 +77,28 @@ def _handler(api: NodeApi) -> type[BaseHTTPRequestHandler]:
             self.send_header("Content-Length", str(len(data)))
             self.end_headers()
             self.wfile.write(data)
+
+        def _hostile(self, raw: Raw) -> None:
+            with api._lock:
+                api.reads += 1
+            if raw.silent:
+                api.stop.wait(30)
+                return
+            head = (
+                f"HTTP/1.1 {raw.status} X\r\nContent-Type: {raw.content_type}\r\n"
+                f"Content-Length: {len(raw.body)}\r\n\r\n"
+            ).encode()
+            data = head + raw.body
+            step = 1 if raw.drip else len(data)
+            for at in range(0, len(data), step):
+                if api.stop.is_set():
+                    return
+                try:
+                    self.wfile.write(data[at : at + step])
+                    self.wfile.flush()
+                except OSError:
+                    return
+                time.sleep(raw.drip)
 
         def log_message(self, format: str, *args: object) -> None:
             pass
@@ -60,31 +108,65 @@ def _handler(api: NodeApi) -> type[BaseHTTPRequestHandler]:
 
 @contextmanager
 def node_api(
-    name: str, folder: Path, labels: dict[str, str] | None = None
+    name: str, folder: Path, labels: dict[str, str] | None = None, tls: Path | None = None
 ) -> Iterator[tuple[NodeApi, Path]]:
     """Serve a :class:`NodeApi` on 127.0.0.1 for the block: ``(api, kubeconfig)``, the
-    kubeconfig written in ``folder``."""
+    kubeconfig written in ``folder``. ``tls``: a folder from :func:`make_tls`, to serve
+    HTTPS with its ``server.pem``/``server.key`` (the kubeconfig then names its CA)."""
     api = NodeApi(name, labels)
     server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(api))
     server.daemon_threads = True
+    scheme = "http"
+    if tls is not None:
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        context.load_cert_chain(tls / "server.pem", tls / "server.key")
+        server.socket = context.wrap_socket(server.socket, server_side=True)
+        scheme = "https"
     thread = threading.Thread(target=server.serve_forever, name="node api", daemon=True)
     thread.start()
     kubeconfig = folder / "kubeconfig"
-    kubeconfig.write_text(kubeconfig_text(f"http://127.0.0.1:{server.server_address[1]}"))
+    kubeconfig.write_text(
+        kubeconfig_text(
+            f"{scheme}://127.0.0.1:{server.server_address[1]}",
+            None if tls is None else tls / "ca.pem",
+        )
+    )
     try:
         yield api, kubeconfig
     finally:
+        api.stop.set()
         server.shutdown()
         server.server_close()
         thread.join(10)
 
 
-def kubeconfig_text(server: str) -> str:
-    """A kubeconfig (JSON is YAML) for ``server`` with a token."""
+def make_tls(folder: Path) -> Path:
+    """A CA (``ca.pem``) and a server certificate for 127.0.0.1 signed by it
+    (``server.pem``, ``server.key``) in ``folder``, made with the ``openssl`` command."""
+    folder.mkdir(parents=True, exist_ok=True)
+
+    def run(*args: str) -> None:
+        subprocess.run(["openssl", *args], cwd=folder, check=True, capture_output=True)
+
+    run("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out", "ca.pem",
+        "-days", "2", "-subj", "/CN=stub-ca")  # fmt: skip
+    run("req", "-newkey", "rsa:2048", "-nodes", "-keyout", "server.key", "-out", "server.csr",
+        "-subj", "/CN=127.0.0.1")  # fmt: skip
+    (folder / "san.ext").write_text("subjectAltName=IP:127.0.0.1\n")
+    run("x509", "-req", "-in", "server.csr", "-CA", "ca.pem", "-CAkey", "ca.key",
+        "-CAcreateserial", "-out", "server.pem", "-days", "2", "-extfile", "san.ext")  # fmt: skip
+    return folder
+
+
+def kubeconfig_text(server: str, ca: Path | None = None) -> str:
+    """A kubeconfig (JSON is YAML) for ``server`` with a token (and the CA file ``ca``)."""
+    cluster: dict[str, object] = {"server": server}
+    if ca is not None:
+        cluster["certificate-authority"] = str(ca)
     return json.dumps({
         "apiVersion": "v1",
         "kind": "Config",
-        "clusters": [{"name": "stub", "cluster": {"server": server}}],
+        "clusters": [{"name": "stub", "cluster": cluster}],
         "users": [{"name": "plugin", "user": {"token": "stub-token"}}],
         "contexts": [{"name": "stub", "context": {"cluster": "stub", "user": "plugin"}}],
         "current-context": "stub",

@@ -181,7 +181,10 @@ def test_the_reader_reads_the_nodes_labels_and_names_each_failure(tmp_path: Path
 def test_a_broken_kubeconfig_is_named(tmp_path: Path) -> None:
     broken = tmp_path / "kubeconfig"
     broken.write_text("clusters: []\n")
-    with pytest.raises(NodeConfigError, match=f"cannot configure the API client: kubeconfig {broken}: no context named None"):
+    with pytest.raises(
+        NodeConfigError,
+        match=f"cannot configure the API client: kubeconfig {broken}: no context named None",
+    ):
         NodeLabelReader("n1", broken).read()
 
 
