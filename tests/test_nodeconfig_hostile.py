@@ -140,27 +140,14 @@ def test_a_silent_or_dripping_server_is_cut_off_at_the_deadline(tmp_path: Path, 
 def test_an_exec_credential_plugin_is_refused_not_run(tmp_path: Path) -> None:
     ran = tmp_path / "ran"
     kubeconfig = tmp_path / "kubeconfig"
-    kubeconfig.write_text(
-        json.dumps(
-            {
-                "current-context": "c",
-                "contexts": [{"name": "c", "context": {"cluster": "k", "user": "u"}}],
-                "clusters": [{"name": "k", "cluster": {"server": "https://127.0.0.1:1"}}],
-                "users": [
-                    {
-                        "name": "u",
-                        "user": {
-                            "exec": {
-                                "apiVersion": "client.authentication.k8s.io/v1",
-                                "command": "touch",
-                                "args": [str(ran)],
-                            }
-                        },
-                    }
-                ],
-            }
-        )  # fmt: skip
-    )
+    exec_plugin = {"apiVersion": "v1", "command": "touch", "args": [str(ran)]}
+    document = {
+        "current-context": "c",
+        "contexts": [{"name": "c", "context": {"cluster": "k", "user": "u"}}],
+        "clusters": [{"name": "k", "cluster": {"server": "https://127.0.0.1:1"}}],
+        "users": [{"name": "u", "user": {"exec": exec_plugin}}],
+    }
+    kubeconfig.write_text(json.dumps(document))
     with pytest.raises(NodeConfigError, match="exec credential plugin, which the plugin never"):
         NodeLabelReader("n1", kubeconfig).read()
     assert not ran.exists()
