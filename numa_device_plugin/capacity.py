@@ -27,6 +27,7 @@ a later outage it keeps passing the last answer.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from functools import cached_property, lru_cache
@@ -250,21 +251,57 @@ def live_devices(
         allocatable = node_cpus - reserved_cpus
     else:
         allocatable = view.allocatable_cpus & node_cpus
-    held = held_devices(view, resource)
+    held = held_devices(view, resource, node_id)
     assigned = frozenset() if view is None else view.assigned_cpus & allocatable
     ordered = [(cpu, _cpu_id(node_id, cpu)) for cpu in sorted(allocatable)]
     free = len(allocatable - assigned)  # assigned ⊆ allocatable: never negative
     return _with_health(node_id, ordered, held, free, unaligned)
 
 
-def held_devices(view: KubeletView | None, resource: str) -> set[str]:
-    """The ids of ``resource`` that containers hold (``List()``); empty without a view."""
+def held_devices(view: KubeletView | None, resource: str, node_id: int) -> set[str]:
+    """The ids of ``resource`` that containers hold (``List()``) and that this plugin
+    could have advertised for NUMA node ``node_id`` (:func:`device_index`); empty
+    without a view. Other ids are left out: :func:`foreign_devices`."""
+    return {
+        device_id
+        for device_id in _held_ids(view, resource)
+        if device_index(device_id, node_id) is not None
+    }
+
+
+def foreign_devices(view: KubeletView | None, resource: str, node_id: int) -> set[str]:
+    """Held ids of ``resource`` that this plugin never advertises on ``node_id``
+    (another form, another node, non-ASCII digits, an index of over 9 digits): they
+    count for nothing. The kubelet reports only ids a plugin advertised, so these
+    mean a confused or hostile kubelet; the caller says so once per id."""
+    return {
+        device_id
+        for device_id in _held_ids(view, resource)
+        if device_index(device_id, node_id) is None
+    }
+
+
+def _held_ids(view: KubeletView | None, resource: str) -> set[str]:
     held: set[str] = set()
     for holder in () if view is None else view.holders:
         ids = holder.devices.get(resource)
         if ids:
             held.update(ids)
     return held
+
+
+# The ids the plugin makes: numa<node>-<tag><index> (devices.py, numamemory.py), ASCII.
+_DEVICE_ID = re.compile(r"numa([0-9]{1,6})-[a-z](?:[a-z0-9]*[a-z])?([0-9]{1,9})", re.ASCII)
+
+
+def device_index(device_id: str, node_id: int) -> int | None:
+    """The index at the end of one of NUMA node ``node_id``'s device ids
+    (``numa1-cpu0012`` -> 12, ``numa0-hp2m0003`` -> 3); None for any id this plugin
+    never makes for that node."""
+    match = _DEVICE_ID.fullmatch(device_id)
+    if match is None or int(match[1]) != node_id:
+        return None
+    return int(match[2])
 
 
 def _with_health(
@@ -277,7 +314,7 @@ def _with_health(
     the pod that holds them when it re-admits it."""
     extra = held.difference(device_id for _, device_id in ordered)
     if extra:
-        ordered = sorted([*ordered, *((_index(device_id), device_id) for device_id in extra)])
+        ordered = sorted([*ordered, *((_held_index(i, node_id), i) for i in extra)])
     devices = []
     for index, device_id in ordered:
         if unaligned:
@@ -341,7 +378,11 @@ def live_memory_devices(
     ordered = [(device.index, device.id) for device in resource.devices]
     free = max(0, allocatable - assigned) // pool.unit
     return _with_health(
-        resource.node_id, ordered, held_devices(view, resource.name), free, unaligned
+        resource.node_id,
+        ordered,
+        held_devices(view, resource.name, resource.node_id),
+        free,
+        unaligned,
     )
 
 
@@ -357,11 +398,7 @@ def _cpu_id(node_id: int, cpu: int) -> str:
     return cpu_device_id(node_id, cpu)
 
 
-def _index(device_id: str) -> int:
-    """The number at the end of a device id (``numa1-cpu0012`` -> 12), for ordering."""
-    digits = ""
-    for char in reversed(device_id):
-        if not char.isdigit():
-            break
-        digits = char + digits
-    return int(digits) if digits else 1 << 30
+def _held_index(device_id: str, node_id: int) -> int:
+    index = device_index(device_id, node_id)
+    assert index is not None, f"{device_id!r} is not one of node {node_id}'s ids"
+    return index

@@ -32,6 +32,7 @@ from numa_device_plugin.capacity import (
     KubeletView,
     NodeCapacity,
     assigned_memory,
+    foreign_devices,
     live_devices,
     live_memory_devices,
     node_capacity,
@@ -50,6 +51,8 @@ ALLOCATE_POLL_DELAY = 0.5
 POLL_TIMEOUT = 2.0
 # Between registrations, GetAllocatableResources is read again every this many polls.
 ALLOCATABLE_EVERY = 12
+# Foreign device ids remembered as already warned about (then no more warnings).
+MAX_FOREIGN_WARNED = 1024
 
 
 class CapacityPoller:
@@ -74,6 +77,7 @@ class CapacityPoller:
         self._timer: asyncio.TimerHandle | None = None
         self._allocatable_asked = False
         self._polls = 0
+        self._foreign_warned: set[tuple[str, str]] = set()
 
     # -- what the kubelet showed ------------------------------------------------------------
 
@@ -163,6 +167,7 @@ class CapacityPoller:
         self._applied = True
         for name, resource in self.catalog.resources.items():
             servicer = self.catalog.servicers[name]
+            self._warn_foreign(name, foreign_devices(view, name, resource.node_id))
             if resource.memory is not None:
                 devices = live_memory_devices(
                     resource, view, allow_unaligned=self.config.allow_unaligned
@@ -190,6 +195,20 @@ class CapacityPoller:
             view.memory if view is not None else {},
             assigned_memory(view, self.catalog.resources),
         )
+
+    def _warn_foreign(self, resource: str, ids: set[str]) -> None:
+        """One warning per held id of ``resource`` this plugin never advertises (they
+        count for nothing), for the first :data:`MAX_FOREIGN_WARNED` such ids."""
+        for device_id in sorted(ids):
+            key = (resource, device_id)
+            if key in self._foreign_warned or len(self._foreign_warned) >= MAX_FOREIGN_WARNED:
+                continue
+            self._foreign_warned.add(key)
+            log.warning(
+                "the kubelet lists a device id this plugin never advertises; ignoring it",
+                resource=resource,
+                device_id=device_id[:80],
+            )
 
     def reapply(self) -> None:
         """After a rediscovery: the new servicers get the last answer's device lists."""

@@ -258,10 +258,16 @@ ALLOCATABLE = {
 
 @asynccontextmanager
 async def memory_mode(
-    tree: SysfsTree, folder: Path, *flags: str, policy: str = "Static", api: bool = True
+    tree: SysfsTree,
+    folder: Path,
+    *flags: str,
+    policy: str = "Static",
+    api: bool = True,
+    pods: dict[tuple[str, str], list[Any]] | None = None,
 ) -> AsyncIterator[tuple[KubeletStandIn, ServeProcess]]:
-    """The stand-in (its Memory Manager ``policy``, ``ALLOCATABLE``) and `serve
-    --memory-unit 1Gi` reading it every 0.2 s; ``api`` False: no pod resources API."""
+    """The stand-in (its Memory Manager ``policy``, ``ALLOCATABLE``, the ``pods``
+    placed before the plugin starts) and `serve --memory-unit 1Gi` reading it every
+    0.2 s; ``api`` False: no pod resources API."""
     standin = KubeletStandIn(
         folder / "dp",
         pod_resources_dir=folder / "pr" if api else None,
@@ -275,6 +281,8 @@ async def memory_mode(
         "--pod-resources-interval", "0.2",
         *flags,
     )  # fmt: skip
+    for (namespace, name), containers in (pods or {}).items():
+        standin.add_pod(namespace, name, containers)
     async with standin as kubelet, serve_process(tree, folder / "dp", *args) as plugin:
         yield kubelet, plugin
 
