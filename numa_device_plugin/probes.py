@@ -23,6 +23,13 @@ connection costs a few kilobytes and no thread, and none may hold on:
   keeps a burst from evicting its own members before they are read;
 - one request per connection (``Connection: close``), so a client cannot keep a
   connection open by asking again.
+
+``/metrics`` never holds up a probe: the exposition text is rendered in a worker
+thread (the loop answers probes meanwhile), at most once per :data:`METRICS_MAX_AGE`
+seconds (scrapes within that time share one rendering, so 32 scrapers cost what one
+does), and at most :data:`MAX_SCRAPES` scrapes are answered at once per listener (a
+further one gets 503 at once), which bounds what slow readers hold in send buffers
+to ``MAX_SCRAPES`` renderings.
 """
 
 from __future__ import annotations
@@ -43,6 +50,10 @@ MAX_CONNECTIONS = 128
 # enough to read a request that came with the connection, short enough that an
 # attacker must open 128 / 0.05 = 2,560 connections a second to get newcomers refused.
 EVICT_AGE = 0.05
+# Seconds a rendering of /metrics is served again (Prometheus scrapes every 15-60 s).
+METRICS_MAX_AGE = 1.0
+# /metrics answers under way at once per listener (rendering or being sent).
+MAX_SCRAPES = 8
 # What prometheus-client's generate_latest() writes: the text format 0.0.4.
 METRICS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 TEXT = "text/plain; charset=utf-8"
@@ -58,6 +69,38 @@ def parse_address(text: str) -> tuple[str, int]:
         raise ValueError(f"{text!r} is not HOST:PORT or :PORT")
     host = host.strip("[]") or "0.0.0.0"
     return host, int(port)
+
+
+class MetricsCache:
+    """``render()`` (blocking, returns the exposition text) called in a worker thread,
+    its result reused for ``max_age`` seconds; concurrent callers of :meth:`get`
+    share one rendering under way."""
+
+    def __init__(self, render: Callable[[], bytes], max_age: float = METRICS_MAX_AGE) -> None:
+        self._render = render
+        self._max_age = max_age
+        self._body: bytes | None = None
+        self._at = 0.0
+        self._pending: asyncio.Future[bytes] | None = None
+        self.renderings = 0
+
+    async def get(self) -> bytes:
+        """The text, rendered at most ``max_age`` seconds ago. Raises what ``render``
+        raises."""
+        if self._body is not None and time.monotonic() - self._at < self._max_age:
+            return self._body
+        if self._pending is None:
+            self._pending = asyncio.ensure_future(self._fresh())
+        return await asyncio.shield(self._pending)
+
+    async def _fresh(self) -> bytes:
+        try:
+            body = await asyncio.to_thread(self._render)
+            self.renderings += 1
+            self._body, self._at = body, time.monotonic()
+            return body
+        finally:
+            self._pending = None
 
 
 class ProbeServer:
@@ -81,7 +124,8 @@ class ProbeServer:
     ) -> None:
         self.address = address
         self._readiness = readiness
-        self._metrics = metrics
+        self._metrics = None if metrics is None else MetricsCache(metrics)
+        self._scrapes = 0
         self._max_connections = max_connections
         self._read_timeout = read_timeout
         self._server: asyncio.Server | None = None
@@ -90,6 +134,7 @@ class ProbeServer:
         self.port = 0
         self.evicted = 0
         self.refused = 0
+        self.scrapes_refused = 0
 
     async def start(self) -> None:
         """Bind and listen; raises OSError (bind) or socket.gaierror (resolve)."""
@@ -165,13 +210,29 @@ class ProbeServer:
         if method not in ("GET", "HEAD"):
             await self._reply(writer, 405, "Method Not Allowed", b"GET only\n")
             return
+        path = path.split("?", 1)[0]
+        head_only = method == "HEAD"
+        if path == "/metrics" and self._metrics is not None:
+            await self._scrape(writer, self._metrics, head_only)
+            return
         status, reason, body, content_type = self._answer(path)
-        await self._reply(writer, status, reason, body, content_type, head_only=method == "HEAD")
+        await self._reply(writer, status, reason, body, content_type, head_only=head_only)
+
+    async def _scrape(
+        self, writer: asyncio.StreamWriter, metrics: MetricsCache, head_only: bool
+    ) -> None:
+        if self._scrapes >= MAX_SCRAPES:
+            self.scrapes_refused += 1
+            await self._reply(writer, 503, "Service Unavailable", b"too many scrapes at once\n")
+            return
+        self._scrapes += 1
+        try:
+            body = await metrics.get()
+            await self._reply(writer, 200, "OK", body, METRICS_CONTENT_TYPE, head_only=head_only)
+        finally:
+            self._scrapes -= 1
 
     def _answer(self, path: str) -> tuple[int, str, bytes, str]:
-        path = path.split("?", 1)[0]
-        if path == "/metrics" and self._metrics is not None:
-            return 200, "OK", self._metrics(), METRICS_CONTENT_TYPE
         if path == "/healthz":
             return 200, "OK", b"ok\n", TEXT
         if path == "/readyz":
