@@ -23,6 +23,7 @@ from typing import Literal
 from numa_device_plugin.numamemory import (
     MemoryPool,
     ReservedMemory,
+    check_total_devices,
     memory_device_id,
     node_pools,
     resource_suffix,
@@ -204,12 +205,14 @@ def build_resources(
 
     In ``cpus`` mode a node's devices are its usable CPUs minus ``reserved_cpus``
     (the starting point; the kubelet's pod resources API refines it live).
-    Raises ValueError for an invalid prefix or capacity, or a unit too small.
+    Raises ValueError for an invalid prefix or capacity, or a unit too small (for one
+    pool, or for all together: ``MemoryUnitError``).
     """
     validate_resource_prefix(prefix)
     validate_capacity(capacity)
     resources = {}
-    for plan in sorted(plans, key=lambda plan: plan.node.id):
+    plans_seen = sorted(plans, key=lambda plan: plan.node.id)
+    for plan in plans_seen:
         if not plan.advertised:
             continue
         node_id = plan.node.id
@@ -225,4 +228,8 @@ def build_resources(
         if memory_unit is not None:
             for memory in memory_resources(prefix, plan, memory_unit, reserved_memory):
                 resources[memory.name] = memory
+    if memory_unit is not None:
+        memory_devices = [len(r.devices) for r in resources.values() if r.memory is not None]
+        nodes = sum(1 for plan in plans_seen if plan.advertised)
+        check_total_devices(sum(memory_devices), memory_unit, nodes)
     return resources

@@ -37,6 +37,9 @@ HUGEPAGES_PREFIX = "hugepages-"
 GIB = 1 << 30
 # Devices of one memory resource at most: as many as --capacity allows.
 MAX_MEMORY_DEVICES = 10_000
+# Memory devices of all pools together: each costs ~0.6 KB of RSS (objects, the
+# ListAndWatch message), so this bounds them to ~20 MB over the plugin's ~90 MB.
+MAX_TOTAL_MEMORY_DEVICES = 32_768
 
 _SUFFIXES = {
     "Ki": 1 << 10, "Mi": 1 << 20, "Gi": 1 << 30, "Ti": 1 << 40, "Pi": 1 << 50, "Ei": 1 << 60,
@@ -46,7 +49,20 @@ _QUANTITY = re.compile(r"([0-9]+)(Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E)?")
 
 
 class MemoryUnitError(ValueError):
-    """``--memory-unit`` gives a pool more than :data:`MAX_MEMORY_DEVICES` devices."""
+    """``--memory-unit`` gives a pool more than :data:`MAX_MEMORY_DEVICES` devices, or
+    all pools together more than :data:`MAX_TOTAL_MEMORY_DEVICES`."""
+
+
+def check_total_devices(total: int, unit: int, nodes: int) -> None:
+    """Raise :class:`MemoryUnitError` naming ``--memory-unit`` (``unit`` bytes) and the
+    figures when ``total`` memory devices over ``nodes`` NUMA nodes are more than
+    :data:`MAX_TOTAL_MEMORY_DEVICES`."""
+    if total > MAX_TOTAL_MEMORY_DEVICES:
+        raise MemoryUnitError(
+            f"--memory-unit {format_quantity(unit)} gives {total} memory devices over "
+            f"{nodes} NUMA nodes, more than {MAX_TOTAL_MEMORY_DEVICES} in all: choose a "
+            "larger unit"
+        )
 
 
 def parse_quantity(text: str) -> int:

@@ -145,6 +145,11 @@ def test_every_rendering_passes_kubernetes_validate_strict(name: str, version: s
             "reservedMemory",
         ),
         (["--set-json", 'config.named={"a": {"memoryUnit": ""}}'], "memoryUnit"),
+        # The plugin's floor is 1Mi (tests/test_memory_sizing.py compares every rule).
+        (["--set-string", "config.memoryUnit=0"], "memoryUnit"),
+        (["--set", "config.memoryUnit=512Ki"], "memoryUnit"),
+        (["--set", "config.memoryUnit=1M"], "memoryUnit"),
+        (["--set-json", 'config.named={"a": {"memoryUnit": "1048575"}}'], "memoryUnit"),
     ],
 )
 def test_the_schema_refuses_bad_values(args: list[str], needle: str) -> None:
@@ -152,6 +157,13 @@ def test_the_schema_refuses_bad_values(args: list[str], needle: str) -> None:
     assert result.returncode != 0, f"{args} was accepted"
     assert "values don't meet the specifications of the schema" in result.stderr
     assert needle in result.stderr
+
+
+@pytest.mark.parametrize("unit", ["1Mi", "1Pi", "1024Ki", "2M", "1048576", "1E"])
+def test_the_schema_accepts_the_sizes_the_plugin_accepts(unit: str) -> None:
+    result = run_helm("template", RELEASE, str(CHART), "--set-string", f"config.memoryUnit={unit}")
+    assert result.returncode == 0, result.stderr
+    assert f'NUMA_MEMORY_UNIT: "{unit}"' in result.stdout
 
 
 def test_nfd_and_own_node_affinity_cannot_be_mixed() -> None:
