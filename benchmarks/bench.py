@@ -186,17 +186,22 @@ async def footprint(idle_seconds: float, calls: int) -> list[Figure]:
 
 # NUMA nodes per scale run; the DaemonSet's memory limit must cover 64 with a 2x margin.
 SCALE_NODES = (8, 64, 256)
+# NUMA nodes per run with memory resources (--memory-unit 1Gi, 256 GiB per node).
+MEMORY_NODES = (8, 64)
 MEMORY_LIMIT_MB = 160
 
 
-async def scale() -> list[Figure]:
-    """RSS, open fds and threads of a registered plugin with metrics on, at 8, 64 and
-    256 NUMA nodes x 100 slots; then the cost of one more NUMA node (the slope from
-    64 to 256)."""
+async def scale(
+    nodes_list: tuple[int, ...] = SCALE_NODES, memory_nodes: tuple[int, ...] = MEMORY_NODES
+) -> list[Figure]:
+    """RSS, open fds and threads of a registered plugin with metrics on, at each of
+    ``nodes_list`` NUMA nodes x 100 slots; the cost of one more NUMA node (the slope
+    between the smallest and the largest); then RSS with memory resources on
+    (``--memory-unit 1Gi`` over 256 GiB per node) at each of ``memory_nodes``."""
     figures = []
     rss: dict[int, float] = {}
     fds: dict[int, int] = {}
-    for nodes in SCALE_NODES:
+    for nodes in nodes_list:
         extra = ("--metrics-address", "127.0.0.1:0")
         async with rig(nodes, extra=extra) as bench:
             await settle(2.0)
@@ -210,13 +215,31 @@ async def scale() -> list[Figure]:
             Figure("scale", config, "open fds", fds[nodes], "fds"),
             Figure("scale", config, "threads", threads, "threads"),
         ]
-    low, high = SCALE_NODES[1], SCALE_NODES[2]
-    per_node = f"per NUMA node ({low} -> {high})"
-    figures += [
-        Figure("scale", per_node, "RSS", (rss[high] - rss[low]) / (high - low), "MB"),
-        Figure("scale", per_node, "open fds", (fds[high] - fds[low]) / (high - low), "fds"),
-    ]
+    low, high = min(nodes_list), max(nodes_list)
+    if high > low:
+        per_node = f"per NUMA node ({low} -> {high})"
+        figures += [
+            Figure("scale", per_node, "RSS", (rss[high] - rss[low]) / (high - low), "MB"),
+            Figure("scale", per_node, "open fds", (fds[high] - fds[low]) / (high - low), "fds"),
+        ]
+    for nodes in memory_nodes:
+        extra = ("--metrics-address", "127.0.0.1:0")
+        async with rig(nodes, extra=extra, memory=True, memory_unit=True) as bench:
+            await settle(2.0)
+            devices = sum(len(bench.kubelet.devices(name)) for name in bench.names)
+            config = f"{nodes} NUMA nodes x 256 GiB, --memory-unit 1Gi, metrics on"
+            # Memory devices are capped (32,768 in all: ~105 MB): within the limit.
+            target = MEMORY_LIMIT_MB if nodes == 64 else None
+            figures += [
+                Figure("scale", config, "RSS", bench.plugin.rss_bytes() / MB, "MB", target),
+                Figure("scale", config, "devices", devices, "devices"),
+            ]
     return figures
+
+
+def node_counts(text: str) -> tuple[int, ...]:
+    """``8,64`` -> (8, 64); empty: none."""
+    return tuple(int(part) for part in text.split(",") if part.strip())
 
 
 # -- pod resources polling -------------------------------------------------------------------
@@ -342,6 +365,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--window", type=float, default=8.0, help="seconds of fast pod resources reads"
     )
+    parser.add_argument(
+        "--nodes",
+        type=node_counts,
+        default=SCALE_NODES,
+        help="scale: NUMA node counts, comma-separated (8,64,256)",
+    )
+    parser.add_argument(
+        "--memory-nodes",
+        type=node_counts,
+        default=MEMORY_NODES,
+        help="scale: NUMA node counts with --memory-unit 1Gi (8,64; empty: none)",
+    )
     args = parser.parse_args(argv)
 
     async def run_reregistration() -> list[Figure]:
@@ -353,7 +388,7 @@ def main(argv: list[str] | None = None) -> int:
         "startup": lambda: startup(args.runs),
         "footprint": lambda: footprint(args.idle_seconds, args.calls),
         "polling": lambda: polling(args.idle_seconds, args.window),
-        "scale": scale,
+        "scale": lambda: scale(args.nodes, args.memory_nodes),
     }
     selected = list(jobs) if args.which == "all" else [args.which]
     figures: list[Figure] = []

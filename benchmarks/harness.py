@@ -156,17 +156,34 @@ class Rig:
     kubelet: KubeletStandIn
     plugin: PluginProcess
     names: list[str]
+    devices: int = 0  # the devices to register, in all (for the deadline)
 
     def all_live(self) -> bool:
         return all(self.kubelet.live(name) for name in self.names)
 
-    async def wait_live(self, timeout: float = 30.0) -> None:
+    def live_count(self) -> int:
+        return sum(1 for name in self.names if self.kubelet.live(name))
+
+    async def wait_live(self, timeout: float | None = None) -> None:
+        """Until every resource is live. ``timeout`` None: :func:`registration_deadline`
+        of the resources and devices to register, so a loaded machine gets the time its
+        work needs; when it still runs out, the error says how far it got."""
+        if timeout is None:
+            timeout = registration_deadline(len(self.names), self.devices)
         try:
             await self.kubelet.wait_until(self.all_live, timeout)
         except TimeoutError:
             raise RuntimeError(
-                "plugin did not register in time; its log ends:\n" + self.plugin.log_tail()
+                f"plugin did not register in {timeout:.0f} s: {self.live_count()} of "
+                f"{len(self.names)} resources live; its log ends:\n" + self.plugin.log_tail()
             ) from None
+
+
+def registration_deadline(resources: int, devices: int = 0) -> float:
+    """Seconds to allow for ``resources`` registrations with ``devices`` devices in all:
+    20 s, plus 0.5 s a resource and 1 ms a device (a quiet machine needs ~40 ms a
+    resource; both cores busy, up to ten times that)."""
+    return 20.0 + 0.5 * resources + 0.001 * devices
 
 
 # GiB of memory per NUMA node in rigs with memory.
@@ -220,7 +237,15 @@ async def rig(
             extra = (*extra, "--pod-resources-socket", str(folder / "pr" / "kubelet.sock"))
         async with standin as kubelet:
             plugin = PluginProcess(tree.root, socket_dir, capacity, extra)
-            bench = Rig(kubelet, plugin, resource_names(nodes))
+            names = resource_names(nodes)
+            if memory and memory_unit:
+                names += [
+                    f"{name}-{suffix}"
+                    for name in resource_names(nodes)
+                    for suffix in ("memory", "hugepages-1gi", "hugepages-2mi")
+                ]
+            per_node = capacity if isinstance(capacity, int) else cpus_per_node
+            bench = Rig(kubelet, plugin, names, nodes * per_node)
             try:
                 if start:
                     plugin.start()

@@ -45,7 +45,8 @@ def test_percentile_nearest_rank() -> None:
         ["startup", "--runs", "1"],
         ["footprint", "--calls", "20", "--idle-seconds", "0.5"],
         ["polling", "--window", "0.5", "--idle-seconds", "0.5"],
-        ["scale"],
+        # Small sizes: the test shows the benchmark runs; `make bench` runs 8, 64, 256.
+        ["scale", "--nodes", "2,8", "--memory-nodes", "2"],
     ],
 )
 def test_benchmarks_run_and_print_json(args: list[str], capsys: pytest.CaptureFixture[str]) -> None:
