@@ -308,7 +308,8 @@ def _with_health(
     node_id: int, ordered: list[tuple[int, str]], held: set[str], free: int, unaligned: bool
 ) -> tuple[Device, ...]:
     """Devices for ``ordered`` (index, id) pairs: every one Unhealthy when
-    ``unaligned``; else the ``held`` ones Healthy, then the first ``free`` others.
+    ``unaligned``; else the ``held`` ones Healthy, then the first ``free`` others
+    (``free`` at or below 0: none).
     Held ids missing from ``ordered`` (no longer allocatable: the kubelet's reserved
     set changed, a slot id from an earlier run) are still listed, or the kubelet fails
     the pod that holds them when it re-admits it."""
@@ -376,7 +377,7 @@ def live_memory_devices(
         allocatable = view.memory.get(resource.node_id, {}).get(pool.memory_type, 0)
         assigned = view.assigned_memory.get(resource.node_id, {}).get(pool.memory_type, 0)
     ordered = [(device.index, device.id) for device in resource.devices]
-    free = max(0, allocatable - assigned) // pool.unit
+    free = (allocatable - assigned) // pool.unit  # below 0 (over-assigned): none free
     return _with_health(
         resource.node_id,
         ordered,

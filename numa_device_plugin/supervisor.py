@@ -163,7 +163,7 @@ class ConfigSupervisor:
             raise
         except NodeConfigError as exc:
             self._failed(exc)
-            if not (exc.transient and self.manager is not None):
+            if not exc.transient:  # an outage keeps what is served (nothing, at start)
                 await self._retire()
             return
         self.problem = None
