@@ -8,13 +8,18 @@ FROM ${PYTHON_IMAGE} AS build
 WORKDIR /src
 # A venv without pip: the base image's pip installs into it (pip --python).
 RUN python -m venv --without-pip /opt/venv
-COPY requirements.lock ./
+COPY requirements.lock requirements-build.lock ./
 RUN pip --python /opt/venv/bin/python install --no-cache-dir --require-hashes \
         --only-binary=:all: --requirement requirements.lock
+# The build backend (setuptools, wheel) pinned with hashes too, in a venv of its own:
+# an isolated build would fetch whatever version is newest, unchecked.
+RUN python -m venv /opt/build \
+ && /opt/build/bin/pip install --no-cache-dir --require-hashes --only-binary=:all: \
+        --requirement requirements-build.lock
 COPY pyproject.toml README.md ./
 COPY numa_device_plugin ./numa_device_plugin
 # --no-deps: everything it needs came from the lock file above.
-RUN pip wheel --no-cache-dir --no-deps --wheel-dir /dist . \
+RUN /opt/build/bin/pip wheel --no-cache-dir --no-deps --no-build-isolation --wheel-dir /dist . \
  && pip --python /opt/venv/bin/python install --no-cache-dir --no-deps /dist/*.whl
 
 FROM ${PYTHON_IMAGE}

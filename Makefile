@@ -5,7 +5,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 BIN    := $(VENV)/bin
 
-.PHONY: install run test test-e2e test-e2e-local kube-etcd helm lint proto bench attack soak image lock docker-build docker-push deploy undeploy clean
+.PHONY: install run test test-e2e test-e2e-local kube-etcd helm lint proto bench attack soak image image-name push lock docker-build docker-push deploy undeploy clean
 
 install: $(VENV)/.installed
 
@@ -82,30 +82,58 @@ REVISION  = $(shell git rev-parse HEAD 2>/dev/null)
 # `make docker-build docker-push deploy` really replaces the nodes' image.
 DIRTY     = $(shell test -z "$$(git status --porcelain 2>/dev/null)" || { git diff HEAD; git ls-files -o --exclude-standard -z | xargs -0 -r sha256sum; } | sha256sum | cut -c1-8)
 TAG      ?= $(VERSION)$(if $(REVISION),-$(shell git rev-parse --short=12 HEAD)$(if $(DIRTY),-dirty-$(DIRTY)))
-SOURCE   ?= $(shell git remote get-url origin 2>/dev/null)
+# The image's source label: the origin remote only when it is an https URL without
+# credentials, a query or a fragment (a local path or a token must not end up in an image).
+SOURCE   ?= $(shell git remote get-url origin 2>/dev/null | grep -E '^https://[^/@?\#[:space:]]+/[^@?\#[:space:]]*$$')
 IMAGE     = $(REGISTRY)/numa-device-plugin:$(TAG)
+# The tag the README's deploy commands and the chart's defaults pull: the version alone.
+IMAGE_RELEASE = $(REGISTRY)/numa-device-plugin:$(VERSION)
+# The builder: docker when its daemon answers, else podman, else buildah.
+CONTAINER_TOOL ?= $(shell if docker info >/dev/null 2>&1; then echo docker; \
+	elif command -v podman >/dev/null; then echo podman; \
+	elif command -v buildah >/dev/null; then echo buildah; fi)
+# Extra flags: BUILD_FLAGS for the build (buildah: --pull=never --network=host), PUSH_FLAGS
+# for the push (podman, buildah: --tls-verify=false for a plain-HTTP registry); PYTHON_IMAGE
+# replaces the Dockerfile's base image.
+BUILD_FLAGS ?=
+PUSH_FLAGS  ?=
 # What deploy applies: deployments/ (the base), or an overlay (deployments/overlays/k0s, ...).
 KUSTOMIZATION ?= deployments
 
-## image: print the image name docker-build, docker-push and deploy use
-image:
+## image-name: print the image name image, push and deploy use
+image-name:
 	@echo $(IMAGE)
 
-## lock: regenerate requirements.lock (the image's runtime dependencies, pinned with hashes)
-lock: install
-	env -u PIP_FIND_LINKS PIP_CONFIG_FILE=/dev/null $(BIN)/pip-compile --quiet \
+## image: build the image with CONTAINER_TOOL (docker, podman or buildah), tagged
+## $(IMAGE) and $(IMAGE_RELEASE)
+image:
+	@test -n "$(CONTAINER_TOOL)" || { echo "no image builder: install docker, podman or buildah, or set CONTAINER_TOOL" >&2; exit 2; }
+	$(CONTAINER_TOOL) build $(BUILD_FLAGS) --build-arg VERSION=$(TAG) \
+	    --build-arg REVISION=$(REVISION) --build-arg SOURCE=$(SOURCE) \
+	    $(if $(PYTHON_IMAGE),--build-arg PYTHON_IMAGE=$(PYTHON_IMAGE)) \
+	    -t $(IMAGE) -t $(IMAGE_RELEASE) .
+
+## push: push both tags to REGISTRY: the commit's, and the version's that the README's
+## commands and the chart's defaults pull
+push:
+	@test -n "$(CONTAINER_TOOL)" || { echo "no image tool: install docker, podman or buildah, or set CONTAINER_TOOL" >&2; exit 2; }
+	$(CONTAINER_TOOL) push $(PUSH_FLAGS) $(IMAGE)
+	$(CONTAINER_TOOL) push $(PUSH_FLAGS) $(IMAGE_RELEASE)
+
+## lock: regenerate requirements.lock (the image's runtime dependencies) and
+## requirements-build.lock (the build backend that makes the plugin's wheel), both
+## pinned with hashes
+PIP_COMPILE = env -u PIP_FIND_LINKS PIP_CONFIG_FILE=/dev/null $(BIN)/pip-compile --quiet \
 	    --generate-hashes --strip-extras --allow-unsafe --no-emit-index-url \
-	    --no-emit-find-links --index-url https://pypi.org/simple \
-	    --output-file requirements.lock pyproject.toml
+	    --no-emit-find-links --index-url https://pypi.org/simple
+lock: install
+	$(PIP_COMPILE) --output-file requirements.lock pyproject.toml
+	$(PIP_COMPILE) --build-deps-for wheel --only-build-deps \
+	    --output-file requirements-build.lock pyproject.toml
 
-## docker-build: the container image $(REGISTRY)/numa-device-plugin:$(TAG)
-docker-build:
-	docker build --build-arg VERSION=$(TAG) --build-arg REVISION=$(REVISION) \
-	    --build-arg SOURCE=$(SOURCE) -t $(IMAGE) .
-
-## docker-push: push it (the test cluster's registry is insecure: see test/infra)
-docker-push:
-	docker push $(IMAGE)
+## docker-build / docker-push: the former names of image and push
+docker-build: image
+docker-push: push
 
 ## deploy / undeploy: kubectl apply -k $(KUSTOMIZATION) with the image $(IMAGE)
 deploy:

@@ -448,6 +448,10 @@ def test_image_installs_only_hash_pinned_dependencies_and_keeps_no_installer() -
     wheel_install = re.search(r"install [^\n]*/dist/\*\.whl", build)
     assert wheel_install is not None
     assert "--no-deps" in wheel_install[0], "its dependencies come only from the lock"
+    # The build backend too: from its own lock, hash-checked, never fetched by an
+    # isolated build.
+    assert re.search(r"install .*--require-hashes .*--requirement requirements-build\.lock", build)
+    assert re.search(r"pip wheel [^\n]*--no-build-isolation", build)
     assert "pip install" not in final
     assert " install " not in final
     assert re.search(r"pip uninstall --yes --quiet pip setuptools wheel", final)
@@ -501,6 +505,25 @@ def test_lock_file_is_fresh_and_hash_pinned() -> None:
         assert via, f"{package}: pip-compile says why it is there"
 
 
+def test_the_build_backend_lock_pins_every_build_requirement() -> None:
+    import tomllib
+
+    from packaging.requirements import Requirement
+
+    text = (REPO / "requirements-build.lock").read_text()
+    assert "--build-deps-for=wheel" in text, "made by `make lock`"
+    assert "--only-build-deps" in text
+    pins = dict(re.findall(r"^([a-z0-9_.-]+)==(\S+)", text, re.M))
+    pyproject = tomllib.loads((REPO / "pyproject.toml").read_text())
+    for requirement in map(Requirement, pyproject["build-system"]["requires"]):
+        assert requirement.name in pins, f"{requirement.name}: run `make lock`"
+        assert requirement.specifier.contains(pins[requirement.name])
+    blocks = re.split(r"\n(?=[a-z0-9])", text)
+    for block in blocks:
+        if re.match(r"[a-z0-9_.-]+==", block):
+            assert re.search(r"--hash=sha256:[0-9a-f]{64}", block), block.splitlines()[0]
+
+
 def test_lock_parser_sees_every_pin() -> None:
     text = (REPO / "requirements.lock").read_text()
     assert len(_lock()) == len(re.findall(r"^[a-z0-9][^ ]*==", text, re.M)) > 3
@@ -524,7 +547,7 @@ def test_dockerignore_keeps_local_state_out_of_the_build_context() -> None:
 
 def _make_image(folder: Path) -> str:
     return subprocess.run(
-        ["make", "-s", "--no-print-directory", "image"],
+        ["make", "-s", "--no-print-directory", "image-name"],
         cwd=folder,
         capture_output=True,
         text=True,
