@@ -127,7 +127,7 @@ PIP_COMPILE = env -u PIP_FIND_LINKS PIP_CONFIG_FILE=/dev/null $(BIN)/pip-compile
 	    --generate-hashes --strip-extras --allow-unsafe --no-emit-index-url \
 	    --no-emit-find-links --index-url https://pypi.org/simple
 lock: install
-	$(PIP_COMPILE) --output-file requirements.lock pyproject.toml
+	$(PIP_COMPILE) --extra image --output-file requirements.lock pyproject.toml
 	$(PIP_COMPILE) --build-deps-for wheel --only-build-deps \
 	    --output-file requirements-build.lock pyproject.toml
 

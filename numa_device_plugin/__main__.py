@@ -1,7 +1,20 @@
-"""``python -m numa_device_plugin`` runs the command line."""
+"""``python -m numa_device_plugin`` and the ``numa-device-plugin`` command: stop signals
+are caught first (:mod:`numa_device_plugin.signals`), then the command line runs."""
+
+from __future__ import annotations
 
 import sys
 
-from numa_device_plugin.cli import main
 
-sys.exit(main())
+def main() -> int:
+    """Catch SIGTERM and SIGINT, then run the command line; its exit status."""
+    from numa_device_plugin import signals
+
+    signals.catch_early()
+    from numa_device_plugin.cli import main as run
+
+    return run()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -206,6 +206,8 @@ def _serve_args(
     (``settings``: the ConfigMap's data instead of the rendered one)."""
     dockerfile = (REPO / "Dockerfile").read_text()
     entrypoint = json.loads(re.search(r"^ENTRYPOINT (.+)$", dockerfile, re.M)[1])  # type: ignore[index]
+    assert entrypoint[:2] == ["dumb-init", "--"], "an init as PID 1 forwards SIGTERM"
+    entrypoint = entrypoint[2:]
     assert entrypoint == ["numa-device-plugin", "serve"]
     for variable in serve_variables():
         monkeypatch.delenv(variable, raising=False)
@@ -487,11 +489,14 @@ def test_lock_file_is_fresh_and_hash_pinned() -> None:
     from packaging.utils import canonicalize_name
 
     text = (REPO / "requirements.lock").read_text()
-    assert "pip-compile --allow-unsafe --generate-hashes" in text, "made by `make lock`"
+    assert "pip-compile --allow-unsafe --extra=image --generate-hashes" in text, "`make lock`"
     lock = _lock()
     pyproject = tomllib.loads((REPO / "pyproject.toml").read_text())
+    project = pyproject["project"]
+    image_extra = project["optional-dependencies"]["image"]  # the lock has it too
     wanted: dict[str, Requirement] = {
-        canonicalize_name(r.name): r for r in map(Requirement, pyproject["project"]["dependencies"])
+        canonicalize_name(r.name): r
+        for r in map(Requirement, [*project["dependencies"], *image_extra])
     }
     direct = {
         name for name, (_, _, via) in lock.items() if "numa-device-plugin (pyproject.toml)" in via

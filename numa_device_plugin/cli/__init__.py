@@ -17,7 +17,7 @@ from collections.abc import Sequence
 
 import click
 
-from numa_device_plugin import __version__, sysfs
+from numa_device_plugin import __version__, signals, sysfs
 
 # Command name -> the module holding it (as ``command``), in ``--help`` order.
 COMMANDS = {
@@ -39,6 +39,8 @@ class LazyGroup(click.Group):
         module = COMMANDS.get(cmd_name)
         if module is None:
             return None
+        if cmd_name != "serve":
+            signals.release()  # only serve takes over the signals caught early
         command: click.Command = importlib.import_module(module).command
         return command
 

@@ -1,7 +1,9 @@
 """``numa-device-plugin serve``: the device plugin daemon.
 
 Signals: SIGTERM and SIGINT stop it (orderly: streams closed, sockets removed),
-SIGHUP re-reads sysfs and re-registers (:meth:`PluginManager.reload`).
+SIGHUP re-reads sysfs and re-registers (:meth:`PluginManager.reload`). A stop signal
+that came before the event loop's handlers were installed (caught from the first
+moment: :mod:`numa_device_plugin.signals`) stops it as soon as they are.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from numa_device_plugin.memory import limit_malloc_arenas
 from numa_device_plugin.numamemory import MemoryUnitError
 from numa_device_plugin.probes import MAX_CONNECTIONS
 from numa_device_plugin.server import SocketPathError
+from numa_device_plugin.signals import STOP_SIGNALS, early_stop
 
 if TYPE_CHECKING:
     from numa_device_plugin.supervisor import Selector
@@ -183,9 +186,11 @@ async def serve(
 
         manager = ConfigSupervisor(select, make_manager, select_interval, check)
     servers = await _start_listeners(manager, metrics_address, health_address, render)
-    for signum in (signal.SIGTERM, signal.SIGINT):
+    for signum in STOP_SIGNALS:
         loop.add_signal_handler(signum, manager.stop)
     loop.add_signal_handler(signal.SIGHUP, manager.reload)
+    if early_stop() is not None:  # it came before these handlers (PID 1: never lost)
+        manager.stop()
     try:
         await manager.serve()
     finally:

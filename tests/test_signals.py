@@ -1,0 +1,118 @@
+"""Stop signals from the first moment: ``serve`` as PID 1 of a PID namespace (as in its
+container, where the kernel drops any signal PID 1 has no handler for) ends within 2 s
+of a SIGTERM sent 0.1 s, 0.5 s or 3 s after exec, and leaves no socket behind."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from numa_device_plugin import signals
+from numa_device_plugin.fake_sysfs import SysfsTree
+from numa_device_plugin.kubelet_standin import KubeletStandIn
+from tests.standin_helpers import REPO, serve_args
+
+
+def can_unshare() -> bool:
+    if shutil.which("unshare") is None:
+        return False
+    probe = subprocess.run(["unshare", "--pid", "--fork", "true"], capture_output=True)
+    return probe.returncode == 0
+
+
+pytestmark = pytest.mark.skipif(
+    not can_unshare(), reason="needs unshare --pid (root or user namespaces) to run PID 1"
+)
+
+
+def child_of(pid: int, timeout: float = 5.0) -> int:
+    """The one child of ``pid`` (unshare's forked command), once it exists."""
+    deadline = time.monotonic() + timeout
+    path = Path(f"/proc/{pid}/task/{pid}/children")
+    while time.monotonic() < deadline:
+        children = path.read_text().split()
+        if children:
+            return int(children[0])
+        time.sleep(0.005)
+    raise AssertionError(f"{pid} has no child")
+
+
+def pid_in_namespace(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("NSpid:"):
+            return int(line.split()[-1])
+    raise AssertionError("no NSpid")
+
+
+@pytest.mark.parametrize("after", [0.1, 0.5, 3.0])
+async def test_serve_as_pid_1_stops_on_sigterm_at_any_moment(
+    two_nodes: SysfsTree, sock_dir: Path, after: float
+) -> None:
+    log = sock_dir.parent / f"{sock_dir.name}.log"
+    async with KubeletStandIn(sock_dir) as kubelet:
+        env = dict(os.environ, PYTHONPATH=str(REPO))
+        with log.open("wb") as out:
+            started = time.monotonic()
+            unshare = subprocess.Popen(
+                ["unshare", "--pid", "--fork", *serve_args(two_nodes, sock_dir)],
+                env=env,
+                stderr=out,
+                stdin=subprocess.DEVNULL,
+            )
+        try:
+            plugin = await asyncio.to_thread(child_of, unshare.pid)
+            assert pid_in_namespace(plugin) == 1, "the plugin is PID 1 of its namespace"
+            await asyncio.sleep(max(0.0, after - (time.monotonic() - started)))
+            if after >= 3:
+                assert kubelet.live("numa-align/numa-0"), log.read_text()
+            os.kill(plugin, signal.SIGTERM)
+            sent = time.monotonic()
+            status = await asyncio.to_thread(unshare.wait, 10)
+            took = time.monotonic() - sent
+        finally:
+            if unshare.poll() is None:
+                unshare.kill()
+                unshare.wait(5)
+    text = log.read_text()
+    log.unlink()
+    assert took < 2.0, f"stopped {took:.2f} s after SIGTERM; its log:\n{text}"
+    assert status == 0, text
+    assert sorted(p.name for p in sock_dir.glob("*.sock")) == [], "no socket left behind"
+
+
+def test_a_stop_signal_caught_early_is_remembered_then_given_back(tmp_path: Path) -> None:
+    """In a child process: catch_early remembers SIGTERM (the process lives on), and
+    release delivers it again with its usual action."""
+    code = (
+        "import os, signal, sys\n"
+        "from numa_device_plugin import signals\n"
+        "signals.catch_early()\n"
+        "os.kill(os.getpid(), signal.SIGTERM)\n"
+        "assert signals.early_stop() == signal.SIGTERM\n"
+        "print('alive', flush=True)\n"
+        "signals.release()\n"
+        "print('not reached', flush=True)\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code],
+        env=dict(os.environ, PYTHONPATH=str(REPO)),
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert result.stdout == "alive\n"
+    assert result.returncode == -signal.SIGTERM
+
+
+def test_release_without_catch_early_changes_nothing() -> None:
+    before = signal.getsignal(signal.SIGTERM)
+    signals.release()
+    assert signal.getsignal(signal.SIGTERM) is before
