@@ -145,3 +145,30 @@ async def live_plugin(
     ):
         await wait_all_live(kubelet, names, timeout=20)
         yield kubelet, plugin, port
+
+
+def bounded_serve(monkeypatch: Any, seconds: float = 10.0) -> None:
+    """For bad-flag tests that must reach ``serve`` (a fault found at discovery): the
+    real ``serve`` under a deadline, so a flag wrongly accepted fails the test in
+    ``seconds`` (``main`` exits 1 on the TimeoutError) instead of serving until
+    pytest's timeout."""
+    from numa_device_plugin.cli import serve as serve_module
+
+    real = serve_module.serve
+
+    async def bounded(*args: Any, **kwargs: Any) -> int:
+        async with asyncio.timeout(seconds):
+            return await real(*args, **kwargs)
+
+    monkeypatch.setattr(serve_module, "serve", bounded)
+
+
+def never_serve(monkeypatch: Any) -> None:
+    """For bad-flag tests that fail before serving: ``serve`` replaced by a coroutine
+    that fails the test at once, so a flag wrongly accepted never serves."""
+    from numa_device_plugin.cli import serve as serve_module
+
+    async def refuse(*args: Any, **kwargs: Any) -> int:
+        raise AssertionError("serve was reached: the bad flag was accepted")
+
+    monkeypatch.setattr(serve_module, "serve", refuse)

@@ -16,7 +16,13 @@ from numa_device_plugin.cli import main
 from numa_device_plugin.devices import CPUS, HEALTHY, UNHEALTHY, build_resource
 from numa_device_plugin.fake_sysfs import SysfsTree
 from numa_device_plugin.kubelet_standin import KubeletStandIn
-from tests.standin_helpers import ServeProcess, eventually, serve_process, wait_all_live
+from tests.standin_helpers import (
+    ServeProcess,
+    eventually,
+    never_serve,
+    serve_process,
+    wait_all_live,
+)
 
 NODE1 = frozenset(range(4, 8))
 R1 = "numa-align/numa-1"
@@ -313,9 +319,16 @@ async def test_allow_unaligned_keeps_devices_healthy(two_nodes: SysfsTree, sock_
     ],
 )
 def test_bad_cpus_mode_flags_exit_2(
-    args: list[str], needle: str, capsys: pytest.CaptureFixture[str], sock_dir: Path
+    args: list[str],
+    needle: str,
+    capsys: pytest.CaptureFixture[str],
+    sock_dir: Path,
+    two_nodes: SysfsTree,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    assert main(["serve", "--socket-dir", str(sock_dir), *args]) == 2
+    never_serve(monkeypatch)
+    argv = ["serve", "--sysfs-root", str(two_nodes.root), "--socket-dir", str(sock_dir)]
+    assert main([*argv, *args]) == 2
     err = capsys.readouterr().err
     assert err.startswith("Usage: numa-device-plugin serve ")
     assert needle in err

@@ -22,6 +22,7 @@ from numa_device_plugin.numamemory import (
     MemoryUnitError,
     node_pools,
 )
+from tests.standin_helpers import bounded_serve
 
 MI = 1 << 20
 SCHEMA = (
@@ -60,9 +61,10 @@ def test_all_pools_together_are_capped(tmp_path: Path) -> None:
 
 
 def test_serve_exits_2_naming_the_flag_for_too_many_devices_in_all(
-    tmp_path: Path, sock_dir: Path, capsys: Any
+    tmp_path: Path, sock_dir: Path, capsys: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A bad flag fails at once: serve stops at discovery, before any socket."""
+    bounded_serve(monkeypatch)
     root = machine(tmp_path, 8, 5000 * MI)
     argv = ["serve", "--sysfs-root", str(root), "--socket-dir", str(sock_dir)]
     assert main([*argv, "--memory-unit", "1Mi"]) == 2

@@ -475,7 +475,10 @@ async def test_serve_without_access_to_the_node_stays_unready(
         (["--node-name", "n1"], "only applies with --config-file"),
         (["--kubeconfig", "k"], "only applies with --config-file"),
         (["--config-file", "c.yaml", "--node-name", "Node_1"], "is not a node name"),
-        (["--config-file", "c.yaml", "--node-name", "n1", "--node-config-interval", "0"], "0"),
+        (
+            ["--config-file", "c.yaml", "--node-name", "n1", "--node-config-interval", "0"],
+            "Invalid value for '--node-config-interval': '0' must be a positive number",
+        ),
     ],
 )
 def test_bad_per_node_flags_exit_2(
