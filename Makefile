@@ -5,7 +5,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 BIN    := $(VENV)/bin
 
-.PHONY: install run test test-e2e test-e2e-local kube-etcd helm lint proto bench attack soak image image-name push lock docker-build docker-push deploy undeploy clean
+.PHONY: install run test test-loaded test-e2e test-e2e-local kube-etcd helm lint proto bench attack soak image image-name push lock docker-build docker-push deploy undeploy clean
 
 install: $(VENV)/.installed
 
@@ -21,6 +21,12 @@ run: install
 ## test: the whole offline test suite
 test: install
 	$(BIN)/pytest -q
+
+## test-loaded: the load-sensitive test files RUNS times (5) with every core busy; prints
+## the rounds each file passed
+RUNS ?= 5
+test-loaded: install helm
+	$(PY) -m tests.loaded --runs $(RUNS)
 
 ## test-e2e: the end-to-end tests against $$KUBECONFIG (see test/infra/create-cluster.sh)
 test-e2e: install

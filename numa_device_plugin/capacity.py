@@ -27,7 +27,6 @@ a later outage it keeps passing the last answer.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from functools import cached_property, lru_cache
@@ -44,6 +43,7 @@ from numa_device_plugin.devices import (
     Device,
     Resource,
     cpu_device_id,
+    device_index,
 )
 
 # The label value of our own containers in numa_node_assigned_cpus{holder=...}.
@@ -288,20 +288,6 @@ def _held_ids(view: KubeletView | None, resource: str) -> set[str]:
         if ids:
             held.update(ids)
     return held
-
-
-# The ids the plugin makes: numa<node>-<tag><index> (devices.py, numamemory.py), ASCII.
-_DEVICE_ID = re.compile(r"numa([0-9]{1,6})-[a-z](?:[a-z0-9]*[a-z])?([0-9]{1,9})", re.ASCII)
-
-
-def device_index(device_id: str, node_id: int) -> int | None:
-    """The index at the end of one of NUMA node ``node_id``'s device ids
-    (``numa1-cpu0012`` -> 12, ``numa0-hp2m0003`` -> 3); None for any id this plugin
-    never makes for that node."""
-    match = _DEVICE_ID.fullmatch(device_id)
-    if match is None or int(match[1]) != node_id:
-        return None
-    return int(match[2])
 
 
 def _with_health(

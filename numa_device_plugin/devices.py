@@ -233,3 +233,17 @@ def build_resources(
         nodes = sum(1 for plan in plans_seen if plan.advertised)
         check_total_devices(sum(memory_devices), memory_unit, nodes)
     return resources
+
+
+# The ids the plugin makes: numa<node>-<tag><index> (devices.py, numamemory.py), ASCII.
+_DEVICE_ID = re.compile(r"numa([0-9]{1,6})-[a-z](?:[a-z0-9]*[a-z])?([0-9]{1,9})", re.ASCII)
+
+
+def device_index(device_id: str, node_id: int) -> int | None:
+    """The index at the end of one of NUMA node ``node_id``'s device ids
+    (``numa1-cpu0012`` -> 12, ``numa0-hp2m0003`` -> 3); None for any id this plugin
+    never makes for that node."""
+    match = _DEVICE_ID.fullmatch(device_id)
+    if match is None or int(match[1]) != node_id:
+        return None
+    return int(match[2])

@@ -13,12 +13,11 @@ import pytest
 from numa_device_plugin.capacity import (
     Holder,
     KubeletView,
-    device_index,
     foreign_devices,
     live_devices,
     live_memory_devices,
 )
-from numa_device_plugin.devices import CPUS, HEALTHY
+from numa_device_plugin.devices import CPUS, HEALTHY, device_index
 from tests.test_capacity import NODE1, R1
 from tests.test_numamemory import ALL, GI, M1, counts, machine, memory_mode
 

@@ -1,0 +1,117 @@
+"""``make test-loaded``: the load-sensitive test files, N rounds, with every core busy.
+
+A flaky test blocks CI, and CI blocks landing; the files here run real ``serve``
+processes, wait on timers or measure latency and memory, so they are the ones a busy
+machine breaks. This starts one busy loop per core (plain ``python -c 'while True:
+pass'`` processes, killed by their PIDs at the end, whatever happens), runs pytest
+over the files ``--runs`` times, and prints per file how many rounds it passed.
+
+Usage: python -m tests.loaded [--runs N] [--busy N] [FILE ...]
+Exit status: 0 when every file passed every round, 1 otherwise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import xml.etree.ElementTree as ElementTree
+from collections import Counter
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+
+# Files that run real serve processes, wait on timers or measure time and memory.
+LOAD_SENSITIVE = (
+    "tests/test_benchmarks.py",
+    "tests/test_bite.py",
+    "tests/test_bite3.py",
+    "tests/test_capacity.py",
+    "tests/test_configuration.py",
+    "tests/test_foreign_ids.py",
+    "tests/test_hardening.py",
+    "tests/test_kubelet_standin.py",
+    "tests/test_limits.py",
+    "tests/test_lockfile.py",
+    "tests/test_manager.py",
+    "tests/test_memory_sizing.py",
+    "tests/test_nodeconfig.py",
+    "tests/test_nodeconfig_hostile.py",
+    "tests/test_numamemory.py",
+    "tests/test_observability.py",
+    "tests/test_probes.py",
+    "tests/test_scrape_flood.py",
+    "tests/test_servicer.py",
+    "tests/test_signals.py",
+    "tests/test_status.py",
+)
+
+
+def failed_files(report: Path, files: list[str]) -> set[str]:
+    """Those of ``files`` with a failure or error in a JUnit ``report`` (pytest's
+    ``--junitxml``: a test's ``classname`` is its module, dotted, then its class)."""
+    modules = {file.removesuffix(".py").replace("/", "."): file for file in files}
+    failed: set[str] = set()
+    for case in ElementTree.parse(report).iter("testcase"):
+        if case.find("failure") is None and case.find("error") is None:
+            continue
+        name = case.get("classname", "")
+        for module, file in modules.items():
+            if name == module or name.startswith(module + "."):
+                failed.add(file)
+    return failed
+
+
+def busy_loops(count: int) -> list[subprocess.Popen[bytes]]:
+    return [
+        subprocess.Popen([sys.executable, "-c", "while True: pass"], stdin=subprocess.DEVNULL)
+        for _ in range(count)
+    ]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tests.loaded", description=__doc__)
+    parser.add_argument("--runs", type=int, default=5, help="rounds (5)")
+    parser.add_argument("--busy", type=int, default=os.cpu_count() or 2, help="busy loops")
+    parser.add_argument("files", nargs="*", default=list(LOAD_SENSITIVE))
+    args = parser.parse_args(argv)
+    passed: Counter[str] = Counter()
+    loops = busy_loops(args.busy)
+    print(f"busy loops: {' '.join(str(loop.pid) for loop in loops)}", flush=True)
+    try:
+        with tempfile.TemporaryDirectory(prefix="loaded-") as folder:
+            for round_ in range(1, args.runs + 1):
+                report = Path(folder) / f"round-{round_}.xml"
+                started = time.monotonic()
+                result = subprocess.run(
+                    [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                     f"--junitxml={report}", *args.files],
+                    cwd=REPO, capture_output=True, text=True,
+                )  # fmt: skip
+                failed = failed_files(report, args.files) if report.exists() else set(args.files)
+                for file in args.files:
+                    passed[file] += file not in failed
+                summary = result.stdout.strip().splitlines()[-1:] or ["(no output)"]
+                print(
+                    f"round {round_}/{args.runs}: {summary[0]} "
+                    f"({time.monotonic() - started:.0f} s)",
+                    flush=True,
+                )
+                if failed:
+                    print(result.stdout[-4000:], flush=True)
+    finally:
+        for loop in loops:
+            os.kill(loop.pid, signal.SIGKILL)
+            loop.wait()
+    print()
+    for file in args.files:
+        print(f"{passed[file]:>3}/{args.runs}  {file}")
+    return 0 if all(passed[file] == args.runs for file in args.files) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
