@@ -48,6 +48,7 @@ LOAD_SENSITIVE = (
     "tests/test_servicer.py",
     "tests/test_signals.py",
     "tests/test_status.py",
+    "tests/test_untested_paths.py",
 )
 
 
