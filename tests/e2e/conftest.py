@@ -149,6 +149,14 @@ class Platform:
         """SIGHUP: discover again and re-register."""
         raise NotImplementedError
 
+    def plugin_settings(self) -> Any:
+        """What :meth:`restart_plugin` changes, as it is now (for :meth:`restore_plugin`)."""
+        raise NotImplementedError
+
+    def restore_plugin(self, settings: Any) -> None:
+        """Restart the plugin with ``settings`` from :meth:`plugin_settings`, exactly."""
+        raise NotImplementedError
+
     def restart_kubelet(self, cpu_manager: str | None = None) -> None:
         """Kill the kubelet (SIGKILL where possible) and start it again, with the CPU
         manager policy ``cpu_manager`` when given."""
@@ -258,6 +266,12 @@ class LocalPlatform(Platform):
 
     def reload_plugin(self) -> None:
         os.kill(self._pid("plugin"), signal.SIGHUP)
+
+    def plugin_settings(self) -> Any:
+        return self.plugin_argv
+
+    def restore_plugin(self, settings: Any) -> None:
+        self.start_plugin_with(list(settings))
 
     def start_plugin_with(self, argv: list[str], ready: bool = True) -> None:
         """Stop the plugin and start ``argv`` in its place (``plugin_argv`` gives the
@@ -436,6 +450,38 @@ class KvmPlatform(Platform):
     def reload_plugin(self) -> None:
         self._exec(["python", "-c", "import os, signal; os.kill(1, signal.SIGHUP)"])
 
+    def plugin_settings(self) -> Any:
+        """The DaemonSet's container env (a list of dicts, or None), which
+        :meth:`restart_plugin` patches."""
+        daemonset = self.apps.read_namespaced_daemon_set(PLUGIN, NAMESPACE)
+        (container,) = [c for c in daemonset.spec.template.spec.containers if c.name == PLUGIN]
+        return (
+            None
+            if container.env is None
+            else [self.apps.api_client.sanitize_for_serialization(e) for e in container.env]
+        )
+
+    def restore_plugin(self, settings: Any) -> None:
+        """Put the container's env back exactly (a JSON patch replaces the list, where a
+        strategic merge would keep the NUMA_CAPACITY added), then restart the pod."""
+        daemonset = self.apps.read_namespaced_daemon_set(PLUGIN, NAMESPACE)
+        names = [c.name for c in daemonset.spec.template.spec.containers]
+        path = f"/spec/template/spec/containers/{names.index(PLUGIN)}/env"
+        operation = (
+            {"op": "remove", "path": path}
+            if settings is None
+            else {"op": "replace", "path": path, "value": settings}
+        )
+        self.apps.api_client.call_api(
+            f"/apis/apps/v1/namespaces/{NAMESPACE}/daemonsets/{PLUGIN}",
+            "PATCH",
+            header_params={"Content-Type": "application/json-patch+json"},
+            body=[operation],
+            auth_settings=["BearerToken"],
+            response_type="object",
+        )
+        self.restart_plugin()
+
     def restart_kubelet(self, cpu_manager: str | None = None) -> None:
         if cpu_manager is not None:
             pytest.skip("the KVM cluster's kubelet configuration is fixed by test/infra")
@@ -521,13 +567,15 @@ def namespace(platform: Platform) -> Iterator[str]:
 @pytest.fixture
 def plugin_mode(platform: Platform) -> Iterator[Callable[[str], None]]:
     """``plugin_mode("cpus")`` restarts the plugin with that capacity; the test's end
-    restores slots (100)."""
-    changed = []
+    restores exactly the settings it found (the KVM DaemonSet's env without the
+    ``NUMA_CAPACITY`` the switch added, so the ConfigMap decides again)."""
+    saved: list[Any] = []
 
     def switch(capacity: str) -> None:
+        if not saved:
+            saved.append(platform.plugin_settings())
         platform.restart_plugin(capacity)
-        changed.append(capacity)
 
     yield switch
-    if changed:
-        platform.restart_plugin("100")
+    if saved:
+        platform.restore_plugin(saved[0])
