@@ -417,3 +417,84 @@ def test_the_orphan_reaper_leaves_the_harness_children_their_exit_status() -> No
         stop.set()
         reaper.join(timeout=10)
     assert orphan.wait(timeout=5) == 0, "reaped by the reaper: its status is gone"
+
+
+# --- Kubernetes versions and the guest's /tmp ---------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "version"),
+    [
+        ("Kubernetes v1.28.7\n", (1, 28, 7)),
+        ("Kubernetes v1.36.2-rc.0+abc\n", (1, 36, 2)),
+    ],
+)
+def test_kubelet_versions_parse(text: str, version: tuple[int, int, int]) -> None:
+    assert render.parse_kube_version(text) == version
+
+
+@pytest.mark.parametrize("text", ["Kubernetes v0.0.0-master+$Format:%H$", "", "kubelet"])
+def test_a_binary_without_its_version_is_refused(text: str) -> None:
+    with pytest.raises(ValueError, match="no Kubernetes version"):
+        render.parse_kube_version(text)
+
+
+@pytest.mark.parametrize(
+    ("version", "problem"),
+    [((1, 27, 9), True), ((1, 28, 0), False), ((1, 32, 6), False), ((1, 36, 2), False),
+     ((1, 37, 0), True)],
+)  # fmt: skip
+def test_supported_versions_are_1_28_to_1_36(version: tuple[int, int, int], problem: bool) -> None:
+    found = render.version_problem(version)
+    assert (found is not None) == problem
+    if found:
+        assert "outside what the harness supports (v1.28 to v1.36)" in found
+
+
+@pytest.mark.parametrize(
+    ("version", "cgroup_v1", "field"),
+    [((1, 36, 2), True, False), ((1, 35, 0), True, False), ((1, 36, 2), False, None),
+     ((1, 34, 2), True, None), ((1, 28, 7), True, None)],
+)  # fmt: skip
+def test_fail_cgroup_v1_is_rendered_only_where_the_kubelet_needs_it(
+    version: tuple[int, int, int], cgroup_v1: bool, field: bool | None
+) -> None:
+    value = render.fail_cgroup_v1(version, cgroup_v1)
+    assert value is field
+    settings = render.KubeletSettings("n", 1, Path("/c.sock"), fail_cgroup_v1=value)
+    config = render.kubelet_config(settings)
+    if field is None:
+        assert "failCgroupV1" not in config
+    else:
+        assert config["failCgroupV1"] is False
+
+
+def test_the_host_cgroup_version_is_read_from_the_mounts() -> None:
+    v2 = "cgroup2 /sys/fs/cgroup cgroup2 rw,nosuid 0 0\n"
+    v1 = "tmpfs /sys/fs/cgroup tmpfs ro 0 0\ncgroup /sys/fs/cgroup/cpu cgroup rw,cpu 0 0\n"
+    assert not cluster.host_cgroup_v1(v2)
+    assert cluster.host_cgroup_v1(v1)
+
+
+def test_an_unsupported_kubelet_is_named_before_anything_runs(tmp_path: Path) -> None:
+    bins = fake_bins(tmp_path / "bin", cluster.KUBE_BINARIES)
+    (bins / "kubelet").write_text("#!/bin/sh\necho Kubernetes v1.27.16\n")
+    lines = cluster.missing_requirements(bins, vm=False, is_root=True)
+    assert "Kubernetes v1.27.16 is outside what the harness supports (v1.28 to v1.36)" in lines
+    (bins / "kubelet").write_text("#!/bin/sh\necho Kubernetes v1.36.2\n")
+    assert not any("Kubernetes" in line for line in cluster.missing_requirements(
+        bins, vm=False, is_root=True))  # fmt: skip
+
+
+def test_host_paths_under_tmp_are_bound_into_the_guests_tmp() -> None:
+    """A KUBE_BIN_DIR (or checkout, or venv) under the host's /tmp was invisible in the
+    guest, whose /tmp is a tmpfs of its own."""
+    kept = render.kept_tmp_paths(
+        [Path("/tmp/k8s/bin"), Path("/tmp/k8s"), Path("/work/main"), Path("/tmp/co/.venv"),
+         Path("/tmpfoo/x"), Path("/tmp/co/.venv/../.venv")]
+    )  # fmt: skip
+    assert kept == ["/tmp/co/.venv", "/tmp/k8s"]
+    script = (REPO / "test/local/guest-init.sh").read_text()
+    tmpfs = script.index("mount -t tmpfs -o size=50% tmpfs /tmp")
+    assert script.index("mount --bind /tmp /host-tmp") < tmpfs
+    assert tmpfs < script.index('mount --bind "/host-tmp/${kept#/tmp/}" "$kept"')

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import json
 import os
 import re
@@ -102,6 +103,13 @@ def missing_requirements(bin_dir: Path | None, vm: bool, is_root: bool) -> list[
         for name in KUBE_BINARIES:
             if not os.access(bin_dir / name, os.X_OK):
                 lines.append(f"{bin_dir / name}: no such executable (KUBE_BIN_DIR={bin_dir})")
+        if os.access(bin_dir / "kubelet", os.X_OK):
+            try:
+                problem = render.version_problem(kube_version(bin_dir))
+            except (ValueError, OSError, subprocess.SubprocessError) as exc:
+                problem = f"{bin_dir / 'kubelet'} --version: {exc}"
+            if problem is not None:
+                lines.append(problem)
     tools = dict(HOST_TOOLS, **(VM_TOOLS if vm else {}))
     for program, package in tools.items():
         if shutil.which(program) is None:
@@ -111,6 +119,24 @@ def missing_requirements(bin_dir: Path | None, vm: bool, is_root: bool) -> list[
     if not is_root:
         lines.append("root: the cluster needs root (namespaces, cgroups, containerd)")
     return lines
+
+
+def kube_version(bin_dir: Path) -> tuple[int, int, int]:
+    """The version ``kubelet --version`` reports. Raises ValueError, OSError."""
+    text = subprocess.run(
+        [str(bin_dir / "kubelet"), "--version"], capture_output=True, text=True, timeout=60
+    ).stdout
+    return render.parse_kube_version(text)
+
+
+def host_cgroup_v1(mounts: str | None = None) -> bool:
+    """True when ``/sys/fs/cgroup`` is not the unified cgroup v2 hierarchy (``mounts``:
+    the text of /proc/mounts)."""
+    text = Path("/proc/mounts").read_text() if mounts is None else mounts
+    return not any(
+        fields[1:3] == ["/sys/fs/cgroup", "cgroup2"]
+        for fields in (line.split() for line in text.splitlines())
+    )
 
 
 def _file_kind(path: Path) -> bytes:
@@ -233,6 +259,11 @@ class Cluster:
             for name in ("etcd", "etcd_peer", "apiserver", "kubelet", "metrics", "health")
         }
 
+    @functools.cached_property
+    def version(self) -> tuple[int, int, int]:
+        """The binaries' Kubernetes version (``kubelet --version``)."""
+        return kube_version(self.bins)
+
     def bind_fixed_paths(self) -> None:
         """Bind a work-folder copy over each fixed path (the mount namespace is private)."""
         for target in hoststate.FIXED_PATHS:
@@ -323,6 +354,7 @@ class Cluster:
 
     def kubelet_settings(self, cpu_manager: str = "static") -> render.KubeletSettings:
         return render.KubeletSettings(
+            fail_cgroup_v1=render.fail_cgroup_v1(self.version, host_cgroup_v1()),
             node_name=self.spec.node,
             port=self.ports["kubelet"],
             runtime_socket=self.work / "containerd" / "containerd.sock",
@@ -390,6 +422,8 @@ class Cluster:
             "health": f"127.0.0.1:{self.ports['health']}",
             "kubelet_config": str(self.work / "kubelet.json"),
             "kubelet_root": "/var/lib/kubelet",
+            # The tests compare behaviour that differs by version (pod resources List).
+            "kubernetes_version": ".".join(map(str, self.version)),
             "processes": {k: asdict(v) for k, v in self.processes.described.items()},
         }
 
@@ -624,7 +658,13 @@ def run_vm(spec: Spec, shape: render.GuestShape, timeout: float) -> int:
     )
     (results / "spec.json").write_text(json.dumps(asdict(guest_spec)))
     script = Path(__file__).resolve().parent / "guest-init.sh"
-    command = f"/bin/bash {script} {spec.python} {Path(__file__).resolve()} /ndp-results"
+    # The guest's /tmp is its own tmpfs: what the run needs from the host's /tmp (the
+    # binaries, the checkout, the venv) is bound back at the same paths.
+    kept = render.kept_tmp_paths([Path(spec.bin_dir), REPO, Path(spec.python).parents[1]])
+    command = " ".join(
+        ["/bin/bash", str(script), spec.python, str(Path(__file__).resolve()), "/ndp-results",
+         *kept]
+    )  # fmt: skip
     initrd = spec.path / "initrd.cpio"
     initrd.write_bytes(initramfs(modules, command))
     argv = render.qemu_argv(

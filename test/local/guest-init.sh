@@ -1,9 +1,13 @@
 #!/bin/bash
 # The qemu guest's first program after switch_root (test/local/render.py's /init runs it):
 # mount what a Linux system needs, run the cluster and its tests, write the exit status
-# into the results share, and power off. Usage: guest-init.sh PYTHON CLUSTER_PY RESULTS
+# into the results share, and power off.
+# Usage: guest-init.sh PYTHON CLUSTER_PY RESULTS [HOST_TMP_PATH ...]
+# Each HOST_TMP_PATH (under /tmp: the binaries, the checkout, the venv) is bound from the
+# host's /tmp into the guest's own /tmp at the same place.
 set -u
 python=$1 cluster=$2 results=$3
+shift 3
 mount -t proc proc /proc
 mount -t sysfs sysfs /sys
 mount -t cgroup2 cgroup2 /sys/fs/cgroup
@@ -11,7 +15,13 @@ mkdir -p /dev/pts /dev/shm
 mount -t devpts devpts /dev/pts
 mount -t tmpfs tmpfs /dev/shm
 # containerd's overlay snapshots cannot sit on the root's overlay: /tmp and /run are tmpfs.
+mkdir -p /host-tmp
+mount --bind /tmp /host-tmp
 mount -t tmpfs -o size=50% tmpfs /tmp
+for kept in "$@"; do
+  mkdir -p "$kept"
+  mount --bind "/host-tmp/${kept#/tmp/}" "$kept"
+done
 mount -t tmpfs tmpfs /run
 ln -sf /proc/self/fd /dev/fd
 ip link set lo up

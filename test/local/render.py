@@ -12,6 +12,8 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import os
+import re
 import tarfile
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -67,6 +69,9 @@ class KubeletSettings:
     eviction_memory_bytes: int = 100 * 2**20
     reserved_memory: tuple[tuple[int, int], ...] = ()
     status_update_seconds: int = 5
+    # Kubernetes 1.35+ on a cgroup v1 host: False lets the kubelet run (it refuses by
+    # default); None leaves the field out (older kubelets do not know it).
+    fail_cgroup_v1: bool | None = None
 
 
 def kubelet_config(settings: KubeletSettings) -> dict[str, Any]:
@@ -105,12 +110,46 @@ def kubelet_config(settings: KubeletSettings) -> dict[str, Any]:
             "nodefs.inodesFree": "1%",
         },
     }
+    if settings.fail_cgroup_v1 is not None:
+        config["failCgroupV1"] = settings.fail_cgroup_v1
     if settings.memory_manager == "Static":
         config["reservedMemory"] = [
             {"numaNode": node, "limits": {"memory": f"{size // 2**20}Mi"}}
             for node, size in settings.reserved_memory
         ]
     return config
+
+
+# The Kubernetes minor versions the harness was run with (1.28 and 1.32-1.36 built here).
+SUPPORTED_VERSIONS = ((1, 28), (1, 36))
+
+
+def parse_kube_version(text: str) -> tuple[int, int, int]:
+    """``Kubernetes v1.36.2`` (``kubelet --version``) -> (1, 36, 2). Raises ValueError
+    for anything else (a binary built without its version reports v0.0.0)."""
+    match = re.search(r"\bv(\d+)\.(\d+)\.(\d+)", text)
+    if match is None or match.groups() == ("0", "0", "0"):
+        raise ValueError(f"no Kubernetes version in {text.strip()[:80]!r}")
+    return int(match[1]), int(match[2]), int(match[3])
+
+
+def version_problem(version: tuple[int, int, int]) -> str | None:
+    """Why the harness does not run binaries of ``version``, or None."""
+    low, high = SUPPORTED_VERSIONS
+    if not low <= version[:2] <= high:
+        shown = ".".join(map(str, version))
+        return (f"Kubernetes v{shown} is outside what the harness supports "
+                f"(v{low[0]}.{low[1]} to v{high[0]}.{high[1]})")  # fmt: skip
+    return None
+
+
+def fail_cgroup_v1(version: tuple[int, int, int], cgroup_v1: bool) -> bool | None:
+    """The kubelet's ``failCgroupV1`` for ``version`` on a host that is (``cgroup_v1``)
+    or is not on cgroup v1: from 1.35 the kubelet refuses cgroup v1 unless it is
+    False; before 1.31 the field does not exist (None: left out)."""
+    if version[:2] >= (1, 35) and cgroup_v1:
+        return False
+    return None
 
 
 def containerd_config(work: Path, pause_image: str = PAUSE_IMAGE) -> str:
@@ -344,6 +383,19 @@ def qemu_argv(
             if a != b:
                 argv += ["-numa", f"dist,src={a},dst={b},val={shape.distance(a, b)}"]
     return argv
+
+
+def kept_tmp_paths(paths: Iterable[Path]) -> list[str]:
+    """Those of ``paths`` under ``/tmp`` that the guest must see at the same place
+    (its ``/tmp`` is a tmpfs of its own: guest-init.sh binds these back from the host's
+    ``/tmp``), without one inside another, sorted."""
+    tmp = Path("/tmp")
+    under = sorted({Path(os.path.normpath(p)) for p in paths if tmp in Path(p).parents})
+    kept: list[Path] = []
+    for path in under:
+        if not any(parent in path.parents for parent in kept):
+            kept.append(path)
+    return [str(path) for path in kept]
 
 
 def guest_init_script(command: str) -> str:
