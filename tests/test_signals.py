@@ -67,6 +67,7 @@ async def test_serve_as_pid_1_stops_on_sigterm_at_any_moment(
                 stderr=out,
                 stdin=subprocess.DEVNULL,
             )
+        plugin = 0
         try:
             plugin = await asyncio.to_thread(child_of, unshare.pid)
             assert pid_in_namespace(plugin) == 1, "the plugin is PID 1 of its namespace"
@@ -78,9 +79,13 @@ async def test_serve_as_pid_1_stops_on_sigterm_at_any_moment(
             status = await asyncio.to_thread(unshare.wait, 10)
             took = time.monotonic() - sent
         finally:
+            # SIGKILL reaches a namespace's PID 1 from outside; killing unshare alone
+            # would leave the plugin running.
+            if plugin and Path(f"/proc/{plugin}").exists():
+                os.kill(plugin, signal.SIGKILL)
             if unshare.poll() is None:
                 unshare.kill()
-                unshare.wait(5)
+            unshare.wait(5)
     text = log.read_text()
     log.unlink()
     assert took < 2.0, f"stopped {took:.2f} s after SIGTERM; its log:\n{text}"

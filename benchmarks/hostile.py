@@ -1,0 +1,191 @@
+"""Figures of a real ``serve`` under hostile input: a ``/metrics`` flood, readers that
+never read, a YAML alias bomb as the per-node configuration file, and a silent API
+server. Prints probe latencies, RSS and the time a SIGTERM takes; asserts nothing
+(the tests assert behaviour: tests/test_scrape_flood.py, tests/test_nodeconfig_hostile.py).
+
+Usage: python -m benchmarks.hostile [--scrapers 32] [--seconds 10] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import socket
+import sys
+import tempfile
+import threading
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+from benchmarks.harness import free_port, machine_info, percentile
+from numa_device_plugin.fake_sysfs import build_machine
+from tests.apiserver_stub import Raw, node_api
+from tests.standin_helpers import ServeProcess, serve_process
+from tests.test_nodeconfig_hostile import BOMB
+
+MB = 1024 * 1024
+
+
+def get(port: int, path: str) -> tuple[int, float]:
+    started = time.monotonic()
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=30) as answer:
+            answer.read()
+            return answer.status, time.monotonic() - started
+    except urllib.error.HTTPError as error:
+        return error.code, time.monotonic() - started
+    except OSError:
+        return 0, time.monotonic() - started
+
+
+def rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+async def until(predicate: Any, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while not await asyncio.to_thread(predicate):
+        if time.monotonic() > deadline:
+            raise RuntimeError("timed out")
+        await asyncio.sleep(0.2)
+
+
+async def sigterm_seconds(plugin: ServeProcess) -> float:
+    started = time.monotonic()
+    plugin.process.send_signal(signal.SIGTERM)
+    await plugin.wait_exit(120)
+    return time.monotonic() - started
+
+
+def latencies(ports: tuple[int, ...], seconds: float) -> list[float]:
+    seen: list[float] = []
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        for port in ports:
+            for path in ("/healthz", "/readyz"):
+                seen.append(get(port, path)[1])
+        time.sleep(0.05)
+    return seen
+
+
+def summary(seen: list[float]) -> dict[str, float]:
+    return {
+        "probes": len(seen),
+        "p50_ms": percentile(seen, 0.5) * 1000,
+        "p99_ms": percentile(seen, 0.99) * 1000,
+        "max_ms": max(seen) * 1000,
+        "over_1s": sum(1 for s in seen if s >= 1.0),
+    }
+
+
+async def flood(folder: Path, scrapers: int, seconds: float) -> dict[str, Any]:
+    tree = build_machine(folder / "sys", nodes=64, cpus_per_node=2)
+    metrics, health = free_port(), free_port()
+    flags = ("--metrics-address", f"127.0.0.1:{metrics}", "--health-address",
+             f"127.0.0.1:{health}", "--memory-unit", "16Mi")  # fmt: skip
+    figures: dict[str, Any] = {}
+    async with serve_process(tree, folder / "dp", *flags) as plugin:
+        await until(lambda: get(metrics, "/metrics")[0] == 200, 120)
+        figures["rss_before_mb"] = rss_mb(plugin.pid)
+        stop = time.monotonic() + seconds
+        answers: list[int] = []
+
+        def scrape() -> None:
+            while time.monotonic() < stop:
+                answers.append(get(metrics, "/metrics")[0])
+
+        threads = [threading.Thread(target=scrape) for _ in range(scrapers)]
+        for thread in threads:
+            thread.start()
+        seen = await asyncio.to_thread(latencies, (metrics, health), seconds - 1)
+        figures["rss_during_mb"] = rss_mb(plugin.pid)
+        for thread in threads:
+            thread.join()
+        figures["scrapers"] = scrapers
+        figures["scrapes"] = {str(code): answers.count(code) for code in sorted(set(answers))}
+        figures["probes_during_flood"] = summary(seen)
+
+        # Readers that never read: 50 new /metrics connections a second.
+        idle: list[socket.socket] = []
+        stop = time.monotonic() + seconds
+
+        def open_idle() -> None:
+            while time.monotonic() < stop:
+                for _ in range(50):
+                    client = socket.create_connection(("127.0.0.1", metrics))
+                    client.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+                    client.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+                    idle.append(client)
+                time.sleep(1.0)
+
+        opener = threading.Thread(target=open_idle)
+        opener.start()
+        seen = await asyncio.to_thread(latencies, (metrics, health), seconds - 1)
+        figures["rss_during_idle_readers_mb"] = rss_mb(plugin.pid)
+        opener.join()
+        for client in idle:
+            client.close()
+        await asyncio.sleep(8)  # past the write timeout
+        figures["idle_readers"] = len(idle)
+        figures["probes_during_idle_readers"] = summary(seen)
+        figures["rss_after_mb"] = rss_mb(plugin.pid)
+        figures["sigterm_s"] = await sigterm_seconds(plugin)
+    return figures
+
+
+async def bomb(folder: Path) -> dict[str, Any]:
+    tree = build_machine(folder / "sys", nodes=2, cpus_per_node=2)
+    health = free_port()
+    path = folder / "configs.yaml"
+    path.write_text(BOMB)
+    figures: dict[str, Any] = {"file_bytes": len(BOMB)}
+    with node_api("n1", folder, {}) as (api, kubeconfig):
+        flags = ("--config-file", str(path), "--node-name", "n1", "--kubeconfig",
+                 str(kubeconfig), "--health-address", f"127.0.0.1:{health}",
+                 "--node-config-interval", "0.2")  # fmt: skip
+        async with serve_process(tree, folder / "dp", *flags) as plugin:
+            await until(lambda: get(health, "/readyz")[0] == 503, 60)
+            await asyncio.sleep(2)  # ten looks at the bomb
+            figures["rss_with_bomb_mb"] = rss_mb(plugin.pid)
+            figures["sigterm_with_bomb_s"] = await sigterm_seconds(plugin)
+            figures["log_bytes"] = len(plugin.log())
+        path.write_text("configs: {a: {}}\ndefault: a\n")
+        api.raw = Raw(silent=True)
+        async with serve_process(tree, folder / "dp2", *flags) as plugin:
+            await until(lambda: api.reads > 0, 60)
+            await asyncio.sleep(1)
+            figures["sigterm_while_api_silent_s"] = await sigterm_seconds(plugin)
+    return figures
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.hostile", description=__doc__)
+    parser.add_argument("--scrapers", type=int, default=32)
+    parser.add_argument("--seconds", type=float, default=10.0)
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args(argv)
+    with tempfile.TemporaryDirectory(prefix="ndph-", dir="/tmp") as folder:
+        root = Path(folder)
+        (root / "a").mkdir()
+        (root / "b").mkdir()
+        document = {
+            "machine": machine_info(),
+            "load": os.getloadavg()[0],
+            "metrics_flood": asyncio.run(flood(root / "a", args.scrapers, args.seconds)),
+            "yaml_bomb_and_silent_api": asyncio.run(bomb(root / "b")),
+        }
+    print(json.dumps(document, indent=2) if args.json else json.dumps(document, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
