@@ -31,6 +31,8 @@ import socket
 import stat
 from pathlib import Path
 
+from numa_device_plugin.sysfs import file_kind
+
 LOCK_DIR_NAME = ".numa-device-plugin"
 LOCK_FILE_NAME = "lock"
 # Bytes of the holder's line that are read (it writes about 40).
@@ -57,7 +59,9 @@ def _open_in_folder(folder: Path, name: str, flags: int, mode: int = 0o644) -> i
     try:
         kind = os.fstat(fd).st_mode
         if not stat.S_ISREG(kind):
-            raise OSError(errno.EINVAL, f"not a regular file ({_kind(kind)})", str(folder / name))
+            raise OSError(
+                errno.EINVAL, f"not a regular file ({file_kind(kind)})", str(folder / name)
+            )
     except BaseException:
         os.close(fd)
         raise
@@ -70,19 +74,6 @@ def _named(exc: OSError, path: Path) -> OSError:
     if exc.errno == errno.ELOOP or (exc.errno == errno.ENOTDIR and path.is_symlink()):
         return OSError(exc.errno, "a symbolic link: refused, never followed", str(path))
     return type(exc)(exc.errno, exc.strerror, str(path))
-
-
-def _kind(mode: int) -> str:
-    for test, name in (
-        (stat.S_ISDIR, "a folder"),
-        (stat.S_ISFIFO, "a FIFO"),
-        (stat.S_ISSOCK, "a socket"),
-        (stat.S_ISCHR, "a character device"),
-        (stat.S_ISBLK, "a block device"),
-    ):
-        if test(mode):
-            return name
-    return "not a regular file"
 
 
 class InstanceLock:

@@ -64,7 +64,9 @@ class SysfsFormatError(SysfsError):
         super().__init__(f"malformed sysfs file {path}: {reason} (content: {shown!r})")
 
 
-def _file_kind(mode: int) -> str:
+def file_kind(mode: int) -> str:
+    """What a file of ``st_mode`` ``mode`` is, when not a regular file: ``a folder``,
+    ``a FIFO``, ``a socket``, ``a character device``, ``a block device``."""
     for test, kind in (
         (stat.S_ISDIR, "a folder"),
         (stat.S_ISFIFO, "a FIFO"),
@@ -97,7 +99,7 @@ def read_text(path: Path) -> str | None:
     try:
         mode = os.fstat(fd).st_mode
         if not stat.S_ISREG(mode):
-            raise SysfsFormatError(path, "", f"{_file_kind(mode)}, not a regular file")
+            raise SysfsFormatError(path, "", f"{file_kind(mode)}, not a regular file")
         raw = os.read(fd, MAX_FILE_BYTES + 1)
     except OSError as exc:
         raise SysfsError(f"cannot read sysfs file {path}: {exc.strerror or exc}") from exc
