@@ -1,6 +1,12 @@
-"""Stop signals from the first moment: ``serve`` as PID 1 of a PID namespace (as in its
-container, where the kernel drops any signal PID 1 has no handler for) ends within 2 s
-of a SIGTERM sent 0.1 s, 0.5 s or 3 s after exec, and leaves no socket behind."""
+"""Stop signals from the first moment, in a PID namespace as in the container (the
+kernel drops any signal its PID 1 has no handler for):
+
+- the image's entrypoint, ``dumb-init -- numa-device-plugin serve``: a SIGTERM to PID 1
+  0.1 s, 0.5 s or 3 s after exec ends the plugin within 2 s and leaves no socket;
+- the plugin itself as PID 1 (a container run without the image's entrypoint): the same
+  0.5 s and 3 s after exec. Before the interpreter reaches the entry point (~30 ms on a
+  quiet machine, a few hundred under load) nothing can catch a signal; that window is
+  why the image runs dumb-init."""
 
 from __future__ import annotations
 
@@ -52,17 +58,27 @@ def pid_in_namespace(pid: int) -> int:
     raise AssertionError("no NSpid")
 
 
-@pytest.mark.parametrize("after", [0.1, 0.5, 3.0])
-async def test_serve_as_pid_1_stops_on_sigterm_at_any_moment(
-    two_nodes: SysfsTree, sock_dir: Path, after: float
+DUMB_INIT = Path(sys.executable).parent / "dumb-init"
+
+
+@pytest.mark.parametrize(
+    ("entrypoint", "after"),
+    [("dumb-init", 0.1), ("dumb-init", 0.5), ("dumb-init", 3.0), ("plugin", 0.5),
+     ("plugin", 3.0)],
+)  # fmt: skip
+async def test_pid_1_stops_on_sigterm_at_any_moment(
+    two_nodes: SysfsTree, sock_dir: Path, entrypoint: str, after: float
 ) -> None:
+    init = [str(DUMB_INIT), "--"] if entrypoint == "dumb-init" else []
+    if init and not DUMB_INIT.is_file():
+        pytest.fail(f"{DUMB_INIT} is missing: `make install` installs dumb-init (dev)")
     log = sock_dir.parent / f"{sock_dir.name}.log"
     async with KubeletStandIn(sock_dir) as kubelet:
         env = dict(os.environ, PYTHONPATH=str(REPO))
         with log.open("wb") as out:
             started = time.monotonic()
             unshare = subprocess.Popen(
-                ["unshare", "--pid", "--fork", *serve_args(two_nodes, sock_dir)],
+                ["unshare", "--pid", "--fork", *init, *serve_args(two_nodes, sock_dir)],
                 env=env,
                 stderr=out,
                 stdin=subprocess.DEVNULL,
@@ -89,7 +105,9 @@ async def test_serve_as_pid_1_stops_on_sigterm_at_any_moment(
     text = log.read_text()
     log.unlink()
     assert took < 2.0, f"stopped {took:.2f} s after SIGTERM; its log:\n{text}"
-    assert status == 0, text
+    # dumb-init exits as its child did: 0 after an orderly stop, 143 (128 + SIGTERM) when
+    # the signal came before the plugin's handler (then nothing was served yet).
+    assert status in ((0, 128 + signal.SIGTERM) if init else (0,)), text
     assert sorted(p.name for p in sock_dir.glob("*.sock")) == [], "no socket left behind"
 
 
