@@ -45,6 +45,7 @@ from pathlib import Path
 
 import hoststate
 import render
+import shipped
 
 REPO = Path(__file__).resolve().parents[2]
 KUBE_BINARIES = ("kubelet", "kube-apiserver", "kube-scheduler", "etcd")
@@ -56,7 +57,13 @@ HOST_TOOLS = {  # program: the Debian package that has it
     "unshare": "util-linux",
     "openssl": "openssl",
 }
-VM_TOOLS = {"qemu-system-x86_64": "qemu-system-x86", "apt-get": "apt", "dpkg-deb": "dpkg"}
+VM_TOOLS = {
+    "qemu-system-x86_64": "qemu-system-x86",
+    "apt-get": "apt",
+    "dpkg-deb": "dpkg",
+    "depmod": "kmod",
+    "modprobe": "kmod",
+}
 BUSYBOX = Path("/bin/busybox")  # Debian's busybox-static: a complete, static image
 NODE_NAME = "numa-e2e"
 # The kubelet's hard eviction threshold (memory.available), the default of KubeletSettings.
@@ -85,6 +92,19 @@ class Spec:
     disposable_kernel: bool = False
     results: str = ""
     memory_manager: str = "None"
+    # process: the checkout's plugin as a process; kustomize, helm: the image from the
+    # registry, installed with the README's command (:mod:`shipped`).
+    plugin: str = "process"
+    # The registry's storage, filled by ``make push`` before the cluster starts.
+    registry_storage: str = ""
+    helm: str = ""
+    # The guest kernel's modules (depmod run), bound at /lib/modules/<version> in the guest.
+    guest_modules: str = ""
+
+    @property
+    def shipped(self) -> bool:
+        """True when the plugin is the image (kustomize or helm)."""
+        return self.plugin != "process"
 
     @property
     def path(self) -> Path:
@@ -273,12 +293,18 @@ class Cluster:
             subprocess.run(["mount", "--bind", str(source), str(target)], check=True)
 
     def up(self) -> None:
+        if self.spec.shipped:
+            self.private_network()
         self.bind_fixed_paths()
         started = time.monotonic()
-        for step in (
-            self._etcd, self._apiserver, self._scheduler, self._containerd, self._kubelet,
-            self._plugin,
-        ):  # fmt: skip
+        steps = (
+            [self._etcd, self._apiserver, self._controller_manager, self._scheduler,
+             self._registry, self._containerd, self._kubelet, self._install]
+            if self.spec.shipped
+            else [self._etcd, self._apiserver, self._scheduler, self._containerd,
+                  self._kubelet, self._plugin]
+        )  # fmt: skip
+        for step in steps:
             step()
             log(f"{step.__name__[1:]} ready at {time.monotonic() - started:.0f} s")
 
@@ -304,16 +330,13 @@ class Cluster:
         self.processes.start("kube-apiserver", [
             str(self.bins / "kube-apiserver"),
             "--etcd-servers", f"http://127.0.0.1:{self.ports['etcd']}",
-            "--bind-address", "127.0.0.1", "--advertise-address", "127.0.0.1",
+            *self.apiserver_network(),
             "--secure-port", str(port),
             "--cert-dir", str(pki), "--token-auth-file", str(pki / "tokens.csv"),
             "--service-account-issuer", "https://kubernetes.default.svc.cluster.local",
             "--service-account-key-file", str(key),
             "--service-account-signing-key-file", str(key),
-            "--service-cluster-ip-range", "10.96.0.0/24",
-            # No controller manager: no "default" ServiceAccount, so no ServiceAccount
-            # admission; test pods set automountServiceAccountToken: false.
-            "--disable-admission-plugins", "ServiceAccount",
+            "--service-cluster-ip-range", shipped.SERVICE_RANGE,
             # RBAC: every component holds the admin token (system:masters, above any
             # rule); the per-node configuration test proves the chart's ClusterRole.
             "--authorization-mode", "RBAC", "--allow-privileged=true",
@@ -326,6 +349,74 @@ class Cluster:
             json.dumps(render.kubeconfig(f"https://127.0.0.1:{port}", self.token))
         )
 
+    def apiserver_network(self) -> list[str]:
+        """Process mode: loopback only, and no ServiceAccount admission (without a
+        controller manager there is no ``default`` ServiceAccount; test pods set
+        automountServiceAccountToken: false). Image modes: every address of the private
+        namespace, advertised on the bridge (pods reach it through the ``kubernetes``
+        Service), the kubelet reached by the node's address, ServiceAccount admission on
+        (the chart's per-node mode mounts a token)."""
+        if not self.spec.shipped:
+            return ["--bind-address", "127.0.0.1", "--advertise-address", "127.0.0.1",
+                    "--disable-admission-plugins", "ServiceAccount"]  # fmt: skip
+        return ["--bind-address", "0.0.0.0", "--advertise-address", shipped.NODE_IP,
+                "--kubelet-preferred-address-types", "InternalIP"]  # fmt: skip
+
+    def private_network(self) -> None:
+        """Image modes: overlays on /etc and /var/lib (on the host: the CNI plugins and
+        the registry write there), the namespace's /etc/hosts, the bridge with the node's
+        address, and in the guest the kernel's own modules (bridge, veth, nat)."""
+        if self.spec.disposable_kernel:
+            modules = Path("/lib/modules") / os.uname().release
+            modules.mkdir(parents=True, exist_ok=True)
+            subprocess.run(["mount", "--bind", self.spec.guest_modules, str(modules)], check=True)
+            for name in ("bridge", "veth", "nf_tables", "nft_chain_nat", "nft_compat", "xt_nat",
+                         "xt_tcpudp"):  # fmt: skip
+                subprocess.run(["modprobe", name], check=False, capture_output=True)
+        else:
+            shipped.private_overlays(self.work)
+        Path("/etc/hosts").write_text(shipped.etc_hosts(self.spec.node))
+        for command in shipped.network_commands(self.ports["apiserver"]):
+            subprocess.run(command, check=True, capture_output=True)
+
+    def _controller_manager(self) -> None:
+        pki = self.work / "pki"
+        self.processes.start("kube-controller-manager", [
+            str(self.bins / "kube-controller-manager"),
+            "--kubeconfig", str(self.work / "kubeconfig"), "--leader-elect=false",
+            "--secure-port=0", "--use-service-account-credentials=false",
+            "--service-account-private-key-file", str(pki / "service-account.key"),
+            "--root-ca-file", str(pki / "apiserver.crt"),
+            # Else it creates /usr/libexec/kubernetes on the host.
+            "--flex-volume-plugin-dir", str(self.work / "flexvolume"),
+            "--node-monitor-grace-period", "40s", "--v", "1",
+        ])  # fmt: skip
+
+    def _registry(self) -> None:
+        self.registry = shipped.start_registry(self.work, Path(self.spec.registry_storage))
+
+    def _install(self) -> None:
+        """The README's install command for the mode, then the plugin's pod Ready through
+        its own probes."""
+        command = shipped.readme_command((REPO / "README.md").read_text(), self.spec.plugin)
+        log(f"installing: {command}")
+        env = dict(os.environ, KUBECONFIG=str(self.work / "kubeconfig"),
+                   PATH=f"{Path(self.spec.helm).parent}:{os.environ['PATH']}")  # fmt: skip
+        subprocess.run(["bash", "-o", "pipefail", "-c", command], cwd=REPO, env=env, check=True,
+                       timeout=120 * self.spec.time_scale)  # fmt: skip
+        url = (f"https://127.0.0.1:{self.ports['apiserver']}/api/v1/namespaces/kube-system/"
+               "pods?labelSelector=app.kubernetes.io%2Fname%3Dnuma-device-plugin")  # fmt: skip
+
+        def ready() -> bool:
+            pods = json.loads(http_get(url, self.token)[1])["items"]
+            return any(
+                c["type"] == "Ready" and c["status"] == "True"
+                for p in pods for c in p.get("status", {}).get("conditions", [])
+            )  # fmt: skip
+
+        wait_for("the plugin's pod to be Ready", ready, 180 * self.spec.time_scale,
+                 self.processes, "kubelet")  # fmt: skip
+
     def _scheduler(self) -> None:
         self.processes.start("kube-scheduler", [
             str(self.bins / "kube-scheduler"), "--kubeconfig", str(self.work / "kubeconfig"),
@@ -335,7 +426,19 @@ class Cluster:
     def _containerd(self) -> None:
         config = self.work / "containerd" / "config.toml"
         config.parent.mkdir(exist_ok=True)
-        config.write_text(render.containerd_config(self.work))
+        if self.spec.shipped:
+            certs = self.work / "containerd" / "certs.d" / shipped.REGISTRY
+            certs.mkdir(parents=True, exist_ok=True)
+            (certs / "hosts.toml").write_text(shipped.hosts_toml(shipped.REGISTRY))
+            networks = self.work / "cni" / "net.d"
+            networks.mkdir(parents=True, exist_ok=True)
+            (networks / "10-numa-e2e.conflist").write_text(json.dumps(shipped.cni_network()))
+            config.write_text(render.containerd_config(
+                self.work, cni_bin_dir=shipped.CNI_BIN_DIR,
+                registry_config=self.work / "containerd" / "certs.d",
+            ))  # fmt: skip
+        else:
+            config.write_text(render.containerd_config(self.work))
         sock = self.work / "containerd" / "containerd.sock"
         self.processes.start("containerd", ["containerd", "--config", str(config)])
         ctr = ["ctr", "--address", str(sock), "--namespace", "k8s.io"]
@@ -352,8 +455,14 @@ class Cluster:
         subprocess.run([*ctr, "images", "import", "--no-unpack", str(archive)], check=True,
                        capture_output=True, timeout=120 * self.spec.time_scale)  # fmt: skip
 
+    @property
+    def node_ip(self) -> str:
+        """Process mode: loopback; image modes: the bridge's address in the namespace."""
+        return shipped.NODE_IP if self.spec.shipped else "127.0.0.1"
+
     def kubelet_settings(self, cpu_manager: str = "static") -> render.KubeletSettings:
         return render.KubeletSettings(
+            address="0.0.0.0" if self.spec.shipped else "127.0.0.1",
             fail_cgroup_v1=render.fail_cgroup_v1(self.version, host_cgroup_v1()),
             node_name=self.spec.node,
             port=self.ports["kubelet"],
@@ -374,7 +483,7 @@ class Cluster:
         self.processes.start("kubelet", [
             str(self.bins / "kubelet"), "--config", str(config),
             "--kubeconfig", str(self.work / "kubeconfig"),
-            "--hostname-override", self.spec.node, "--node-ip", "127.0.0.1", "--v", "2",
+            "--hostname-override", self.spec.node, "--node-ip", self.node_ip, "--v", "2",
         ])  # fmt: skip
         url = f"https://127.0.0.1:{self.ports['apiserver']}/api/v1/nodes/{self.spec.node}"
         wait_for("the node to register", lambda: http_get(url, self.token)[0] == 200,
@@ -424,6 +533,12 @@ class Cluster:
             "kubelet_root": "/var/lib/kubelet",
             # The tests compare behaviour that differs by version (pod resources List).
             "kubernetes_version": ".".join(map(str, self.version)),
+            # process, kustomize or helm (the image from the registry, installed as
+            # the README says), with what the image modes' platform needs.
+            "plugin": self.spec.plugin,
+            "helm": self.spec.helm,
+            "registry": shipped.REGISTRY,
+            "node_ip": self.node_ip,
             "processes": {k: asdict(v) for k, v in self.processes.described.items()},
         }
 
@@ -560,16 +675,42 @@ def run_host(spec: Spec) -> int:
     spec_file = spec.path / "spec.json"
     spec_file.write_text(json.dumps(asdict(spec)))
     with host_kept(spec.path) as differs:
-        argv = [
-            "unshare", "--mount", "--pid", "--fork", "--mount-proc", "--propagation", "private",
-            "--kill-child", spec.python, str(Path(__file__).resolve()), "inside", str(spec_file),
-        ]  # fmt: skip
-        child = subprocess.Popen(argv, preexec_fn=kill_with_parent)
-        try:
-            status = child.wait()
-        except KeyboardInterrupt:
-            child.send_signal(signal.SIGTERM)
-            status = child.wait()
+        status = in_namespace(spec, "inside", str(spec_file), network=spec.shipped)
+    return report(status, differs)
+
+
+def in_namespace(spec: Spec, *command: str, network: bool) -> int:
+    """``cluster.py COMMAND`` in a new mount and PID namespace (and network namespace
+    when ``network``); its exit status."""
+    argv = [
+        "unshare", "--mount", "--pid", "--fork", "--mount-proc", "--propagation", "private",
+        *(["--net"] if network else []),
+        "--kill-child", spec.python, str(Path(__file__).resolve()), *command,
+    ]  # fmt: skip
+    child = subprocess.Popen(argv, preexec_fn=kill_with_parent)
+    try:
+        return child.wait()
+    except KeyboardInterrupt:
+        # unshare --fork ignores SIGTERM itself: the namespace's first process gets it.
+        children = Path(f"/proc/{child.pid}/task/{child.pid}/children")
+        with contextlib.suppress(OSError, ValueError):
+            for pid in children.read_text().split():
+                os.kill(int(pid), signal.SIGTERM)
+        return child.wait()
+
+
+def prepare_image(spec: Spec) -> int:
+    """Image modes, on the host before the cluster: ``make image`` (buildah, over the
+    Python stand-in) in a private mount namespace, then ``make push`` into the registry's
+    storage in a private network namespace too; the host is checked afterwards. Returns
+    0, or the failing step's status."""
+    shipped.python_standin(CACHE)
+    with host_kept(spec.path) as differs:
+        status = in_namespace(spec, "build", spec.work, network=False)
+        if status == 0:
+            status = in_namespace(spec, "push", spec.work, network=True)
+    if status:
+        log(f"the image was not built and pushed (status {status})")
     return report(status, differs)
 
 
@@ -612,7 +753,12 @@ def guest_kernel(cache: Path) -> tuple[Path, Path, str]:
         (deb,) = download.glob(f"{package}_*.deb")
         subprocess.run(["dpkg-deb", "-x", str(deb), str(root)], check=True)
         deb.unlink()
-    return root / "boot" / f"vmlinuz-{version}", root / "lib" / "modules" / version, version
+    modules = root / "lib" / "modules" / version
+    if not (modules / "modules.dep").is_file():
+        # The guest loads modules (bridge, veth, nat) with modprobe, which needs the index
+        # that installing the package would have made.
+        subprocess.run(["depmod", "-b", str(root), version], check=True)
+    return root / "boot" / f"vmlinuz-{version}", modules, version
 
 
 def initramfs(modules: Path, command: str) -> bytes:
@@ -654,13 +800,17 @@ def run_vm(spec: Spec, shape: render.GuestShape, timeout: float) -> int:
             disposable_kernel=True,
             # The guest's kubelet runs the Memory Manager (exact NUMA memory is tested there).
             memory_manager="Static",
+            guest_modules=str(modules),
         )
     )
     (results / "spec.json").write_text(json.dumps(asdict(guest_spec)))
     script = Path(__file__).resolve().parent / "guest-init.sh"
     # The guest's /tmp is its own tmpfs: what the run needs from the host's /tmp (the
     # binaries, the checkout, the venv) is bound back at the same paths.
-    kept = render.kept_tmp_paths([Path(spec.bin_dir), REPO, Path(spec.python).parents[1]])
+    kept = render.kept_tmp_paths([
+        Path(spec.bin_dir), REPO, Path(spec.python).parents[1],
+        *([Path(spec.registry_storage)] if spec.shipped else []),
+    ])  # fmt: skip
     command = " ".join(
         ["/bin/bash", str(script), spec.python, str(Path(__file__).resolve()), "/ndp-results",
          *kept]
@@ -737,11 +887,16 @@ def main(argv: Sequence[str] | None = None) -> int:
                      help="inside a multi-NUMA qemu guest (also NUMA_VM=1)")  # fmt: skip
     run.add_argument("--work", type=Path, default=None, help="work folder (default: a new one)")
     run.add_argument("--keep", action="store_true", help="keep the work folder afterwards")
+    run.add_argument("--plugin", choices=shipped.MODES, default=None,
+                     help="process (the checkout), kustomize or helm (the image from a local "
+                     "registry, installed with the README's command); also PLUGIN=")  # fmt: skip
     run.add_argument("--time-scale", type=float, default=1.0, help="multiply every timeout")
     run.add_argument("--cpus-per-node", type=int, default=3, help="guest CPUs per NUMA node")
     run.add_argument("--vm-timeout", type=float, default=1800.0,
                      help="seconds the guest may run, before the TCG scale")  # fmt: skip
     run.add_argument("pytest_args", nargs="*", help="more pytest arguments (after --)")
+    for hidden in ("build", "push"):
+        commands.add_parser(hidden, help=argparse.SUPPRESS).add_argument("work", type=Path)
     inside_cmd = commands.add_parser("inside", help=argparse.SUPPRESS)
     inside_cmd.add_argument("spec", type=Path)
     guest = commands.add_parser("guest", help=argparse.SUPPRESS)
@@ -752,13 +907,28 @@ def main(argv: Sequence[str] | None = None) -> int:
         return inside(Spec(**json.loads(args.spec.read_text())))
     if args.command == "guest":
         return guest_main(args.results)
+    if args.command == "build":
+        shipped.build_image(REPO, args.work, shipped.python_standin(CACHE))
+        return 0
+    if args.command == "push":
+        shipped.push_image(REPO, args.work)
+        return 0
     if args.time_scale <= 0 or args.cpus_per_node < 2:
         parser.error("--time-scale must be > 0 and --cpus-per-node at least 2")
     try:
         args.vm = args.vm or vm_wanted(os.environ.get("NUMA_VM", ""))
+        mode = shipped.mode_wanted(args.plugin or os.environ.get("PLUGIN", ""))
     except ValueError as error:
         parser.error(str(error))
+    venv_helm = REPO / ".venv" / "bin" / "helm"
+    helm = shutil.which("helm") or (str(venv_helm) if os.access(venv_helm, os.X_OK) else None)
     missing = missing_requirements(args.bin_dir, args.vm, os.geteuid() == 0)
+    if mode != "process":
+        missing += shipped.missing_tools(Path(helm) if helm else None)
+        if args.bin_dir is not None and not os.access(args.bin_dir / "kube-controller-manager",
+                                                      os.X_OK):  # fmt: skip
+            missing.append(f"{args.bin_dir / 'kube-controller-manager'}: no such executable "
+                           f"(PLUGIN={mode} runs DaemonSets)")  # fmt: skip
     if missing:
         print("test-e2e-local cannot run; missing:", file=sys.stderr)
         for line in missing:
@@ -772,13 +942,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         python=sys.executable,
         pytest_args=list(args.pytest_args),
         time_scale=args.time_scale,
+        plugin=mode,
+        registry_storage=str(work.resolve() / "registry") if mode != "process" else "",
+        helm=helm or "",
     )
     started = time.monotonic()
     # SIGTERM (and SIGHUP) end the run as Ctrl-C does: through the clean-up.
     for signum in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(signum, interrupt)
     try:
-        if args.vm:
+        if spec.shipped and prepare_image(spec) != 0:
+            status = 1
+        elif args.vm:
             status = run_vm(spec, render.GuestShape(cpus_per_node=args.cpus_per_node),
                             args.vm_timeout)  # fmt: skip
         else:

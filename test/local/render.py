@@ -62,6 +62,7 @@ class KubeletSettings:
     node_name: str
     port: int
     runtime_socket: Path
+    address: str = "127.0.0.1"
     reserved_cpus: str = "0"
     cpu_manager: str = "static"
     topology_manager: str = "single-numa-node"
@@ -82,7 +83,7 @@ def kubelet_config(settings: KubeletSettings) -> dict[str, Any]:
     config: dict[str, Any] = {
         "apiVersion": "kubelet.config.k8s.io/v1beta1",
         "kind": "KubeletConfiguration",
-        "address": "127.0.0.1",
+        "address": settings.address,
         "port": settings.port,
         "readOnlyPort": 0,
         "healthzPort": 0,
@@ -152,11 +153,24 @@ def fail_cgroup_v1(version: tuple[int, int, int], cgroup_v1: bool) -> bool | Non
     return None
 
 
-def containerd_config(work: Path, pause_image: str = PAUSE_IMAGE) -> str:
+def containerd_config(
+    work: Path,
+    pause_image: str = PAUSE_IMAGE,
+    cni_bin_dir: Path | None = None,
+    registry_config: Path | None = None,
+) -> str:
     """containerd 1.6's ``config.toml`` keeping every path under ``work`` (the shims'
     ``/run/containerd`` is bind-mounted by the harness). ``restrict_oom_score_adj`` is
-    needed on these machines or runc fails ("can't get final child's PID from pipe")."""
+    needed on these machines or runc fails ("can't get final child's PID from pipe").
+    ``cni_bin_dir``: the CNI plugins (default: an empty folder under ``work``);
+    ``registry_config``: the ``certs.d`` folder of per-registry ``hosts.toml`` files."""
     base = work / "containerd"
+    cni_bin = cni_bin_dir or work / "cni" / "bin"
+    registries = (
+        f'  [{{cri}}.registry]\n    config_path = "{registry_config}"\n'
+        if registry_config is not None
+        else ""
+    )
     cri = 'plugins."io.containerd.grpc.v1.cri"'
     return f"""version = 2
 root = "{base}/root"
@@ -188,9 +202,9 @@ disabled_plugins = [
       [{cri}.containerd.runtimes.runc.options]
         SystemdCgroup = false
   [{cri}.cni]
-    bin_dir = "{work}/cni/bin"
+    bin_dir = "{cni_bin}"
     conf_dir = "{work}/cni/net.d"
-"""
+""" + registries.format(cri=cri)
 
 
 def kubeconfig(server: str, token: str) -> dict[str, Any]:

@@ -100,6 +100,11 @@ class Platform:
     host_network: bool = False
     memory_manager_static: bool = True
     disposable_kernel: bool = False
+    # True where a controller manager makes each namespace's "default" ServiceAccount
+    # (pods cannot be created in a new namespace before it exists).
+    service_accounts: bool = False
+    # How the plugin runs: process (from the checkout), kustomize or helm (the image).
+    mode: str = "process"
 
     def __init__(self, core: client.CoreV1Api) -> None:
         self.core = core
@@ -155,6 +160,11 @@ class Platform:
 
     def restore_plugin(self, settings: Any) -> None:
         """Restart the plugin with ``settings`` from :meth:`plugin_settings`, exactly."""
+        raise NotImplementedError
+
+    def configure(self, settings: dict[str, str]) -> None:
+        """Restart the plugin with these flags set (``{"memory-unit": "256Mi"}``) on top
+        of its current settings; return once it is ready."""
         raise NotImplementedError
 
     def restart_kubelet(self, cpu_manager: str | None = None) -> None:
@@ -273,6 +283,12 @@ class LocalPlatform(Platform):
     def restore_plugin(self, settings: Any) -> None:
         self.start_plugin_with(list(settings))
 
+    def configure(self, settings: dict[str, str]) -> None:
+        argv = self.plugin_argv
+        for flag, value in settings.items():
+            argv = _with_flag(argv, f"--{flag}", value)
+        self.start_plugin_with(argv)
+
     def start_plugin_with(self, argv: list[str], ready: bool = True) -> None:
         """Stop the plugin and start ``argv`` in its place (``plugin_argv`` gives the
         current one); wait until it is ready when ``ready``."""
@@ -354,6 +370,20 @@ def _running(pid: int) -> bool:
     except (OSError, IndexError):
         return False
     return state != "Z"
+
+
+def _with_flag(argv: list[str], flag: str, value: str) -> list[str]:
+    """``argv`` with ``flag value`` in place of any earlier ``flag``."""
+    out: list[str] = []
+    skip = False
+    for arg in argv:
+        if skip:
+            skip = False
+        elif arg == flag:
+            skip = True
+        elif not arg.startswith(flag + "="):
+            out.append(arg)
+    return [*out, flag, value]
 
 
 def _with_capacity(argv: list[str], capacity: str, reserved: str) -> list[str]:
@@ -520,7 +550,12 @@ def core() -> client.CoreV1Api:
 def platform(core: client.CoreV1Api) -> Platform:
     local = os.environ.get("NUMA_E2E_LOCAL", "")
     if local:
-        return LocalPlatform(core, json.loads(Path(local).read_text()))
+        description = json.loads(Path(local).read_text())
+        if description.get("plugin", "process") != "process":
+            from tests.e2e.shipped import ShippedPlatform
+
+            return ShippedPlatform(core, description)
+        return LocalPlatform(core, description)
     workers = [n for n in core.list_node().items if CONTROL_PLANE not in (n.metadata.labels or {})]
     assert workers, "the KVM cluster has no worker nodes"
     return KvmPlatform(core, workers[0])
@@ -556,6 +591,11 @@ def namespace(platform: Platform) -> Iterator[str]:
     core = platform.core
     name = f"numa-e2e-{uuid.uuid4().hex[:6]}"
     core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=name)))
+    if platform.service_accounts:
+        platform.eventually(
+            lambda: core.read_namespaced_service_account("default", name), 60,
+            f"the default ServiceAccount of {name}", 0.5,
+        )  # fmt: skip
     yield name
     core.delete_collection_namespaced_pod(name, grace_period_seconds=1)
     platform.eventually(

@@ -8,6 +8,7 @@ resources API, and the API server (allocatable, pod phase and reason, scheduler 
 from __future__ import annotations
 
 import json
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -413,6 +414,11 @@ def test_per_node_configuration_with_the_charts_service_account(
     named = {"slots": {"capacity": 7}, "exact": {"capacity": "cpus"}}
     if reserved:
         named["exact"]["reservedCpus"] = reserved
+    if platform.mode == "kustomize":
+        pytest.skip("per-node configuration is the chart's (PLUGIN=helm or process)")
+    if platform.mode == "helm":
+        per_node_through_the_chart(platform, cluster, named)
+        return
     documents = template(
         "--set-json", f"config.named={json.dumps(named)}", "--set", "config.default=slots"
     )
@@ -485,25 +491,85 @@ def test_per_node_configuration_with_the_charts_service_account(
                     raise
 
 
+def per_node_through_the_chart(
+    platform: LocalPlatform, cluster: ClusterConfig, named: dict[str, dict[str, object]]
+) -> None:
+    """The same as a user does it: ``helm upgrade`` with ``config.named``, the node's
+    label, and the chart's own ServiceAccount, ClusterRole and binding."""
+    from tests.e2e.shipped import RELEASE, ShippedPlatform
+
+    assert isinstance(platform, ShippedPlatform)
+    rbac = client.RbacAuthorizationV1Api(platform.core.api_client)
+    core, node, numa0 = platform.core, platform.node, "numa-align/numa-0"
+    exact = cluster.exclusive_cpus(0)
+    saved = platform.plugin_settings()
+    label(core, node, "exact")
+    try:
+        platform.upgrade(
+            "--reuse-values", "--set-json", f"config.named={json.dumps(named)}",
+            "--set", "config.default=slots",
+        )  # fmt: skip
+        platform.eventually(
+            lambda: platform.allocatable().get(numa0) == str(exact), 90, f"{numa0}={exact}"
+        )
+        label(core, node, "slots")
+        platform.eventually(lambda: platform.allocatable().get(numa0) == "7", 90, f"{numa0}=7")
+        label(core, node, "nope")
+        platform.eventually(
+            lambda: "numa-align/config='nope' names no configuration" in platform.readyz()[1],
+            60, "the plugin to serve nothing for an unknown name",
+        )  # fmt: skip
+        assert platform.readyz()[0] == 503
+        # The chart's binding taken away: the API server refuses (403), nothing is served.
+        (binding,) = [
+            b for b in rbac.list_cluster_role_binding().items
+            if b.subjects and any(s.name == RELEASE and s.namespace == "kube-system"
+                                  for s in b.subjects)
+        ]  # fmt: skip
+        rbac.delete_cluster_role_binding(binding.metadata.name)
+        label(core, node, "exact")
+        platform.eventually(
+            lambda: "403" in platform.readyz()[1] and "needs get on nodes" in platform.readyz()[1],
+            60, "the plugin to be refused the node",
+        )  # fmt: skip
+        binding.metadata = client.V1ObjectMeta(
+            name=binding.metadata.name, labels=binding.metadata.labels,
+            annotations=binding.metadata.annotations,
+        )  # fmt: skip
+        rbac.create_cluster_role_binding(binding)
+        platform.eventually(
+            lambda: platform.allocatable().get(numa0) == str(exact), 90, f"{numa0}={exact}"
+        )
+        platform.eventually(platform.plugin_ready, 60, "the plugin's pod Ready again")
+    finally:
+        label(core, node, None)
+        platform.restore_plugin(saved)
+
+
 def label(core: client.CoreV1Api, node: str, value: str | None) -> None:
     """Set (None: remove) the node's numa-align/config label."""
     core.patch_node(node, {"metadata": {"labels": {"numa-align/config": value}}})
 
 
-def test_the_charts_objects_are_accepted_by_the_api_server(platform: Platform) -> None:
+def test_the_charts_objects_are_accepted_by_the_api_server(
+    platform: Platform, namespace: str
+) -> None:
     """Every object of the chart's per-node rendering passes the real API server's
-    validation and admission (a server-side dry run: nothing is stored). The one-machine
-    cluster cannot run the DaemonSet itself: it has no controller manager (no pods
-    from a DaemonSet), no CNI (host-network pods only) and no plugin image."""
-    from kubernetes import utils
-
+    validation and admission (``kubectl apply --dry-run=server``: nothing is stored),
+    released into a namespace of its own (the kustomize DaemonSet in kube-system has
+    another selector, which is immutable: replacing one install by the other takes a
+    delete first)."""
     from tests.test_helm import RENDERINGS, template
 
-    documents = template(*RENDERINGS["per-node"])
-    kinds = []
-    for document in documents:
-        utils.create_from_dict(platform.core.api_client, document, dry_run="All")
-        kinds.append(document["kind"])
+    documents = template(*RENDERINGS["per-node"], "--namespace", namespace)
+    done = subprocess.run(
+        ["kubectl", "apply", "--dry-run=server", "-o", "json", "-f", "-"],
+        input=json.dumps({"apiVersion": "v1", "kind": "List", "items": documents}),
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    answered = json.loads(done.stdout)
+    kinds = [item["kind"] for item in answered.get("items", [answered])]
     assert sorted(kinds) == sorted([
         "ServiceAccount", "ConfigMap", "ConfigMap", "ClusterRole", "ClusterRoleBinding",
         "Service", "DaemonSet",
@@ -520,11 +586,11 @@ def memory_mode(platform: Platform) -> Iterator[LocalPlatform]:
     (the NUMA_VM guest runs it)."""
     if not isinstance(platform, LocalPlatform) or not platform.memory_manager_static:
         pytest.skip("needs the kubelet's Memory Manager policy Static (run with NUMA_VM=1)")
-    original = platform.plugin_argv
+    original = platform.plugin_settings()
     reserved = platform.description["reserved_memory"]
-    platform.start_plugin_with([*original, "--memory-unit", "256Mi", "--reserved-memory", reserved])
+    platform.configure({"memory-unit": "256Mi", "reserved-memory": reserved})
     yield platform
-    platform.start_plugin_with(original)
+    platform.restore_plugin(original)
 
 
 def test_exact_numa_memory_keeps_a_pod_pending_instead_of_failing(

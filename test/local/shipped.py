@@ -1,0 +1,301 @@
+"""What we ship, on the one-machine cluster: the image built by ``make image`` over a Python
+base, pushed by ``make push`` to a local registry, and installed with the README's own
+commands (``PLUGIN=kustomize`` or ``PLUGIN=helm``; ``PLUGIN=process`` runs the checkout).
+
+The pure functions render the files (buildah's storage, the registry's configuration,
+containerd's ``hosts.toml``, the bridge CNI network) and read the install command out of
+the README; :func:`build_image` and :func:`push_image` run on the host, each in a private
+namespace (:mod:`cluster` starts them), so the host keeps no trace of either. The facts
+behind each choice are in ``../shared/REAL-CLUSTER.md``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tarfile
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+MODES = ("process", "kustomize", "helm")
+# The registry the manifests and the chart name by default; the private namespace's
+# /etc/hosts maps it to 127.0.0.1.
+REGISTRY = "registry.local:5000"
+# What the README's deploy commands write for the user's registry.
+README_REGISTRY = "registry.example.com:5000"
+# The node's address: on the CNI bridge (this kernel has no dummy network driver).
+BRIDGE = "cni0"
+NODE_IP = "10.88.0.1"
+POD_SUBNET = "10.88.0.0/16"
+SERVICE_RANGE = "10.96.0.0/24"
+SERVICE_IP = "10.96.0.1"  # the ``kubernetes`` Service's ClusterIP: first of the range
+# The stand-in for python:3.11-slim-bookworm where no image registry is reachable.
+STANDIN_IMAGE = "localhost/python-standin:3.11-bookworm"
+STANDIN_PACKAGES = ("python3", "python3-venv", "python3-pip", "python-is-python3",
+                    "ca-certificates")  # fmt: skip
+DEBIAN_MIRROR = "http://deb.debian.org/debian"
+CNI_BIN_DIR = Path("/usr/lib/cni")
+HOST_CA_BUNDLE = Path("/etc/ssl/certs/ca-certificates.crt")
+TOOLS = {  # program: the Debian package that has it
+    "buildah": "buildah",
+    "docker-registry": "docker-registry",
+    "debootstrap": "debootstrap",
+    "iptables": "iptables",
+    "ip": "iproute2",
+    "kubectl": "kubectl (Kubernetes' apt repository)",
+}
+
+
+def mode_wanted(value: str) -> str:
+    """``PLUGIN``: empty → ``process``; one of :data:`MODES`. Raises ValueError."""
+    mode = value.strip().lower() or "process"
+    if mode not in MODES:
+        raise ValueError(f"PLUGIN={value!r}: use one of {', '.join(MODES)}")
+    return mode
+
+
+def missing_tools(helm: Path | None) -> list[str]:
+    """What the image modes need and this machine lacks, one line each."""
+    lines = [
+        f"{program}: not on PATH (Debian package {package})"
+        for program, package in TOOLS.items()
+        if shutil.which(program) is None
+    ]
+    if not (CNI_BIN_DIR / "bridge").is_file():
+        lines.append(f"{CNI_BIN_DIR / 'bridge'}: missing (Debian package "
+                     "containernetworking-plugins)")  # fmt: skip
+    if helm is None:
+        lines.append("helm: not on PATH nor in .venv/bin (make helm)")
+    return lines
+
+
+# --- pure renderers ------------------------------------------------------------------------
+
+
+def storage_conf(root: Path) -> str:
+    """containers-storage.conf(5) keeping buildah's images under ``root`` (the ``vfs``
+    driver: it works on any file system, overlays and 9p included)."""
+    return f'[storage]\ndriver = "vfs"\ngraphroot = "{root}/graph"\nrunroot = "{root}/run"\n'
+
+
+def registry_config(storage: Path, address: str = "127.0.0.1:5000") -> str:
+    """The configuration of Debian's ``docker-registry`` (distribution 2.8): plain HTTP
+    on ``address``, blobs under ``storage``, deletes allowed (the tests retag)."""
+    return json.dumps(
+        {
+            "version": 0.1,
+            "log": {"level": "warn"},
+            "storage": {"filesystem": {"rootdirectory": str(storage)}, "delete": {"enabled": True}},
+            "http": {"addr": address},
+        }
+    )  # JSON is YAML: the registry reads it
+
+
+def hosts_toml(registry: str) -> str:
+    """containerd's ``certs.d/<registry>/hosts.toml``: pull from ``registry`` over plain
+    HTTP (containerd 1.6 reads it through the CRI plugin's ``config_path``)."""
+    return (
+        f'server = "http://{registry}"\n\n[host."http://{registry}"]\n'
+        '  capabilities = ["pull", "resolve"]\n  skip_verify = true\n'
+    )
+
+
+def cni_network() -> dict[str, Any]:
+    """The pod network: one bridge (:data:`BRIDGE`, which the harness makes and gives the
+    node's address) with host-local addresses from :data:`POD_SUBNET`."""
+    return {
+        "cniVersion": "0.4.0",
+        "name": "numa-e2e",
+        "plugins": [
+            {
+                "type": "bridge",
+                "bridge": BRIDGE,
+                "isGateway": True,
+                "ipMasq": False,
+                "hairpinMode": True,
+                "ipam": {
+                    "type": "host-local",
+                    "ranges": [[{"subnet": POD_SUBNET, "gateway": NODE_IP}]],
+                    "routes": [{"dst": "0.0.0.0/0"}],
+                },
+            },
+            {"type": "portmap", "capabilities": {"portMappings": True}},
+        ],
+    }
+
+
+def network_commands(apiserver_port: int) -> list[list[str]]:
+    """Inside the cluster's network namespace: loopback up, the bridge with the node's
+    address, and the ``kubernetes`` Service's ClusterIP sent to the API server (what
+    kube-proxy would do for that one Service)."""
+    return [
+        ["ip", "link", "set", "lo", "up"],
+        ["ip", "link", "add", BRIDGE, "type", "bridge"],
+        ["ip", "addr", "add", f"{NODE_IP}/16", "dev", BRIDGE],
+        ["ip", "link", "set", BRIDGE, "up"],
+        ["iptables", "-t", "nat", "-A", "PREROUTING", "-d", f"{SERVICE_IP}/32", "-p", "tcp",
+         "--dport", "443", "-j", "DNAT", "--to-destination", f"{NODE_IP}:{apiserver_port}"],
+        ["iptables", "-t", "nat", "-A", "OUTPUT", "-d", f"{SERVICE_IP}/32", "-p", "tcp",
+         "--dport", "443", "-j", "DNAT", "--to-destination", f"{NODE_IP}:{apiserver_port}"],
+    ]  # fmt: skip
+
+
+def etc_hosts(node: str) -> str:
+    """The namespace's ``/etc/hosts``: the registry on loopback, the node on the bridge
+    (``kubectl logs``/``exec`` reach the kubelet by the node's name)."""
+    return (f"127.0.0.1 localhost {REGISTRY.partition(':')[0]}\n"
+            f"{NODE_IP} {node}\n")  # fmt: skip
+
+
+def readme_command(readme: str, mode: str, registry: str = REGISTRY) -> str:
+    """The README's install command for ``mode`` (``kustomize``: the line that pipes
+    ``kubectl kustomize deployments/`` into ``kubectl apply``; ``helm``: ``helm install``
+    with its continuation lines), comment dropped, :data:`README_REGISTRY` replaced by
+    ``registry``. Raises LookupError when the README has no such command."""
+    start = {"kustomize": "kubectl kustomize deployments/ |", "helm": "helm install "}[mode]
+    lines = readme.splitlines()
+    for index, line in enumerate(lines):
+        if line.startswith(start):
+            command = line
+            while command.rstrip().endswith("\\"):
+                index += 1
+                command = command.rstrip()[:-1].rstrip() + " " + lines[index].strip()
+            command = re.sub(r"\s+#.*$", "", command).strip()
+            return command.replace(README_REGISTRY, registry)
+    raise LookupError(f"the README has no line starting {start!r}")
+
+
+# --- on the host, in private namespaces ----------------------------------------------------
+
+
+def log(message: str) -> None:
+    print(f"[test-e2e-local] {message}", file=sys.stderr, flush=True)
+
+
+def python_standin(cache: Path) -> Path:
+    """A root file system standing in for ``python:3.11-slim-bookworm`` (bookworm's
+    python3 is 3.11): ``debootstrap --variant=minbase`` with :data:`STANDIN_PACKAGES`,
+    the host's CA bundle, without ``EXTERNALLY-MANAGED``, as a tar in ``cache`` (made
+    once, ~3 min). Raises subprocess.CalledProcessError."""
+    archive = cache / "python-standin-bookworm.tar"
+    if archive.is_file():
+        return archive
+    cache.mkdir(parents=True, exist_ok=True)
+    root = cache / "python-standin-root"
+    shutil.rmtree(root, ignore_errors=True)
+    log("making the Python base image's stand-in with debootstrap (once, ~3 min)")
+    subprocess.run(
+        ["debootstrap", "--variant=minbase", "--include=" + ",".join(STANDIN_PACKAGES),
+         "bookworm", str(root), DEBIAN_MIRROR],
+        check=True, stdout=subprocess.DEVNULL,
+    )  # fmt: skip
+    # The build's pip trusts what this host trusts (a network whose proxy re-signs TLS
+    # has its authority only in the host's bundle).
+    shutil.copyfile(HOST_CA_BUNDLE, root / "etc/ssl/certs/ca-certificates.crt")
+    for marker in root.glob("usr/lib/python3*/EXTERNALLY-MANAGED"):
+        marker.unlink()
+    for package in root.glob("var/cache/apt/archives/*.deb"):
+        package.unlink()
+    partial = archive.with_suffix(".partial")
+    with tarfile.open(partial, "w") as tar:
+        tar.add(root, arcname=".")
+    partial.rename(archive)
+    shutil.rmtree(root, ignore_errors=True)
+    return archive
+
+
+def private_overlays(work: Path, folders: tuple[str, ...] = ("/etc", "/var/lib")) -> None:
+    """In a private mount namespace: each of ``folders`` becomes an overlay whose writes
+    land under ``work`` (buildah writes to ``/var/lib/containers`` and ``/etc/cni``
+    whatever its flags say, the CNI plugins to ``/var/lib/cni``; the namespace has its
+    own ``/etc/hosts``)."""
+    for folder in folders:
+        upper = work / "overlay" / folder.strip("/").replace("/", "-")
+        (upper / "data").mkdir(parents=True, exist_ok=True)
+        (upper / "work").mkdir(parents=True, exist_ok=True)
+        subprocess.run(
+            ["mount", "-t", "overlay", "overlay", "-o",
+             f"lowerdir={folder},upperdir={upper / 'data'},workdir={upper / 'work'}", folder],
+            check=True,
+        )  # fmt: skip
+
+
+def image_env(work: Path) -> dict[str, str]:
+    """The environment of ``make image`` and ``make push``: buildah with its storage
+    under ``work/containers``."""
+    conf = work / "containers" / "storage.conf"
+    conf.parent.mkdir(parents=True, exist_ok=True)
+    conf.write_text(storage_conf(work / "containers"))
+    return dict(os.environ, CONTAINERS_STORAGE_CONF=str(conf), CONTAINER_TOOL="buildah")
+
+
+def build_image(repo: Path, work: Path, standin: Path) -> None:
+    """``make image`` with buildah over the stand-in base (run in a private mount
+    namespace; the build fetches the locked wheels from PyPI)."""
+    private_overlays(work)
+    env = image_env(work)
+    container = subprocess.run(
+        ["buildah", "from", "scratch"], env=env, check=True, capture_output=True, text=True
+    ).stdout.strip()
+    subprocess.run(["buildah", "add", "--quiet", container, str(standin), "/"], env=env,
+                   check=True, stdout=subprocess.DEVNULL)  # fmt: skip
+    subprocess.run(["buildah", "config", "--cmd", "python3", container], env=env, check=True)
+    subprocess.run(["buildah", "commit", "--quiet", "--rm", container, STANDIN_IMAGE],
+                   env=env, check=True, stdout=subprocess.DEVNULL)  # fmt: skip
+    started = time.monotonic()
+    subprocess.run(
+        ["make", "-C", str(repo), "image", f"REGISTRY={REGISTRY}",
+         f"PYTHON_IMAGE={STANDIN_IMAGE}", "BUILD_FLAGS=--pull=never --network=host"],
+        env=env, check=True,
+    )  # fmt: skip
+    log(f"make image: {time.monotonic() - started:.0f} s")
+
+
+def start_registry(work: Path, storage: Path) -> subprocess.Popen[bytes]:
+    """Debian's docker-registry on 127.0.0.1:5000 (this namespace's), storing under
+    ``storage``, logging to ``work/registry.log``; returns once it answers ``/v2/``.
+    Raises RuntimeError."""
+    config = work / "registry.json"
+    config.write_text(registry_config(storage))
+    out = open(work / "registry.log", "ab")  # noqa: SIM115 (kept by the child)
+    child = subprocess.Popen(["docker-registry", "serve", str(config)], stdout=out,
+                             stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)  # fmt: skip
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        with (
+            contextlib.suppress(OSError),
+            urllib.request.urlopen("http://127.0.0.1:5000/v2/", timeout=2),
+        ):
+            return child
+        if child.poll() is not None:
+            break
+        time.sleep(0.2)
+    child.kill()
+    raise RuntimeError(f"the registry did not answer; see {work / 'registry.log'}")
+
+
+def push_image(repo: Path, work: Path) -> None:
+    """``make push`` to the local registry (run in a private mount and network
+    namespace, where ``registry.local`` is 127.0.0.1)."""
+    private_overlays(work)
+    subprocess.run(["ip", "link", "set", "lo", "up"], check=True)
+    Path("/etc/hosts").write_text(etc_hosts("numa-e2e"))
+    registry = start_registry(work, work / "registry")
+    try:
+        started = time.monotonic()
+        subprocess.run(
+            ["make", "-C", str(repo), "push", f"REGISTRY={REGISTRY}",
+             "PUSH_FLAGS=--tls-verify=false"],
+            env=image_env(work), check=True,
+        )  # fmt: skip
+        log(f"make push: {time.monotonic() - started:.0f} s")
+    finally:
+        registry.terminate()
+        registry.wait()

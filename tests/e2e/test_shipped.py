@@ -1,0 +1,232 @@
+"""What only the shipped form has: the image from the registry, run by the DaemonSet (the
+kustomize base or the chart) on the one-machine cluster (``make test-e2e-local
+PLUGIN=kustomize|helm``). Each test skips, with the reason, where the plugin is a process.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import time
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from kubernetes import client
+
+from tests.e2e.conftest import NAMESPACE, PLUGIN, Platform
+from tests.e2e.shipped import ShippedPlatform
+from tests.e2e.test_cluster import (
+    _survivor,
+    _untouched,
+    container_processes,
+    create,
+    pod_manifest,
+    unschedulable,
+)
+
+pytestmark = pytest.mark.e2e
+DEVICE_PLUGINS = Path("/var/lib/kubelet/device-plugins")
+MANIFEST_TYPES = ", ".join((
+    "application/vnd.oci.image.manifest.v1+json",
+    "application/vnd.docker.distribution.manifest.v2+json",
+))  # fmt: skip
+
+
+@pytest.fixture
+def shipped(platform: Platform) -> ShippedPlatform:
+    """The platform when the plugin is the DaemonSet's pod on the one-machine cluster."""
+    if not isinstance(platform, ShippedPlatform):
+        pytest.skip("the plugin runs as a process here: run with PLUGIN=kustomize or helm")
+    return platform
+
+
+def our_sockets() -> set[str]:
+    """The plugin's sockets in the kubelet's device-plugin folder (not the kubelet's)."""
+    return {p.name for p in DEVICE_PLUGINS.glob("*.sock") if p.name != "kubelet.sock"}
+
+
+def test_the_pod_runs_the_readme_tag_from_the_registry_and_is_ready_by_its_probes(
+    shipped: ShippedPlatform, resources: tuple[str, ...]
+) -> None:
+    platform = shipped
+    pod = platform.plugin_pod()
+    assert pod is not None
+    (container,) = pod.spec.containers
+    registry = platform.description["registry"]
+    assert container.image.startswith(f"{registry}/numa-device-plugin:")
+    assert container.readiness_probe.http_get.path == "/readyz"
+    assert container.liveness_probe.http_get.path == "/healthz"
+    assert "cpu" not in (container.resources.requests or {}), "no CPU request (see README)"
+    (status,) = pod.status.container_statuses
+    assert status.ready
+    assert status.restart_count == 0
+    assert status.image_id, "pulled: the runtime knows the image's digest"
+    # Ready means what the probe says: /readyz answers 200, every resource registered.
+    assert platform.readyz()[0] == 200
+    assert platform.registered(resources)
+
+
+def test_kubectl_exec_status_and_kubectl_logs(
+    shipped: ShippedPlatform, resources: tuple[str, ...]
+) -> None:
+    platform = shipped
+    document = json.loads(platform.cli("status", "--output", "json"))
+    assert {n["resource"] for n in document["nodes"]} == set(resources)
+    log = platform.plugin_log()
+    assert "registered with the kubelet" in log, log[-2000:]
+
+
+def retag(registry: str, tag: str, new: str) -> None:
+    """Give the image ``tag`` a second tag ``new`` in the registry (its HTTP API)."""
+    base = f"http://127.0.0.1:{registry.rpartition(':')[2]}/v2/numa-device-plugin/manifests"
+    request = urllib.request.Request(f"{base}/{tag}", headers={"Accept": MANIFEST_TYPES})
+    with urllib.request.urlopen(request, timeout=10) as answer:
+        manifest, kind = answer.read(), answer.headers["Content-Type"]
+    put = urllib.request.Request(
+        f"{base}/{new}", data=manifest, method="PUT", headers={"Content-Type": kind}
+    )
+    with urllib.request.urlopen(put, timeout=10) as answer:
+        assert answer.status == 201
+
+
+def test_a_rolling_update_to_a_new_tag_leaves_workload_pods_untouched(
+    shipped: ShippedPlatform, resources: tuple[str, ...], namespace: str
+) -> None:
+    platform = shipped
+    before = _survivor(platform, namespace, resources[0])
+    pids = container_processes(before.container_id)
+    old = platform.plugin_pod()
+    image = old.spec.containers[0].image
+    repository, _, tag = image.rpartition(":")
+    new = f"{tag}-rollout"
+    retag(platform.description["registry"], tag, new)
+    try:
+        set_tag(platform, repository, new)
+        platform.eventually(
+            lambda: (
+                (pod := platform.plugin_pod()) is not None
+                and pod.spec.containers[0].image == f"{repository}:{new}"
+                and platform.plugin_ready()
+            ),
+            120, "the DaemonSet's pod on the new tag, Ready", 0.5,
+        )  # fmt: skip
+        platform.kubectl("-n", NAMESPACE, "rollout", "status", f"ds/{PLUGIN}", "--timeout=120s")
+        platform.eventually(lambda: platform.registered(resources), 60, "registered")
+        _untouched(platform, namespace, before, pids)
+    finally:
+        set_tag(platform, repository, tag)
+        platform.eventually(
+            lambda: (
+                (pod := platform.plugin_pod()) is not None
+                and pod.spec.containers[0].image == image
+                and platform.plugin_ready()
+            ),
+            120, "the plugin back on its tag", 0.5,
+        )  # fmt: skip
+
+
+def set_tag(platform: ShippedPlatform, repository: str, tag: str) -> None:
+    """As a user rolls a new version: ``helm upgrade --set image.tag`` or ``kubectl set
+    image`` on the kustomize DaemonSet."""
+    if platform.mode == "helm":
+        platform.helm_upgrade("--reuse-values", "--set-string", f"image.tag={tag}")
+    else:
+        platform.kubectl("-n", NAMESPACE, "set", "image", f"ds/{PLUGIN}",
+                         f"{PLUGIN}={repository}:{tag}")  # fmt: skip
+
+
+def kill_time(kubelet_log: str, container_id: str) -> float | None:
+    """When the kubelet logged ``"Killing container with a grace period"`` for
+    ``container_id`` (klog ``I1124 01:26:04.123456``, UTC, this year), as a POSIX time."""
+    for line in kubelet_log.splitlines():
+        if "Killing container with a grace period" in line and container_id in line:
+            month, day = int(line[1:3]), int(line[3:5])
+            clock = line.split()[1]
+            stamp = datetime.datetime.strptime(clock, "%H:%M:%S.%f")
+            now = datetime.datetime.now(datetime.UTC)
+            return stamp.replace(year=now.year, month=month, day=day,
+                                 tzinfo=datetime.UTC).timestamp()  # fmt: skip
+    return None
+
+
+def test_a_plugin_pod_deleted_right_after_it_starts_is_gone_within_2_s(
+    shipped: ShippedPlatform, resources: tuple[str, ...]
+) -> None:
+    """The kubelet sends SIGTERM as soon as the container runs: dumb-init forwards it, the
+    plugin ends within 2 s and removes its sockets (before: ignored for 30 s as PID 1,
+    then SIGKILL, a stale socket left)."""
+    platform = shipped
+    old = platform.plugin_pod()
+    assert old is not None
+    platform.core.delete_namespaced_pod(old.metadata.name, NAMESPACE)
+
+    def started() -> client.V1Pod | None:
+        pods = platform.core.list_namespaced_pod(
+            NAMESPACE, label_selector=f"app.kubernetes.io/name={PLUGIN}"
+        ).items
+        for pod in pods:
+            if pod.metadata.uid == old.metadata.uid or pod.metadata.deletion_timestamp:
+                continue
+            for status in pod.status.container_statuses or []:
+                if status.state.running is not None:
+                    return pod
+        return None
+
+    young = platform.eventually(started, 120, "the new pod's container running", 0.05)
+    (status,) = young.status.container_statuses
+    pids = container_processes(status.container_id)
+    assert pids, "the container's processes are visible here"
+    deleted = time.time()
+    platform.core.delete_namespaced_pod(young.metadata.name, NAMESPACE)
+    while container_processes(status.container_id) and time.time() - deleted < 30:
+        time.sleep(0.05)
+    gone = time.time()
+    left = our_sockets()
+    # From the kubelet's SIGTERM (its "Killing container" line), not from the API call:
+    # the kubelet's own reaction to a deletion is not the plugin's to keep short.
+    killed = kill_time(Path(platform.processes["kubelet"]["log"]).read_text(),
+                       status.container_id)  # fmt: skip
+    assert killed is not None, "the kubelet logged no kill of the container"
+    assert gone - killed < 2.0, (
+        f"the container ran {gone - killed:.2f} s after the kubelet's SIGTERM "
+        f"({gone - deleted:.2f} s after the deletion)"
+    )
+    assert not left, f"stale sockets: {sorted(left)}"
+    platform.eventually(
+        lambda: platform.plugin_ready() and platform.registered(resources), 120,
+        "the DaemonSet's next pod Ready and registered",
+    )  # fmt: skip
+
+
+def test_allocatable_with_capacity_cpus_is_what_a_cpu_pod_can_be_scheduled_on(
+    shipped: ShippedPlatform,
+    plugin_mode: Callable[[str], None],
+    namespace: str,
+    resources: tuple[str, ...],
+) -> None:
+    """The plugin's pod requests no CPU: every exclusive CPU it advertises with
+    ``capacity=cpus`` stays within the scheduler's reach (a ``cpu: "N"`` pod fits for
+    N = the advertised total, not for N + 1)."""
+    platform = shipped
+    plugin_mode("cpus")
+    cluster = platform.cluster_config()
+    total = sum(cluster.exclusive_cpus(n) for n in cluster.numa_cpus)
+    platform.eventually(
+        lambda: sum(int(platform.allocatable().get(r, "0")) for r in resources) == total,
+        60, f"numa-align allocatable to add up to the {total} exclusive CPUs",
+    )  # fmt: skip
+
+    def scheduled(name: str) -> bool:
+        pod = platform.core.read_namespaced_pod(name, namespace)
+        return bool(pod.spec.node_name)
+
+    # Sleeps, so it holds nothing long; whether the kubelet can align it is not the point.
+    create(platform, namespace, pod_manifest(platform, "fits", "sleep 1", total))
+    platform.eventually(lambda: scheduled("fits"), 60, "a pod of every exclusive CPU scheduled")
+    create(platform, namespace, pod_manifest(platform, "one-more", "sleep 1", total + 1))
+    message = platform.eventually(
+        lambda: unschedulable(platform, "one-more", namespace), 60, "one CPU more: refused"
+    )
+    assert "Insufficient cpu" in message

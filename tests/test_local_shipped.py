@@ -1,0 +1,158 @@
+"""Offline tests of the harness's image modes (test/local/shipped.py, ``PLUGIN=kustomize`` or
+``helm``): the files it renders, the README commands it runs, what it refuses to start
+without. ``make test-e2e-local PLUGIN=…`` runs them for real."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO
+
+sys.path.insert(0, str(REPO / "test" / "local"))
+import cluster
+import render
+import shipped
+
+README = (REPO / "README.md").read_text()
+
+
+@pytest.mark.parametrize(
+    ("value", "mode"),
+    [("", "process"), ("process", "process"), ("kustomize", "kustomize"), (" HELM ", "helm")],
+)
+def test_plugin_values(value: str, mode: str) -> None:
+    assert shipped.mode_wanted(value) == mode
+
+
+@pytest.mark.parametrize("value", ["docker", "chart", "1"])
+def test_a_bad_plugin_value_is_refused(value: str) -> None:
+    with pytest.raises(ValueError, match=f"PLUGIN={value!r}: use one of process, kustomize, helm"):
+        shipped.mode_wanted(value)
+
+
+def test_a_bad_plugin_exits_2_before_anything_runs(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PLUGIN", "docker")
+    with pytest.raises(SystemExit) as exited:
+        cluster.main(["run", "--bin-dir", "/nonexistent"])
+    assert exited.value.code == 2
+
+
+def test_the_readme_commands_are_what_the_harness_runs() -> None:
+    """The harness installs with the README's own commands, only the registry changed:
+    a README edit that breaks them breaks the e2e run, not only a reader."""
+    kustomize = shipped.readme_command(README, "kustomize")
+    assert kustomize == (
+        "kubectl kustomize deployments/ | sed 's#registry.local:5000#registry.local:5000#' "
+        "| kubectl apply -f -"
+    )
+    helm = shipped.readme_command(README, "helm")
+    assert helm == (
+        "helm install numa-device-plugin deployments/helm/numa-device-plugin "
+        "--namespace kube-system --set image.repository=registry.local:5000/numa-device-plugin"
+    )
+    assert shipped.README_REGISTRY in README
+
+
+def test_readme_command_joins_continuations_drops_comments_and_names_a_missing_one() -> None:
+    text = "intro\nhelm install a \\\n  --set x=registry.example.com:5000/p   # note\nafter\n"
+    assert shipped.readme_command(text, "helm", "r:1") == "helm install a --set x=r:1/p"
+    with pytest.raises(LookupError, match=r"no line starting 'kubectl kustomize deployments/ \|'"):
+        shipped.readme_command(text, "kustomize")
+
+
+def test_the_registry_serves_plain_http_on_loopback_from_the_storage() -> None:
+    config = json.loads(shipped.registry_config(Path("/w/registry")))
+    assert config["http"] == {"addr": "127.0.0.1:5000"}
+    assert config["storage"]["filesystem"] == {"rootdirectory": "/w/registry"}
+    assert shipped.REGISTRY.endswith(":5000")
+
+
+def test_containerd_pulls_the_registry_over_http() -> None:
+    hosts = tomllib.loads(shipped.hosts_toml("registry.local:5000"))
+    assert hosts["server"] == "http://registry.local:5000"
+    assert hosts["host"]["http://registry.local:5000"]["capabilities"] == ["pull", "resolve"]
+
+
+def test_containerd_config_names_the_cni_plugins_and_the_registry_folder(tmp_path: Path) -> None:
+    text = render.containerd_config(
+        tmp_path, cni_bin_dir=Path("/usr/lib/cni"), registry_config=tmp_path / "certs.d"
+    )
+    cri = tomllib.loads(text)["plugins"]["io.containerd.grpc.v1.cri"]
+    assert cri["cni"]["bin_dir"] == "/usr/lib/cni"
+    assert cri["registry"]["config_path"] == str(tmp_path / "certs.d")
+    plain = tomllib.loads(render.containerd_config(tmp_path))["plugins"]
+    assert "registry" not in plain["io.containerd.grpc.v1.cri"]
+
+
+def test_the_pod_network_is_a_bridge_with_the_node_as_gateway() -> None:
+    network = shipped.cni_network()
+    bridge = network["plugins"][0]
+    assert bridge["type"] == "bridge"
+    assert bridge["bridge"] == shipped.BRIDGE
+    assert bridge["ipam"]["ranges"] == [[{"subnet": shipped.POD_SUBNET,
+                                          "gateway": shipped.NODE_IP}]]  # fmt: skip
+
+
+def test_the_kubernetes_service_is_sent_to_the_api_server() -> None:
+    """No kube-proxy: pods (PREROUTING) and the node (OUTPUT) reach the API server at the
+    ``kubernetes`` Service's ClusterIP, the first address of the service range."""
+    commands = shipped.network_commands(6443)
+    nat = [c for c in commands if c[0] == "iptables"]
+    assert {c[4] for c in nat} == {"PREROUTING", "OUTPUT"}
+    for command in nat:
+        assert command[command.index("-d") + 1] == f"{shipped.SERVICE_IP}/32"
+        assert command[-1] == f"{shipped.NODE_IP}:6443"
+    assert shipped.SERVICE_RANGE.startswith(shipped.SERVICE_IP.rpartition(".")[0])
+
+
+def test_the_namespaces_hosts_name_the_registry_and_the_node() -> None:
+    lines = shipped.etc_hosts("numa-e2e").splitlines()
+    assert "127.0.0.1 localhost registry.local" in lines
+    assert f"{shipped.NODE_IP} numa-e2e" in lines
+
+
+def test_buildah_storage_stays_in_the_work_folder() -> None:
+    conf = tomllib.loads(shipped.storage_conf(Path("/w/containers")))["storage"]
+    assert conf == {"driver": "vfs", "graphroot": "/w/containers/graph",
+                    "runroot": "/w/containers/run"}  # fmt: skip
+
+
+def test_image_modes_name_each_missing_tool(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(shipped.shutil, "which", lambda program: None)
+    monkeypatch.setattr(shipped, "CNI_BIN_DIR", Path("/nonexistent"))
+    lines = shipped.missing_tools(None)
+    for program, package in shipped.TOOLS.items():
+        assert f"{program}: not on PATH (Debian package {package})" in lines
+    assert any("containernetworking-plugins" in line for line in lines)
+    assert any(line.startswith("helm:") for line in lines)
+
+
+def test_make_passes_plugin_to_the_harness() -> None:
+    done = subprocess.run(
+        ["make", "-n", "test-e2e-local", "PLUGIN=helm", "KUBE_BIN_DIR=/k"],
+        cwd=REPO, capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    assert 'PLUGIN="helm"' in done.stdout
+
+
+def test_the_apiserver_is_private_to_loopback_in_process_mode_and_on_the_bridge_otherwise(
+    tmp_path: Path,
+) -> None:
+    def spec(plugin: str) -> cluster.Spec:
+        return cluster.Spec(bin_dir="/k", work=str(tmp_path), python="p", pytest_args=[],
+                            plugin=plugin)  # fmt: skip
+
+    local = cluster.Cluster(spec("process")).apiserver_network()
+    assert local[local.index("--bind-address") + 1] == "127.0.0.1"
+    assert "ServiceAccount" in local
+    image = cluster.Cluster(spec("helm")).apiserver_network()
+    assert image[image.index("--advertise-address") + 1] == shipped.NODE_IP
+    assert "ServiceAccount" not in image
+    assert cluster.Cluster(spec("helm")).node_ip == shipped.NODE_IP
+    assert cluster.Cluster(spec("process")).node_ip == "127.0.0.1"
