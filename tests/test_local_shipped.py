@@ -124,7 +124,7 @@ def test_buildah_storage_stays_in_the_work_folder() -> None:
 
 
 def test_image_modes_name_each_missing_tool(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(shipped.shutil, "which", lambda program: None)
+    monkeypatch.setattr("shutil.which", lambda program: None)
     monkeypatch.setattr(shipped, "CNI_BIN_DIR", Path("/nonexistent"))
     lines = shipped.missing_tools(None)
     for program, package in shipped.TOOLS.items():
