@@ -249,13 +249,31 @@ def build_image(repo: Path, work: Path, standin: Path) -> None:
     subprocess.run(["buildah", "config", "--cmd", "python3", container], env=env, check=True)
     subprocess.run(["buildah", "commit", "--quiet", "--rm", container, STANDIN_IMAGE],
                    env=env, check=True, stdout=subprocess.DEVNULL)  # fmt: skip
+    # The tag is fixed once: an edit of the checkout during the run changes what
+    # `make image-name` says (-dirty-<hash>), and the push must find what was built.
+    image = subprocess.run(
+        ["make", "-s", "-C", str(repo), "image-name", f"REGISTRY={REGISTRY}"],
+        env=env, check=True, capture_output=True, text=True,
+    ).stdout.strip()  # fmt: skip
+    (work / "image-tag").write_text(image.rpartition(":")[2])
     started = time.monotonic()
     subprocess.run(
-        ["make", "-C", str(repo), "image", f"REGISTRY={REGISTRY}",
+        ["make", "-C", str(repo), "image", f"REGISTRY={REGISTRY}", f"TAG={image_tag(work)}",
          f"PYTHON_IMAGE={STANDIN_IMAGE}", "BUILD_FLAGS=--pull=never --network=host"],
         env=env, check=True,
     )  # fmt: skip
     log(f"make image: {time.monotonic() - started:.0f} s")
+    sizes = subprocess.run(
+        ["buildah", "images", "--format", "{{.Name}}:{{.Tag}} {{.Size}}"],
+        env=env, check=True, capture_output=True, text=True,
+    ).stdout  # fmt: skip
+    for line in sizes.splitlines():
+        log(f"image size: {line}")
+
+
+def image_tag(work: Path) -> str:
+    """The commit's tag :func:`build_image` built (``0.1.0-<commit>[-dirty-<hash>]``)."""
+    return (work / "image-tag").read_text().strip()
 
 
 def start_registry(work: Path, storage: Path) -> subprocess.Popen[bytes]:
@@ -291,7 +309,7 @@ def push_image(repo: Path, work: Path) -> None:
     try:
         started = time.monotonic()
         subprocess.run(
-            ["make", "-C", str(repo), "push", f"REGISTRY={REGISTRY}",
+            ["make", "-C", str(repo), "push", f"REGISTRY={REGISTRY}", f"TAG={image_tag(work)}",
              "PUSH_FLAGS=--tls-verify=false"],
             env=image_env(work), check=True,
         )  # fmt: skip

@@ -10,6 +10,7 @@ pod-resources socket are still processes and files of the same namespace (or gue
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -93,6 +94,23 @@ class ShippedPlatform(LocalPlatform):
                 return int(answer.status), answer.read().decode()
         except urllib.error.HTTPError as error:
             return int(error.code), error.read().decode(errors="replace")
+
+    def rss(self) -> int:
+        """The largest VmRSS (bytes) among the plugin container's processes (the plugin;
+        dumb-init is tiny), read from /proc (the test shares the node's PID namespace)."""
+        from tests.e2e.test_cluster import container_processes
+
+        pod = self.plugin_pod()
+        assert pod is not None, f"no running plugin pod on {self.node}"
+        (status,) = pod.status.container_statuses
+        sizes = []
+        for pid in container_processes(status.container_id):
+            with contextlib.suppress(OSError):
+                for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+                    if line.startswith("VmRSS:"):
+                        sizes.append(int(line.split()[1]) * 1024)
+        assert sizes, "the container's processes are visible here"
+        return max(sizes)
 
     def readyz(self) -> tuple[int, str]:
         return self._pod_get(HEALTH_PORT, "/readyz")

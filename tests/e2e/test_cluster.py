@@ -512,6 +512,10 @@ def per_node_through_the_chart(
         platform.eventually(
             lambda: platform.allocatable().get(numa0) == str(exact), 90, f"{numa0}={exact}"
         )
+        # Per-node mode reads the Node with the standard library: within the 80Mi request.
+        rss = platform.rss()
+        print(f"plugin RSS in per-node mode: {rss / 2**20:.1f} MiB")
+        assert rss < 80 * 2**20
         label(core, node, "slots")
         platform.eventually(lambda: platform.allocatable().get(numa0) == "7", 90, f"{numa0}=7")
         label(core, node, "nope")

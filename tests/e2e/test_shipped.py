@@ -68,6 +68,17 @@ def test_the_pod_runs_the_readme_tag_from_the_registry_and_is_ready_by_its_probe
     assert platform.registered(resources)
 
 
+def test_the_plugin_fits_its_memory_request(shipped: ShippedPlatform) -> None:
+    """The DaemonSet asks 80Mi: the plugin's RSS serving slots stays under it."""
+    pod = shipped.plugin_pod()
+    assert pod is not None
+    request = pod.spec.containers[0].resources.requests["memory"]
+    assert request == "80Mi"
+    rss = shipped.rss()
+    print(f"plugin RSS: {rss / 2**20:.1f} MiB (request {request})")
+    assert rss < 80 * 2**20
+
+
 def test_kubectl_exec_status_and_kubectl_logs(
     shipped: ShippedPlatform, resources: tuple[str, ...]
 ) -> None:
