@@ -130,6 +130,8 @@ def test_every_rendering_passes_kubernetes_validate_strict(name: str, version: s
         (["--set", "config.reservedCpus=0-1"], "capacity"),
         (["--set", "config.reservedCpus=zero"], "reservedCpus"),
         (["--set-json", "config.podResourcesInterval=0.01"], "podResourcesInterval"),
+        (["--set-json", "config.nodeConfigInterval=0"], "nodeConfigInterval"),
+        (["--set", "config.nodeConfigInterval=soon"], "nodeConfigInterval"),
         (["--set", "config.metricsPort=9202"], "metricsPort"),
         (["--set", "config.logLevel=loud"], "logLevel"),
         (["--set", "image.pullPolicy=Sometimes"], "pullPolicy"),
@@ -238,6 +240,16 @@ def test_per_node_configuration_reaches_the_plugin(monkeypatch: pytest.MonkeyPat
     )
     assert not {"ClusterRole", "ClusterRoleBinding"} & {d["kind"] for d in plain}
     assert "NUMA_CONFIG_FILE" not in of_kind(plain, "ConfigMap")["data"]
+
+
+def test_the_node_label_interval_is_set_only_with_named_configurations() -> None:
+    named = ("--set-json", 'config.named={"a": {}}')
+    settings = of_kind(template(*named), "ConfigMap")["data"]
+    assert "NUMA_NODE_CONFIG_INTERVAL" not in settings, "the plugin's default: 60 s"
+    quick = template(*named, "--set-json", "config.nodeConfigInterval=1.5")
+    assert of_kind(quick, "ConfigMap")["data"]["NUMA_NODE_CONFIG_INTERVAL"] == "1.5"
+    alone = template("--set-json", "config.nodeConfigInterval=1.5")
+    assert "NUMA_NODE_CONFIG_INTERVAL" not in of_kind(alone, "ConfigMap")["data"]
 
 
 def test_a_named_configuration_change_rolls_the_pods() -> None:

@@ -507,7 +507,7 @@ def per_node_through_the_chart(
     try:
         platform.upgrade(
             "--reuse-values", "--set-json", f"config.named={json.dumps(named)}",
-            "--set", "config.default=slots",
+            "--set", "config.default=slots", "--set-json", "config.nodeConfigInterval=1",
         )  # fmt: skip
         platform.eventually(
             lambda: platform.allocatable().get(numa0) == str(exact), 90, f"{numa0}={exact}"

@@ -60,6 +60,9 @@ NUMA_RESERVED_MEMORY: {{ $c.reservedMemory | quote }}
 {{- end }}
 {{- if include "numa-device-plugin.perNode" . }}
 NUMA_CONFIG_FILE: {{ include "numa-device-plugin.configFile" . | quote }}
+{{- if not (kindIs "invalid" $c.nodeConfigInterval) }}
+NUMA_NODE_CONFIG_INTERVAL: {{ $c.nodeConfigInterval | toString | quote }}
+{{- end }}
 {{- end }}
 {{- end -}}
 
