@@ -364,6 +364,23 @@ class LocalPlatform(Platform):
         Path(f"/sys/devices/system/cpu/cpu{cpu}/online").write_text("1" if online else "0")
 
 
+def daemonset_pod(core: client.CoreV1Api, node: str) -> client.V1Pod | None:
+    """The plugin DaemonSet's running pod on ``node`` that is not being deleted, or None."""
+    pods = core.list_namespaced_pod(
+        NAMESPACE,
+        label_selector=f"app.kubernetes.io/name={PLUGIN}",
+        field_selector=f"spec.nodeName={node}",
+    ).items
+    running = [p for p in pods if p.status.phase == "Running" and not p.metadata.deletion_timestamp]
+    return running[0] if running else None
+
+
+def pod_ready(pod: client.V1Pod | None) -> bool:
+    """The pod's Ready condition (its readiness probes); False for None."""
+    conditions = (pod.status.conditions or []) if pod is not None else []
+    return any(c.type == "Ready" and c.status == "True" for c in conditions)
+
+
 def _running(pid: int) -> bool:
     try:
         state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
@@ -372,8 +389,8 @@ def _running(pid: int) -> bool:
     return state != "Z"
 
 
-def _with_flag(argv: list[str], flag: str, value: str) -> list[str]:
-    """``argv`` with ``flag value`` in place of any earlier ``flag``."""
+def _without(argv: list[str], flag: str) -> list[str]:
+    """``argv`` without ``flag`` (``flag value`` or ``flag=value``)."""
     out: list[str] = []
     skip = False
     for arg in argv:
@@ -383,25 +400,18 @@ def _with_flag(argv: list[str], flag: str, value: str) -> list[str]:
             skip = True
         elif not arg.startswith(flag + "="):
             out.append(arg)
-    return [*out, flag, value]
+    return out
+
+
+def _with_flag(argv: list[str], flag: str, value: str) -> list[str]:
+    """``argv`` with ``flag value`` in place of any earlier ``flag``."""
+    return [*_without(argv, flag), flag, value]
 
 
 def _with_capacity(argv: list[str], capacity: str, reserved: str) -> list[str]:
     """``argv`` with ``--capacity capacity`` and ``--reserved-cpus`` only in cpus mode."""
-    out: list[str] = []
-    skip = False
-    for arg in argv:
-        if skip:
-            skip = False
-            continue
-        if arg in ("--capacity", "--reserved-cpus"):
-            skip = True
-            continue
-        out.append(arg)
-    out += ["--capacity", capacity]
-    if capacity == "cpus":
-        out += ["--reserved-cpus", reserved]
-    return out
+    out = _with_flag(_without(argv, "--reserved-cpus"), "--capacity", capacity)
+    return _with_flag(out, "--reserved-cpus", reserved) if capacity == "cpus" else out
 
 
 class KvmPlatform(Platform):
@@ -418,20 +428,10 @@ class KvmPlatform(Platform):
         return read_cluster_config()
 
     def plugin_pod(self) -> client.V1Pod | None:
-        pods = self.core.list_namespaced_pod(
-            NAMESPACE,
-            label_selector=f"app.kubernetes.io/name={PLUGIN}",
-            field_selector=f"spec.nodeName={self.node}",
-        ).items
-        running = [
-            p for p in pods if p.status.phase == "Running" and not p.metadata.deletion_timestamp
-        ]
-        return running[0] if running else None
+        return daemonset_pod(self.core, self.node)
 
     def plugin_ready(self) -> bool:
-        pod = self.plugin_pod()
-        conditions = (pod.status.conditions or []) if pod is not None else []
-        return any(c.type == "Ready" and c.status == "True" for c in conditions)
+        return pod_ready(self.plugin_pod())
 
     def _exec(self, command: list[str]) -> str:
         pod = self.plugin_pod()

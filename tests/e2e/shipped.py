@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from tests.e2e.conftest import NAMESPACE, PLUGIN, LocalPlatform
+from tests.e2e.conftest import NAMESPACE, PLUGIN, LocalPlatform, daemonset_pod, pod_ready
 
 RELEASE = "numa-device-plugin"
 CHART = Path(__file__).resolve().parents[2] / "deployments" / "helm" / "numa-device-plugin"
@@ -68,21 +68,11 @@ class ShippedPlatform(LocalPlatform):
 
     def plugin_pod(self) -> client.V1Pod | None:
         """The node's running plugin pod that is not being deleted, or None."""
-        pods = self.core.list_namespaced_pod(
-            NAMESPACE,
-            label_selector=f"app.kubernetes.io/name={PLUGIN}",
-            field_selector=f"spec.nodeName={self.node}",
-        ).items
-        running = [
-            p for p in pods if p.status.phase == "Running" and not p.metadata.deletion_timestamp
-        ]
-        return running[0] if running else None
+        return daemonset_pod(self.core, self.node)
 
     def plugin_ready(self) -> bool:
         """The pod's Ready condition: its own readiness probe (``/readyz``)."""
-        pod = self.plugin_pod()
-        conditions = (pod.status.conditions or []) if pod is not None else []
-        return any(c.type == "Ready" and c.status == "True" for c in conditions)
+        return pod_ready(self.plugin_pod())
 
     def _pod_get(self, port: int, path: str) -> tuple[int, str]:
         pod = self.plugin_pod()

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import subprocess
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -449,28 +449,11 @@ def test_per_node_configuration_with_the_charts_service_account(
         per_node = ["--config-file", str(configs), "--node-name", node]
         per_node += ["--kubeconfig", str(tmp_path / "kubeconfig"), "--node-config-interval", "1"]
         platform.start_plugin_with([*original, *per_node])
-        numa0 = "numa-align/numa-0"
-        exact = cluster.exclusive_cpus(0)
-        platform.eventually(
-            lambda: platform.allocatable().get(numa0) == str(exact), 90, f"{numa0}={exact}"
+        exact, numa0 = cluster.exclusive_cpus(0), "numa-align/numa-0"
+        follows_the_label(platform, exact)
+        refused_without_the_binding(
+            platform, lambda: rbac.delete_cluster_role_binding(binding["metadata"]["name"])
         )
-        label(core, node, "slots")
-        platform.eventually(lambda: platform.allocatable().get(numa0) == "7", 90, f"{numa0}=7")
-
-        label(core, node, "nope")
-        platform.eventually(
-            lambda: "numa-align/config='nope' names no configuration" in platform.readyz()[1],
-            60, "the plugin to serve nothing for an unknown name",
-        )  # fmt: skip
-        assert platform.readyz()[0] == 503
-
-        # The chart's binding taken away: the API server refuses (403), nothing is served.
-        rbac.delete_cluster_role_binding(binding["metadata"]["name"])
-        label(core, node, "exact")
-        platform.eventually(
-            lambda: "403" in platform.readyz()[1] and "needs get on nodes" in platform.readyz()[1],
-            60, "the plugin to be refused the node",
-        )  # fmt: skip
         rbac.create_cluster_role_binding(binding)
         platform.eventually(platform.plugin_ready, 60, "the plugin to be ready again")
         platform.eventually(
@@ -491,6 +474,34 @@ def test_per_node_configuration_with_the_charts_service_account(
                     raise
 
 
+def follows_the_label(platform: LocalPlatform, exact: int) -> None:
+    """With the node labelled ``exact`` the plugin serves numa-0 with ``exact`` devices;
+    relabelled ``slots``, 7; ``nope`` (no such configuration), nothing, unready."""
+    core, node, numa0 = platform.core, platform.node, "numa-align/numa-0"
+    platform.eventually(
+        lambda: platform.allocatable().get(numa0) == str(exact), 90, f"{numa0}={exact}"
+    )
+    label(core, node, "slots")
+    platform.eventually(lambda: platform.allocatable().get(numa0) == "7", 90, f"{numa0}=7")
+    label(core, node, "nope")
+    platform.eventually(
+        lambda: "numa-align/config='nope' names no configuration" in platform.readyz()[1],
+        60, "the plugin to serve nothing for an unknown name",
+    )  # fmt: skip
+    assert platform.readyz()[0] == 503
+
+
+def refused_without_the_binding(platform: LocalPlatform, delete: Callable[[], object]) -> None:
+    """The chart's ClusterRoleBinding taken away (``delete``) and the node relabelled:
+    the API server refuses (403), the plugin says what it lacks and serves nothing."""
+    delete()
+    label(platform.core, platform.node, "exact")
+    platform.eventually(
+        lambda: "403" in platform.readyz()[1] and "needs get on nodes" in platform.readyz()[1],
+        60, "the plugin to be refused the node",
+    )  # fmt: skip
+
+
 def per_node_through_the_chart(
     platform: LocalPlatform, cluster: ClusterConfig, named: dict[str, dict[str, object]]
 ) -> None:
@@ -509,33 +520,19 @@ def per_node_through_the_chart(
             "--reuse-values", "--set-json", f"config.named={json.dumps(named)}",
             "--set", "config.default=slots", "--set-json", "config.nodeConfigInterval=1",
         )  # fmt: skip
-        platform.eventually(
-            lambda: platform.allocatable().get(numa0) == str(exact), 90, f"{numa0}={exact}"
-        )
+        follows_the_label(platform, exact)
         # Per-node mode reads the Node with the standard library: within the 80Mi request.
         rss = platform.rss()
         print(f"plugin RSS in per-node mode: {rss / 2**20:.1f} MiB")
         assert rss < 80 * 2**20
-        label(core, node, "slots")
-        platform.eventually(lambda: platform.allocatable().get(numa0) == "7", 90, f"{numa0}=7")
-        label(core, node, "nope")
-        platform.eventually(
-            lambda: "numa-align/config='nope' names no configuration" in platform.readyz()[1],
-            60, "the plugin to serve nothing for an unknown name",
-        )  # fmt: skip
-        assert platform.readyz()[0] == 503
-        # The chart's binding taken away: the API server refuses (403), nothing is served.
         (binding,) = [
             b for b in rbac.list_cluster_role_binding().items
             if b.subjects and any(s.name == RELEASE and s.namespace == "kube-system"
                                   for s in b.subjects)
         ]  # fmt: skip
-        rbac.delete_cluster_role_binding(binding.metadata.name)
-        label(core, node, "exact")
-        platform.eventually(
-            lambda: "403" in platform.readyz()[1] and "needs get on nodes" in platform.readyz()[1],
-            60, "the plugin to be refused the node",
-        )  # fmt: skip
+        refused_without_the_binding(
+            platform, lambda: rbac.delete_cluster_role_binding(binding.metadata.name)
+        )
         binding.metadata = client.V1ObjectMeta(
             name=binding.metadata.name, labels=binding.metadata.labels,
             annotations=binding.metadata.annotations,
