@@ -26,7 +26,7 @@ from numa_device_plugin.memory import limit_malloc_arenas
 from numa_device_plugin.numamemory import MemoryUnitError
 from numa_device_plugin.probes import MAX_CONNECTIONS
 from numa_device_plugin.server import SocketPathError
-from numa_device_plugin.signals import STOP_SIGNALS, early_stop
+from numa_device_plugin.signals import STOP_SIGNALS
 
 if TYPE_CHECKING:
     from numa_device_plugin.supervisor import Selector
@@ -188,9 +188,9 @@ async def serve(
     servers = await _start_listeners(manager, metrics_address, health_address, render)
     for signum in STOP_SIGNALS:
         loop.add_signal_handler(signum, manager.stop)
+    # Until here a stop signal ended the process at once (signals.catch_early): nothing
+    # was held. From here on the manager tears down what it makes.
     loop.add_signal_handler(signal.SIGHUP, manager.reload)
-    if early_stop() is not None:  # it came before these handlers (PID 1: never lost)
-        manager.stop()
     try:
         await manager.serve()
     finally:

@@ -200,10 +200,14 @@ def test_a_plugin_pod_deleted_right_after_it_starts_is_gone_within_2_s(
     killed = kill_time(Path(platform.processes["kubelet"]["log"]).read_text(),
                        status.container_id)  # fmt: skip
     assert killed is not None, "the kubelet logged no kill of the container"
-    assert gone - killed < 2.0, (
+    # 2 s on a machine at full speed; scaled like every timeout (5x under qemu's TCG).
+    bound = 2.0 * platform.time_scale
+    assert gone - killed < bound, (
         f"the container ran {gone - killed:.2f} s after the kubelet's SIGTERM "
-        f"({gone - deleted:.2f} s after the deletion)"
+        f"({gone - deleted:.2f} s after the deletion; bound {bound:.0f} s)"
     )
+    print(f"gone {gone - killed:.2f} s after the kubelet's SIGTERM, "
+          f"{gone - deleted:.2f} s after the deletion")  # fmt: skip
     assert not left, f"stale sockets: {sorted(left)}"
     platform.eventually(
         lambda: platform.plugin_ready() and platform.registered(resources), 120,
