@@ -45,9 +45,13 @@ def git(folder: Path, *args: str) -> str:
     ).stdout.strip()
 
 
+BUILDERS = ("docker", "podman", "buildah")
+
+
 def tools(folder: Path, *names: str, docker_daemon: bool = False) -> str:
     """A PATH holding fake builders ``names`` (a ``docker`` whose ``info`` fails unless
-    ``docker_daemon``) before the folders ``make``, ``git`` and ``sh`` need."""
+    ``docker_daemon``) before a folder of links to every program in the folders of
+    ``make``, ``git`` and ``sh`` but the real builders (a machine may have them there)."""
     bin_dir = folder / "fake-bin"
     bin_dir.mkdir(exist_ok=True)
     for name in names:
@@ -57,8 +61,15 @@ def tools(folder: Path, *names: str, docker_daemon: bool = False) -> str:
             "#!/bin/sh\n" + ('[ "$1" = info ] && exit 1\n' if fails else "") + "exit 0\n"
         )
         script.chmod(0o755)
-    keep = {str(Path(shutil.which(tool) or "/usr/bin/x").parent) for tool in ("make", "git", "sh")}
-    return os.pathsep.join([str(bin_dir), *sorted(keep)])
+    # Outside the checkout: the Makefile hashes untracked files for its -dirty tag.
+    system = folder.parent / f"{folder.name}-system-bin"
+    system.mkdir(exist_ok=True)
+    for tool in ("make", "git", "sh"):
+        for program in Path(shutil.which(tool) or "/usr/bin/x").parent.iterdir():
+            link = system / program.name
+            if program.name not in BUILDERS and not link.exists():
+                link.symlink_to(program)
+    return os.pathsep.join([str(bin_dir), str(system)])
 
 
 def dry_run(folder: Path, target: str, path: str | None = None, **variables: str) -> str:
