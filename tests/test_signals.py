@@ -112,6 +112,17 @@ async def test_pid_1_stops_on_sigterm_at_any_moment(
     assert sorted(p.name for p in sock_dir.glob("*.sock")) == [], "no socket left behind"
 
 
+def run_python(code: str) -> subprocess.CompletedProcess[str]:
+    """``code`` in a fresh interpreter that imports this checkout; its output and status."""
+    return subprocess.run(
+        [sys.executable, "-c", code],
+        env=dict(os.environ, PYTHONPATH=str(REPO)),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
 def test_a_stop_signal_before_serves_handlers_ends_the_process_at_once(signum: int) -> None:
     """In a child process: after catch_early a stop signal ends it at once, 128 +
@@ -127,13 +138,7 @@ def test_a_stop_signal_before_serves_handlers_ends_the_process_at_once(signum: i
         "print('not reached', flush=True)\n"
     )
     started = time.monotonic()
-    result = subprocess.run(
-        [sys.executable, "-c", code],
-        env=dict(os.environ, PYTHONPATH=str(REPO)),
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    result = run_python(code)
     assert result.stdout == "caught\n"
     assert result.returncode == 128 + signum
     assert time.monotonic() - started < 20, "it did not wait for the rest of start-up"
@@ -149,13 +154,7 @@ def test_release_gives_the_usual_actions_back() -> None:
         "os.kill(os.getpid(), signal.SIGTERM)\n"
         "print('not reached', flush=True)\n"
     )
-    result = subprocess.run(
-        [sys.executable, "-c", code],
-        env=dict(os.environ, PYTHONPATH=str(REPO)),
-        capture_output=True,
-        text=True,
-        timeout=30,
-    )
+    result = run_python(code)
     assert result.stdout == ""
     assert result.returncode == -signal.SIGTERM
 

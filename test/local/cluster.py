@@ -393,7 +393,10 @@ class Cluster:
         ])  # fmt: skip
 
     def _registry(self) -> None:
-        self.registry = shipped.start_registry(self.work, Path(self.spec.registry_storage))
+        # Recorded with the cluster's processes: down() stops it, the reaper spares it.
+        self.processes.started["docker-registry"] = shipped.start_registry(
+            self.work, Path(self.spec.registry_storage)
+        )
 
     def _install(self) -> None:
         """The README's install command for the mode, then the plugin's pod Ready through
@@ -569,12 +572,18 @@ class Cluster:
         may have restarted them): SIGTERM, up to ``grace`` seconds, then SIGKILL; one at a
         time, so the plugin never outlives the kubelet's socket folder nor the kubelet its
         runtime. The namespace's end takes whatever is left (containers, shims)."""
-        for name in ("plugin", "kubelet", "kube-scheduler", "containerd", "kube-apiserver", "etcd"):
+        for name in (
+            "plugin", "kubelet", "kube-scheduler", "kube-controller-manager", "containerd",
+            "kube-apiserver", "etcd",
+        ):  # fmt: skip
             entry = self.processes.described.get(name)
             if entry is None:
                 continue
             with contextlib.suppress(OSError, ValueError):
                 stop(int(Path(entry.pidfile).read_text()), self.processes.started[name], grace)
+        registry = self.processes.started.get("docker-registry")
+        if registry is not None:
+            stop(registry.pid, registry, grace)
 
 
 def running(pid: int) -> bool:

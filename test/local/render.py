@@ -166,13 +166,14 @@ def containerd_config(
     ``registry_config``: the ``certs.d`` folder of per-registry ``hosts.toml`` files."""
     base = work / "containerd"
     cni_bin = cni_bin_dir or work / "cni" / "bin"
+    cri = 'plugins."io.containerd.grpc.v1.cri"'
     registries = (
-        f'  [{{cri}}.registry]\n    config_path = "{registry_config}"\n'
+        f'  [{cri}.registry]\n    config_path = "{registry_config}"\n'
         if registry_config is not None
         else ""
     )
-    cri = 'plugins."io.containerd.grpc.v1.cri"'
-    return f"""version = 2
+    return (
+        f"""version = 2
 root = "{base}/root"
 state = "{base}/state"
 disabled_plugins = [
@@ -204,7 +205,9 @@ disabled_plugins = [
   [{cri}.cni]
     bin_dir = "{cni_bin}"
     conf_dir = "{work}/cni/net.d"
-""" + registries.format(cri=cri)
+"""
+        + registries
+    )
 
 
 def kubeconfig(server: str, token: str) -> dict[str, Any]:
