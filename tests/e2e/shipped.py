@@ -74,6 +74,25 @@ class ShippedPlatform(LocalPlatform):
         """The pod's Ready condition: its own readiness probe (``/readyz``)."""
         return pod_ready(self.plugin_pod())
 
+    def why_restarted(self, pod: client.V1Pod) -> str:
+        """What ended the plugin container's last run: its last state (reason, exit code,
+        times), the pod's events and the end of the previous run's log."""
+        (status,) = pod.status.container_statuses
+        ended = status.last_state.terminated if status.last_state else None
+        lines = [f"restarts: {status.restart_count}"]
+        if ended is not None:
+            lines.append(f"last run: {ended.reason} exit {ended.exit_code} signal {ended.signal},"
+                         f" {ended.started_at} .. {ended.finished_at}")  # fmt: skip
+        events = self.core.list_namespaced_event(
+            NAMESPACE, field_selector=f"involvedObject.name={pod.metadata.name}"
+        )
+        lines += [f"event: {e.type} {e.reason} x{e.count}: {e.message}" for e in events.items]
+        with contextlib.suppress(subprocess.SubprocessError):
+            previous = self.kubectl("-n", NAMESPACE, "logs", "--previous", pod.metadata.name,
+                                    "-c", PLUGIN)  # fmt: skip
+            lines += ["previous run's log ends:", *previous.splitlines()[-15:]]
+        return "\n".join(lines)
+
     def _pod_get(self, port: int, path: str) -> tuple[int, str]:
         pod = self.plugin_pod()
         if pod is None or not pod.status.pod_ip:

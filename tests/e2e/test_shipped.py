@@ -61,7 +61,7 @@ def test_the_pod_runs_the_readme_tag_from_the_registry_and_is_ready_by_its_probe
     assert "cpu" not in (container.resources.requests or {}), "no CPU request (see README)"
     (status,) = pod.status.container_statuses
     assert status.ready
-    assert status.restart_count == 0
+    assert status.restart_count == 0, platform.why_restarted(pod)
     assert status.image_id, "pulled: the runtime knows the image's digest"
     # Ready means what the probe says: /readyz answers 200, every resource registered.
     assert platform.readyz()[0] == 200
@@ -89,16 +89,17 @@ def test_kubectl_exec_status_and_kubectl_logs(
     assert "registered with the kubelet" in log, log[-2000:]
 
 
-def retag(registry: str, tag: str, new: str) -> None:
-    """Give the image ``tag`` a second tag ``new`` in the registry (its HTTP API)."""
+def retag(registry: str, tag: str, new: str, timeout: float) -> None:
+    """Give the image ``tag`` a second tag ``new`` in the registry (its HTTP API); each
+    request may take ``timeout`` seconds."""
     base = f"http://127.0.0.1:{registry.rpartition(':')[2]}/v2/numa-device-plugin/manifests"
     request = urllib.request.Request(f"{base}/{tag}", headers={"Accept": MANIFEST_TYPES})
-    with urllib.request.urlopen(request, timeout=10) as answer:
+    with urllib.request.urlopen(request, timeout=timeout) as answer:
         manifest, kind = answer.read(), answer.headers["Content-Type"]
     put = urllib.request.Request(
         f"{base}/{new}", data=manifest, method="PUT", headers={"Content-Type": kind}
     )
-    with urllib.request.urlopen(put, timeout=10) as answer:
+    with urllib.request.urlopen(put, timeout=timeout) as answer:
         assert answer.status == 201
 
 
@@ -112,7 +113,7 @@ def test_a_rolling_update_to_a_new_tag_leaves_workload_pods_untouched(
     image = old.spec.containers[0].image
     repository, _, tag = image.rpartition(":")
     new = f"{tag}-rollout"
-    retag(platform.description["registry"], tag, new)
+    retag(platform.description["registry"], tag, new, 10 * platform.time_scale)
     try:
         set_tag(platform, repository, new)
         platform.eventually(
