@@ -25,7 +25,15 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from benchmarks.harness import PluginProcess, free_port, machine_info, percentile, rig, settle
+from benchmarks.harness import (
+    PluginProcess,
+    free_port,
+    machine_info,
+    percentile,
+    rig,
+    set_pace,
+    settle,
+)
 
 MB = 1024 * 1024
 PROBE_TIMEOUT = 3.0
@@ -116,19 +124,19 @@ async def attack(slow: int, burst: int, burst_timeout: float) -> dict[str, Any]:
         prober = Prober(health)
         probing = asyncio.create_task(prober.run(stop))
         crowd = await slowloris(health, slow)
-        await asyncio.sleep(2.0)
+        await settle(2.0)
         figures["slowloris"] = {
             "connections_opened": len(crowd),
             "threads": threads(plugin),
             "rss_mb": plugin.rss_bytes() / MB,
         }
-        await asyncio.sleep(3.0)
+        await settle(3.0)
         stop.set()
         await probing
         figures["slowloris"]["probe"] = prober.summary()
         for writer in crowd:
             writer.close()
-        await settle(6.0)  # past the read timeout: every slow connection is gone
+        await settle(6.0)  # at pace 1, past the read timeout: every slow connection is gone
         figures["after_slowloris"] = {
             "threads": threads(plugin),
             "rss_mb": plugin.rss_bytes() / MB,
@@ -139,7 +147,7 @@ async def attack(slow: int, burst: int, burst_timeout: float) -> dict[str, Any]:
         probing = asyncio.create_task(prober.run(stop))
         outcomes = await asyncio.gather(*(one_request(health, burst_timeout) for _ in range(burst)))
         during = {"threads": threads(plugin), "rss_mb": plugin.rss_bytes() / MB}
-        await asyncio.sleep(1.0)
+        await settle(1.0)
         stop.set()
         await probing
         figures["burst"] = {
@@ -163,7 +171,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--burst", type=int, default=1000, help="connections at once")
     parser.add_argument("--burst-timeout", type=float, default=30.0, help="seconds")
     parser.add_argument("--json", action="store_true", help="print JSON")
+    parser.add_argument(
+        "--pace", type=float, default=1.0, help="multiply every hold time (below 1: tests only)"
+    )
     args = parser.parse_args(argv)
+    set_pace(args.pace)
     figures = asyncio.run(attack(args.slowloris, args.burst, args.burst_timeout))
     document = {"machine": machine_info(), **figures}
     if args.json:

@@ -23,7 +23,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from benchmarks.harness import Rig, machine_info, percentile, rig, settle
+from benchmarks.harness import Rig, machine_info, percentile, rig, set_pace, settle
 from numa_device_plugin.devices import CPUS
 
 MB = 1024 * 1024
@@ -377,7 +377,12 @@ def main(argv: list[str] | None = None) -> int:
         default=MEMORY_NODES,
         help="scale: NUMA node counts with --memory-unit 1Gi (8,64; empty: none)",
     )
+    parser.add_argument(
+        "--pace", type=float, default=1.0,
+        help="multiply every fixed settle time (below 1 only to show a benchmark runs)",
+    )  # fmt: skip
     args = parser.parse_args(argv)
+    set_pace(args.pace)
 
     async def run_reregistration() -> list[Figure]:
         return [f for nodes in (2, 8) for f in await reregistration(nodes, args.restarts)]

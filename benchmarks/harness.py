@@ -259,6 +259,18 @@ async def rig(
         shutil.rmtree(folder, ignore_errors=True)
 
 
+# Multiplies every fixed wait of the benchmarks (settle, hold times, idle windows); 1.0
+# for figures, less where a test only shows that a benchmark runs (``--pace``).
+PACE = [1.0]
+
+
+def set_pace(pace: float) -> None:
+    """Every later :func:`settle` waits ``pace`` times its seconds (``pace`` > 0)."""
+    if pace <= 0:
+        raise ValueError(f"pace must be above 0, not {pace}")
+    PACE[0] = pace
+
+
 async def settle(seconds: float = 0.2) -> None:
-    """Give late events a moment to run."""
-    await asyncio.sleep(seconds)
+    """Give late events a moment to run: ``seconds`` times the pace (1.0 for figures)."""
+    await asyncio.sleep(seconds * PACE[0])

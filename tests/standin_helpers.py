@@ -42,7 +42,17 @@ def all_live(kubelet: KubeletStandIn, names: list[str]) -> bool:
 
 
 async def wait_all_live(kubelet: KubeletStandIn, names: list[str], timeout: float = 10) -> None:
-    await kubelet.wait_until(lambda: all_live(kubelet, names), timeout)
+    """Wait until every resource of ``names`` has a live registration with the stand-in;
+    after ``timeout`` seconds, fail naming those that were live and those that were not."""
+    try:
+        await kubelet.wait_until(lambda: all_live(kubelet, names), timeout)
+    except TimeoutError:
+        live = [name for name in names if kubelet.live(name)]
+        missing = [name for name in names if name not in live]
+        raise AssertionError(
+            f"after {timeout:g} s, {len(live)} of {len(names)} resources were live;"
+            f" not live: {', '.join(missing)}"
+        ) from None
 
 
 async def eventually(predicate: Callable[[], bool], timeout: float = 10.0) -> None:
