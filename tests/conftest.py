@@ -28,6 +28,20 @@ def under_ci(value: str | None) -> bool:
     return (value or "").strip().lower() not in ("", "0", "false")
 
 
+def venv_tool(name: str) -> str:
+    """The path of program ``name`` from PATH or ``.venv/bin`` (where ``make NAME`` puts
+    it); skips the test without it, or fails it under CI (:func:`under_ci`)."""
+    found = shutil.which(name) or next(
+        (str(p) for p in [REPO / ".venv" / "bin" / name] if os.access(p, os.X_OK)), None
+    )
+    if found is None:
+        message = f"{name} is not installed: `make {name}` puts it into .venv/bin"
+        if under_ci(os.environ.get("CI")):
+            pytest.fail(message)
+        pytest.skip(message)
+    return found
+
+
 def pytest_configure(config: pytest.Config) -> None:
     """Under CI (``CI`` set, see :func:`under_ci`) the real snapshots must be there: a
     missing ../shared is an error, not a row of silent skips."""

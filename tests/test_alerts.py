@@ -6,17 +6,14 @@ fail under CI).
 
 from __future__ import annotations
 
-import os
 import re
-import shutil
 import subprocess
 from pathlib import Path
 from typing import Any
 
-import pytest
 import yaml
 
-from tests.conftest import REPO, under_ci
+from tests.conftest import venv_tool
 from tests.test_helm import of_kind, template
 
 ALERTS = (
@@ -29,15 +26,7 @@ POD = {"namespace": "kube-system", "pod": "numa-device-plugin-a"}
 
 
 def promtool() -> str:
-    found = shutil.which("promtool") or next(
-        (str(p) for p in [REPO / ".venv" / "bin" / "promtool"] if os.access(p, os.X_OK)), None
-    )
-    if found is None:
-        message = "promtool is not installed: `make promtool` puts it into .venv/bin"
-        if under_ci(os.environ.get("CI")):
-            pytest.fail(message)
-        pytest.skip(message)
-    return found
+    return venv_tool("promtool")
 
 
 def rule() -> dict[str, Any]:

@@ -10,9 +10,7 @@ from __future__ import annotations
 
 import copy
 import json
-import os
 import re
-import shutil
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -24,7 +22,7 @@ import yaml
 from numa_device_plugin import __version__
 from numa_device_plugin.cli import options, serve
 from numa_device_plugin.nodeconfig import parse_node_configs
-from tests.conftest import REPO, under_ci
+from tests.conftest import REPO, venv_tool
 from tests.test_deployments import KUBERNETES_VERSIONS, check_pod_monitor, render
 
 CHART = REPO / "deployments" / "helm" / "numa-device-plugin"
@@ -62,15 +60,7 @@ RENDERINGS["flavour-custom"] += ["--set", "kubelet.root=/data/kubelet"]
 
 
 def helm() -> str:
-    found = shutil.which("helm") or next(
-        (str(p) for p in [REPO / ".venv" / "bin" / "helm"] if os.access(p, os.X_OK)), None
-    )
-    if found is None:
-        message = "helm is not installed: `make helm` puts it into .venv/bin"
-        if under_ci(os.environ.get("CI")):
-            pytest.fail(message)
-        pytest.skip(message)
-    return found
+    return venv_tool("helm")
 
 
 def run_helm(*args: str) -> subprocess.CompletedProcess[str]:
