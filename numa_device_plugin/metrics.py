@@ -21,6 +21,7 @@ the last good read; NaN before the first).
 
 from __future__ import annotations
 
+import contextlib
 import platform
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -66,6 +67,7 @@ class PrometheusRecorder:
         # object per series: the distance matrix alone is n² series (65,536 at 256
         # NUMA nodes, once 60 MB as Gauge children).
         self._plans: tuple[NodePlan, ...] = ()
+        self._advertised: set[str] = set()  # the resources of the last topology()
         r.register(_TopologyCollector(lambda: self._plans))
         prefix = "numa_device_plugin"
         self.devices_gauge = Gauge(
@@ -162,6 +164,13 @@ class PrometheusRecorder:
     def topology(self, plans: tuple[NodePlan, ...], devices: dict[str, int]) -> None:
         self._plans = plans
         self.devices_gauge.clear()
+        # A resource no longer advertised (its NUMA node lost its CPUs, another
+        # configuration) loses its registered series: left at 0 it would read as a
+        # registration missing forever (the chart's NumaDevicePluginNotRegistered alert).
+        for gone in self._advertised - set(devices):
+            with contextlib.suppress(KeyError):
+                self.registered_now.remove(gone)
+        self._advertised = set(devices)
         for resource, count in devices.items():
             self.devices_gauge.labels(resource, HEALTHY).set(count)
             self.devices_gauge.labels(resource, UNHEALTHY).set(0)
@@ -184,6 +193,8 @@ class PrometheusRecorder:
         (self.registrations if ok else self.registration_failures).labels(resource).inc()
 
     def registered(self, resource: str, now: bool) -> None:
+        if not now and resource not in self._advertised:
+            return  # an endpoint of a resource no longer advertised, stopping
         self.registered_now.labels(resource).set(1 if now else 0)
 
     def kubelet_restart(self) -> None:

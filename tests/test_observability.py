@@ -311,3 +311,24 @@ async def test_content_types_carry_a_charset() -> None:
         assert await asyncio.to_thread(content_type, "/readyz") == "text/plain; charset=utf-8"
     finally:
         await probes.stop()
+
+
+def test_a_resource_no_longer_advertised_loses_its_registered_series() -> None:
+    """Left at 0, a vanished resource's series would read as a registration missing
+    forever (the chart's NumaDevicePluginNotRegistered alert); its stopping endpoint's
+    last word must not bring it back."""
+    recorder = PrometheusRecorder()
+    r0, r1 = "numa-align/numa-0", "numa-align/numa-1"
+    recorder.topology((), {r0: 4, r1: 4})
+    recorder.registered(r0, True)
+    recorder.registered(r1, True)
+    recorder.topology((), {r0: 4})  # NUMA node 1 lost its CPUs
+    recorder.registered(r1, False)  # its endpoint stops afterwards
+    v = samples(recorder.render().decode())
+    registered = {dict(k[1])["resource"]: x for k, x in v.items() if k[0].endswith("_registered")}
+    assert registered == {r0: 0.0}, "topology() puts every advertised resource at 0"
+    recorder.registered(r0, True)
+    recorder.topology((), {r0: 4, r1: 2})  # back
+    v = samples(recorder.render().decode())
+    registered = {dict(k[1])["resource"]: x for k, x in v.items() if k[0].endswith("_registered")}
+    assert registered == {r0: 0.0, r1: 0.0}
