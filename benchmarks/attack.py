@@ -29,9 +29,10 @@ from benchmarks.harness import (
     PluginProcess,
     free_port,
     machine_info,
+    pace_flag,
+    paced,
     percentile,
     rig,
-    set_pace,
     settle,
 )
 
@@ -172,11 +173,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--burst-timeout", type=float, default=30.0, help="seconds")
     parser.add_argument("--json", action="store_true", help="print JSON")
     parser.add_argument(
-        "--pace", type=float, default=1.0, help="multiply every hold time (below 1: tests only)"
+        "--pace", type=pace_flag, default=1.0, help="multiply every hold time (below 1: tests only)"
     )
     args = parser.parse_args(argv)
-    set_pace(args.pace)
-    figures = asyncio.run(attack(args.slowloris, args.burst, args.burst_timeout))
+    with paced(args.pace):
+        figures = asyncio.run(attack(args.slowloris, args.burst, args.burst_timeout))
     document = {"machine": machine_info(), **figures}
     if args.json:
         print(json.dumps(document, indent=2))

@@ -23,7 +23,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from benchmarks.harness import Rig, machine_info, percentile, rig, set_pace, settle
+from benchmarks.harness import Rig, machine_info, pace_flag, paced, percentile, rig, settle
 from numa_device_plugin.devices import CPUS
 
 MB = 1024 * 1024
@@ -378,11 +378,10 @@ def main(argv: list[str] | None = None) -> int:
         help="scale: NUMA node counts with --memory-unit 1Gi (8,64; empty: none)",
     )
     parser.add_argument(
-        "--pace", type=float, default=1.0,
+        "--pace", type=pace_flag, default=1.0,
         help="multiply every fixed settle time (below 1 only to show a benchmark runs)",
     )  # fmt: skip
     args = parser.parse_args(argv)
-    set_pace(args.pace)
 
     async def run_reregistration() -> list[Figure]:
         return [f for nodes in (2, 8) for f in await reregistration(nodes, args.restarts)]
@@ -399,7 +398,8 @@ def main(argv: list[str] | None = None) -> int:
     figures: list[Figure] = []
     for name in selected:
         print(f"running {name} ...", file=sys.stderr, flush=True)
-        figures += asyncio.run(jobs[name]())
+        with paced(args.pace):
+            figures += asyncio.run(jobs[name]())
     machine = machine_info()
     if args.json:
         document = {

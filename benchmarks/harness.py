@@ -3,7 +3,9 @@ on a synthetic sysfs tree, next to the in-process kubelet stand-in, and /proc re
 
 from __future__ import annotations
 
+import argparse
 import asyncio
+import contextlib
 import math
 import os
 import platform
@@ -14,7 +16,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Iterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -259,16 +261,32 @@ async def rig(
         shutil.rmtree(folder, ignore_errors=True)
 
 
-# Multiplies every fixed wait of the benchmarks (settle, hold times, idle windows); 1.0
-# for figures, less where a test only shows that a benchmark runs (``--pace``).
+# Multiplies every fixed settle and hold time of the benchmarks (the idle and read
+# windows are flags of their own): 1.0 for figures, less where a test only shows that a
+# benchmark runs (``--pace``).
 PACE = [1.0]
 
 
-def set_pace(pace: float) -> None:
-    """Every later :func:`settle` waits ``pace`` times its seconds (``pace`` > 0)."""
-    if pace <= 0:
-        raise ValueError(f"pace must be above 0, not {pace}")
-    PACE[0] = pace
+def pace_flag(text: str) -> float:
+    """``--pace``: a number above 0 (argparse turns the ArgumentTypeError into exit 2)."""
+    try:
+        pace = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not pace > 0 or pace == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a finite number above 0, not {text!r}")
+    return pace
+
+
+@contextlib.contextmanager
+def paced(pace: float) -> Iterator[None]:
+    """Every :func:`settle` inside waits ``pace`` times its seconds; the pace before is
+    back afterwards (a test calling one benchmark leaves the next at its own pace)."""
+    before, PACE[0] = PACE[0], pace
+    try:
+        yield
+    finally:
+        PACE[0] = before
 
 
 async def settle(seconds: float = 0.2) -> None:

@@ -11,7 +11,7 @@ import json
 import pytest
 
 from benchmarks import bench
-from benchmarks.harness import percentile
+from benchmarks.harness import PACE, percentile
 from benchmarks.soak import soak
 
 
@@ -80,3 +80,17 @@ def test_the_attack_script_runs_and_prints_its_figures(capsys: pytest.CaptureFix
     assert burst["answered"] + burst["refused"] + burst["hung"] == 50
     assert burst["hung"] == 0, "every connection ends, answered or refused"
     assert document["slowloris"]["probe"]["failed"] == 0, "the prober was answered"
+
+
+@pytest.mark.parametrize("pace", ["0", "-1", "soon", "nan", "inf"])
+def test_a_bad_pace_exits_2_with_usage(pace: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        bench.main(["startup", "--pace", pace])
+    assert exit_info.value.code == 2
+    assert "--pace" in capsys.readouterr().err
+
+
+def test_the_pace_is_back_after_a_benchmark(capsys: pytest.CaptureFixture[str]) -> None:
+    """The soak test after a paced benchmark test (same worker) settles at full length."""
+    assert bench.main(["reregistration", "--restarts", "1", "--json", "--pace", "0.1"]) == 0
+    assert PACE == [1.0]
