@@ -6,6 +6,7 @@ fail under CI).
 
 from __future__ import annotations
 
+import functools
 import re
 import subprocess
 from pathlib import Path
@@ -29,9 +30,17 @@ def promtool() -> str:
     return venv_tool("promtool")
 
 
+@functools.cache
 def rule() -> dict[str, Any]:
-    """The rendered PrometheusRule."""
+    """The rendered PrometheusRule (helm runs once per test process)."""
     return of_kind(template("--set", "monitoring.alerts.enabled=true"), "PrometheusRule")
+
+
+def write_rules(folder: Path) -> Path:
+    """The rule's groups as a Prometheus rules file, ``folder/rules.yaml``."""
+    path = folder / "rules.yaml"
+    path.write_text(yaml.safe_dump({"groups": rule()["spec"]["groups"]}))
+    return path
 
 
 def rules_by_alert() -> dict[str, dict[str, Any]]:
@@ -63,9 +72,8 @@ def series(name: str, values: str, **labels: str) -> dict[str, str]:
 
 def promtool_test(tmp_path: Path, tests: list[dict[str, Any]]) -> subprocess.CompletedProcess[str]:
     """``promtool test rules`` of ``tests`` against the rendered rules (1 m intervals)."""
-    (tmp_path / "rules.yaml").write_text(yaml.safe_dump({"groups": rule()["spec"]["groups"]}))
     document = {
-        "rule_files": ["rules.yaml"],
+        "rule_files": [write_rules(tmp_path).name],
         "evaluation_interval": "1m",
         "tests": [{"interval": "1m", **test} for test in tests],
     }
@@ -84,9 +92,8 @@ def test_no_rule_unless_enabled_and_extra_labels_reach_it() -> None:
 
 
 def test_promtool_checks_the_rules(tmp_path: Path) -> None:
-    (tmp_path / "rules.yaml").write_text(yaml.safe_dump({"groups": rule()["spec"]["groups"]}))
     done = subprocess.run(
-        [promtool(), "check", "rules", str(tmp_path / "rules.yaml")],
+        [promtool(), "check", "rules", str(write_rules(tmp_path))],
         capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     assert done.returncode == 0, done.stdout + done.stderr

@@ -324,11 +324,13 @@ def test_a_resource_no_longer_advertised_loses_its_registered_series() -> None:
     recorder.registered(r1, True)
     recorder.topology((), {r0: 4})  # NUMA node 1 lost its CPUs
     recorder.registered(r1, False)  # its endpoint stops afterwards
-    v = samples(recorder.render().decode())
-    registered = {dict(k[1])["resource"]: x for k, x in v.items() if k[0].endswith("_registered")}
-    assert registered == {r0: 0.0}, "topology() puts every advertised resource at 0"
+    assert registered(recorder) == {r0: 0.0}, "topology() puts every advertised resource at 0"
     recorder.registered(r0, True)
     recorder.topology((), {r0: 4, r1: 2})  # back
+    assert registered(recorder) == {r0: 0.0, r1: 0.0}
+
+
+def registered(recorder: PrometheusRecorder) -> dict[str, float]:
+    """Resource -> value of the recorder's numa_device_plugin_registered series."""
     v = samples(recorder.render().decode())
-    registered = {dict(k[1])["resource"]: x for k, x in v.items() if k[0].endswith("_registered")}
-    assert registered == {r0: 0.0, r1: 0.0}
+    return {dict(k[1])["resource"]: x for k, x in v.items() if k[0].endswith("_registered")}
