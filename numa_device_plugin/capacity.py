@@ -73,9 +73,11 @@ class KubeletView:
     ``allocatable_cpus``: ``GetAllocatableResources().cpu_ids`` (empty unless the
     CPU manager policy is ``static``); ``holders``: the containers of ``List()``
     that hold devices (others may be listed too); ``foreign_cpus``: exclusive CPUs
-    of the containers left out of ``holders``; ``memory``: per NUMA node id and
-    memory type (``memory``, ``hugepages-2Mi``...), allocatable bytes (only under
-    the Memory Manager's ``Static`` policy; empty otherwise); ``assigned_memory``:
+    of the containers left out of ``holders``; ``others``: those containers that have
+    exclusive CPUs, as holders without devices (the node page names them); ``memory``:
+    per NUMA node id and memory type (``memory``, ``hugepages-2Mi``...), allocatable
+    bytes (only under the Memory Manager's ``Static`` policy; empty otherwise);
+    ``assigned_memory``:
     the same shape, the bytes of every container's memory blocks (a block naming
     several NUMA nodes counts in full on each).
     """
@@ -85,6 +87,7 @@ class KubeletView:
     memory: Mapping[int, Mapping[str, int]] = field(default_factory=dict)
     foreign_cpus: frozenset[int] = frozenset()
     assigned_memory: Mapping[int, Mapping[str, int]] = field(default_factory=dict)
+    others: tuple[Holder, ...] = ()
 
     @cached_property
     def assigned_cpus(self) -> frozenset[int]:
@@ -102,6 +105,7 @@ def view_from(
 ) -> KubeletView:
     """The :class:`KubeletView` of a ``List`` and a ``GetAllocatableResources`` answer."""
     holders = []
+    others = []
     foreign: set[int] = set()
     assigned: dict[int, dict[str, int]] = {}
     for pod in pods.pod_resources:
@@ -113,8 +117,11 @@ def view_from(
                     own[key] = own.get(key, 0) + block.size
                     per_type = assigned.setdefault(node.ID, {})
                     per_type[block.memory_type] = per_type.get(block.memory_type, 0) + block.size
+            cpus = frozenset(container.cpu_ids)
             if not container.devices:
-                foreign.update(container.cpu_ids)
+                if cpus:  # an exclusive container without devices: named on the node page
+                    foreign.update(cpus)
+                    others.append(Holder(pod.namespace, pod.name, container.name, cpus))
                 continue
             devices: dict[str, tuple[str, ...]] = {}
             for entry in container.devices:
@@ -122,16 +129,8 @@ def view_from(
                     *devices.get(entry.resource_name, ()),
                     *entry.device_ids,
                 )
-            holders.append(
-                Holder(
-                    pod.namespace,
-                    pod.name,
-                    container.name,
-                    frozenset(container.cpu_ids),
-                    devices,
-                    own or MappingProxyType({}),
-                )
-            )
+            held: Mapping[tuple[int, str], int] = own or MappingProxyType({})
+            holders.append(Holder(pod.namespace, pod.name, container.name, cpus, devices, held))
     memory: dict[int, dict[str, int]] = {}
     for block in allocatable.memory:
         for node in block.topology.nodes:
@@ -143,6 +142,7 @@ def view_from(
         memory=memory,
         foreign_cpus=frozenset(foreign),
         assigned_memory=assigned,
+        others=tuple(others),
     )
 
 

@@ -39,6 +39,7 @@ from numa_device_plugin.recorder import NullRecorder, Recorder
 from numa_device_plugin.registration import Backoff
 from numa_device_plugin.server import check_socket_path, file_identity
 from numa_device_plugin.servicer import NumaDevicePluginServicer
+from numa_device_plugin.snapshot import PluginState, take
 from numa_device_plugin.wakeups import STREAM_LOST, Wakeups
 from numa_device_plugin.watcher import SocketDirWatcher
 
@@ -108,6 +109,14 @@ class PluginManager:
             for name, servicer in self.servicers.items()
             if (problem := resource_problem(name in self.registered, servicer)) is not None
         ]
+
+    def snapshot(self) -> PluginState:
+        """The state now as plain data (:func:`numa_device_plugin.snapshot.take`), for
+        the node page and ``/debug/state`` (loop thread)."""
+        return take(
+            self.config, self.catalog, self.registered, self.poller, self.lock_keeper,
+            self.readiness_problems(),
+        )  # fmt: skip
 
     def settled(self) -> bool:
         """True when the loop sleeps with nothing left to do: no event unhandled, no

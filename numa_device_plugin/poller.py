@@ -81,6 +81,16 @@ class CapacityPoller:
 
     # -- what the kubelet showed ------------------------------------------------------------
 
+    @property
+    def reachable(self) -> bool | None:
+        """Whether the last read of the pod resources API succeeded; None before the first."""
+        return self._reachable
+
+    @property
+    def read_at(self) -> float | None:
+        """``time.time()`` of the last good read; None when there was none."""
+        return self._read_at
+
     def capacities(self) -> list[NodeCapacity]:
         """Per advertised NUMA node, its CPUs and devices as the kubelet last showed them."""
         resources = self.catalog.resources

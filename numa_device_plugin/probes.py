@@ -1,12 +1,18 @@
-"""The HTTP listeners for ``/metrics``, ``/healthz`` and ``/readyz``, on the event loop.
+"""The HTTP listeners for the probes, ``/metrics`` and the node page, on the event loop.
 
-Every listener serves the probes; the one with metrics serves ``/metrics`` too:
+Every listener serves the probes; the one with metrics serves ``/metrics``, the
+node page and ``/debug/state`` too:
 
 - ``/healthz``: 200 ``ok``. The answer comes from the event loop itself, so a stuck
   loop answers nothing and the kubelet's probe times out (``timeoutSeconds``).
 - ``/readyz``: 200 while every advertised resource is registered with the kubelet
   and its ListAndWatch stream is open, else 503 with one line per problem.
 - ``/metrics``: the Prometheus text format, where metrics are enabled.
+- ``/``: the node page (:mod:`numa_device_plugin.nodepage`), HTML with SVG, rendered
+  in a worker thread and shared and bounded like ``/metrics``.
+- ``/debug/state``: the plugin's state as JSON (:func:`~numa_device_plugin.snapshot.
+  debug_document`): registrations, streams, the last pod resources read, the lock,
+  the configuration served and why.
 
 The listeners face the pod network (the DaemonSet binds every interface), so a
 connection costs a few kilobytes and no thread, and none may hold on:
@@ -37,6 +43,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
+from typing import Any
 
 # Seconds a client has to send its request head.
 READ_TIMEOUT = 5.0
@@ -57,6 +64,11 @@ MAX_SCRAPES = 8
 # What prometheus-client's generate_latest() writes: the text format 0.0.4.
 METRICS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 TEXT = "text/plain; charset=utf-8"
+HTML = "text/html; charset=utf-8"
+JSON = "application/json"
+# The metrics listener's pages: (snapshot on the loop, the page of a snapshot in a
+# worker thread, the /debug/state JSON of a snapshot).
+Pages = tuple[Callable[[], Any], Callable[[Any], bytes], Callable[[Any], bytes]]
 
 
 def parse_address(text: str) -> tuple[str, int]:
@@ -72,12 +84,20 @@ def parse_address(text: str) -> tuple[str, int]:
 
 
 class MetricsCache:
-    """``render()`` (blocking, returns the exposition text) called in a worker thread,
-    its result reused for ``max_age`` seconds; concurrent callers of :meth:`get`
-    share one rendering under way."""
+    """``render()`` (blocking, returns the exposition text or the page) called in a
+    worker thread, its result reused for ``max_age`` seconds; concurrent callers of
+    :meth:`get` share one rendering under way. With ``prepare``, ``render`` gets what
+    ``prepare()`` returned, called on the event loop first (a snapshot of state that
+    only the loop may read)."""
 
-    def __init__(self, render: Callable[[], bytes], max_age: float = METRICS_MAX_AGE) -> None:
+    def __init__(
+        self,
+        render: Callable[..., bytes],
+        max_age: float = METRICS_MAX_AGE,
+        prepare: Callable[[], object] | None = None,
+    ) -> None:
         self._render = render
+        self._prepare = prepare
         self._max_age = max_age
         self._body: bytes | None = None
         self._at = 0.0
@@ -95,7 +115,10 @@ class MetricsCache:
 
     async def _fresh(self) -> bytes:
         try:
-            body = await asyncio.to_thread(self._render)
+            if self._prepare is None:
+                body = await asyncio.to_thread(self._render)
+            else:
+                body = await asyncio.to_thread(self._render, self._prepare())
             self.renderings += 1
             self._body, self._at = body, time.monotonic()
             return body
@@ -109,8 +132,12 @@ class ProbeServer:
 
     ``readiness()`` returns the problems (empty when ready); ``metrics()`` returns
     the exposition text, or is None to serve no ``/metrics``. Both run on the
-    event loop. :meth:`start` raises OSError when the address cannot be bound or
-    resolved (``socket.gaierror``).
+    event loop. ``pages``, given to the metrics listener only: ``(snapshot,
+    render_page, debug_state)``: ``snapshot()`` takes the state on the loop,
+    ``render_page(state)`` (in a worker thread, shared and bounded like a scrape)
+    gives the HTML of ``/``, ``debug_state(state)`` the JSON of ``/debug/state``.
+    :meth:`start` raises OSError when the address cannot be bound or resolved
+    (``socket.gaierror``).
     """
 
     def __init__(
@@ -119,12 +146,19 @@ class ProbeServer:
         readiness: Callable[[], list[str]],
         metrics: Callable[[], bytes] | None,
         *,
+        pages: Pages | None = None,
         max_connections: int = MAX_CONNECTIONS,
         read_timeout: float = READ_TIMEOUT,
     ) -> None:
         self.address = address
         self._readiness = readiness
         self._metrics = None if metrics is None else MetricsCache(metrics)
+        self._page: MetricsCache | None = None
+        self._debug: Callable[[], bytes] | None = None
+        if pages is not None:
+            snapshot, render_page, debug_state = pages
+            self._page = MetricsCache(render_page, prepare=snapshot)
+            self._debug = lambda: debug_state(snapshot())
         self._scrapes = 0
         self._max_connections = max_connections
         self._read_timeout = read_timeout
@@ -215,11 +249,21 @@ class ProbeServer:
         if path == "/metrics" and self._metrics is not None:
             await self._scrape(writer, self._metrics, head_only)
             return
+        if path == "/" and self._page is not None:
+            await self._scrape(writer, self._page, head_only, HTML)
+            return
+        if path == "/debug/state" and self._debug is not None:
+            await self._reply(writer, 200, "OK", self._debug(), JSON, head_only=head_only)
+            return
         status, reason, body, content_type = self._answer(path)
         await self._reply(writer, status, reason, body, content_type, head_only=head_only)
 
     async def _scrape(
-        self, writer: asyncio.StreamWriter, metrics: MetricsCache, head_only: bool
+        self,
+        writer: asyncio.StreamWriter,
+        metrics: MetricsCache,
+        head_only: bool,
+        content_type: str = METRICS_CONTENT_TYPE,
     ) -> None:
         if self._scrapes >= MAX_SCRAPES:
             self.scrapes_refused += 1
@@ -228,7 +272,7 @@ class ProbeServer:
         self._scrapes += 1
         try:
             body = await metrics.get()
-            await self._reply(writer, 200, "OK", body, METRICS_CONTENT_TYPE, head_only=head_only)
+            await self._reply(writer, 200, "OK", body, content_type, head_only=head_only)
         finally:
             self._scrapes -= 1
 

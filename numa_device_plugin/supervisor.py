@@ -23,7 +23,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
+import time
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -37,6 +39,7 @@ from numa_device_plugin.nodeconfig import (
     load_node_configs,
     resolve,
 )
+from numa_device_plugin.snapshot import PluginState
 
 log = structlog.get_logger(__name__)
 
@@ -115,6 +118,28 @@ class ConfigSupervisor:
         if self.manager is None:
             return ["the node's configuration is not chosen yet"]
         return self.manager.readiness_problems()
+
+    def snapshot(self) -> PluginState:
+        """The running manager's :meth:`PluginManager.snapshot` with the configuration
+        served and why; without a manager, a state that says why nothing is served."""
+        if self.manager is None or self.current is None:
+            return PluginState(
+                taken_at=time.time(),
+                config=None,
+                problems=tuple(self.readiness_problems()),
+                configuration={"name": "", "why": self.problem or "not chosen yet"},
+            )
+        name = self.current[0]
+        why = (
+            f"the node's label {CONFIG_LABEL}, or the file's default where it has none"
+            if name
+            else f"no label {CONFIG_LABEL} and no default: the flags and variables"
+        )
+        return replace(
+            self.manager.snapshot(),
+            problems=tuple(self.readiness_problems()),
+            configuration={"name": name or "(flags and variables)", "why": why},
+        )
 
     def stop(self) -> None:
         """Stop the manager and return from :meth:`serve` (SIGTERM), without waiting for

@@ -99,6 +99,8 @@ COMMAND_FLAGS = {
         ("--log-level", "NUMA_LOG_LEVEL"),
         ("--log-format", "NUMA_LOG_FORMAT"),
         ("--keep", "NUMA_KEEP"),
+        ("--memory-unit", "NUMA_MEMORY_UNIT"),
+        ("--metrics-address", "NUMA_METRICS_ADDRESS"),
     ],
     "health": [
         ("--address", "NUMA_ADDRESS"),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import socket
@@ -290,14 +291,25 @@ async def test_both_listeners_serve_the_probes_and_only_one_the_metrics(
 
         await eventually(ready, timeout=10)
         assert (await asyncio.to_thread(get, health_port, "/healthz"))[0] == 200
-        assert (await asyncio.to_thread(get, health_port, "/metrics"))[0] == 404
+        for path in ("/metrics", "/", "/debug/state"):
+            assert (await asyncio.to_thread(get, health_port, path))[0] == 404, path
         assert (await asyncio.to_thread(get, metrics_port, "/metrics"))[0] == 200
+        status, page = await asyncio.to_thread(get, metrics_port, "/")
+        assert status == 200
+        assert page.count('class="numa-node"') == 2
+        status, text = await asyncio.to_thread(get, metrics_port, "/debug/state")
+        assert status == 200
+        state = json.loads(text)
+        assert state["ready"] is True
+        assert sorted(state["resources"]) == ["numa-align/numa-0", "numa-align/numa-1"]
+        assert all(r["registered"] and r["kubelet_stream"] for r in state["resources"].values())
         assert await asyncio.to_thread(get, metrics_port, "/readyz") == (200, "ok\n")
         assert await asyncio.to_thread(get, metrics_port, "/healthz") == (200, "ok\n")
 
 
 async def test_content_types_carry_a_charset() -> None:
-    probes = ProbeServer(("127.0.0.1", 0), list, lambda: b"x 1\n")
+    pages = (dict, lambda _: b"<html></html>", lambda _: b"{}")
+    probes = ProbeServer(("127.0.0.1", 0), list, lambda: b"x 1\n", pages=pages)
 
     def content_type(path: str) -> str:
         with urllib.request.urlopen(f"http://127.0.0.1:{probes.port}{path}", timeout=5) as r:
@@ -309,6 +321,8 @@ async def test_content_types_carry_a_charset() -> None:
             "text/plain; version=0.0.4; charset=utf-8"
         )
         assert await asyncio.to_thread(content_type, "/readyz") == "text/plain; charset=utf-8"
+        assert await asyncio.to_thread(content_type, "/") == "text/html; charset=utf-8"
+        assert await asyncio.to_thread(content_type, "/debug/state") == "application/json"
     finally:
         await probes.stop()
 

@@ -20,27 +20,39 @@ from numa_device_plugin.discovery import Discovery, discover
 from numa_device_plugin.kubelet_standin import KubeletStandIn
 from numa_device_plugin.logs import configure_logging
 from numa_device_plugin.manager import PluginManager
+from numa_device_plugin.numamemory import MEMORY, hugepages_type
+from numa_device_plugin.topology import NumaNode
 
 
 @click.command(
     "demo",
     help="Run the plugin on this machine's sysfs against an in-process kubelet stand-in in "
-    "a temp folder, print what registered and one Allocate, then exit (with --keep: serve "
-    "until Ctrl-C, for `status` and `health` to look at).",
+    "a temp folder, print what registered and one Allocate, then exit (with --keep: add "
+    "pods holding CPUs and memory, open the metrics listener and serve until Ctrl-C, for "
+    "`status`, `health`, /metrics and the node page to look at).",
 )
 @options.apply(
     options.sysfs_root,
     options.resource_prefix,
     options.capacity_option,
     options.include_cpuless_nodes,
+    options.memory_unit_option,
     options.log_level,
     options.log_format,
     options.keep,
+    options.demo_metrics_address,
 )
-def command(**params: Any) -> int:
-    """0 after the Allocate; 1 when nothing can be advertised or serving failed."""
+@click.pass_context
+def command(ctx: click.Context, /, **params: Any) -> int:
+    """0 after the Allocate; 1 when nothing can be advertised or serving failed; 2 (usage)
+    when the metrics listener cannot listen."""
+    from numa_device_plugin.cli.serve import ListenerError
+
     configure_logging(params["log_level"], params["log_format"])
-    return asyncio.run(_demo(params))
+    try:
+        return asyncio.run(_demo(params))
+    except ListenerError as exc:
+        raise click.BadParameter(str(exc), ctx, param=options.param(ctx, exc.option)) from None
 
 
 async def _until(serving: asyncio.Task[None], awaitable: Awaitable[Any]) -> bool:
@@ -65,15 +77,35 @@ async def _demo(params: dict[str, Any]) -> int:
             capacity=params["capacity"],
             include_cpuless_nodes=params["include_cpuless_nodes"],
             pod_resources_socket=folder / "pr" / "kubelet.sock",
+            memory_unit=params["memory_unit"],
         )
-        # A kubelet with the static CPU manager policy that reserves no CPU.
+        # A kubelet with the static CPU manager policy that reserves no CPU, and the
+        # Memory Manager's Static policy that hands out each NUMA node's memory.
         discovery = discover(config)
         cpus = sorted({cpu for plan in discovery.plans for cpu in plan.node.cpus})
+        memory = {plan.node.id: _allocatable_memory(plan.node) for plan in discovery.plans}
         standin = KubeletStandIn(
-            config.socket_dir, pod_resources_dir=folder / "pr", allocatable_cpus=cpus
+            config.socket_dir,
+            pod_resources_dir=folder / "pr",
+            allocatable_cpus=cpus,
+            allocatable_memory={node: per_type for node, per_type in memory.items() if per_type},
         )
+        address = params["metrics_address"] if params["keep"] else ""
         async with standin as kubelet:
-            manager = PluginManager(config, discover_fn=lambda _: discovery)  # read sysfs once
+            recorder = None
+            if address:
+                from numa_device_plugin.metrics import PrometheusRecorder
+
+                recorder = PrometheusRecorder()
+            manager = PluginManager(
+                config, discover_fn=lambda _: discovery, recorder=recorder
+            )  # read sysfs once
+            listeners = []
+            if address:
+                from numa_device_plugin.cli.serve import start_listeners
+
+                assert recorder is not None
+                listeners = await start_listeners(manager, address, "", recorder.render)
             serving = asyncio.create_task(manager.serve())
             try:
                 if not await _until(serving, manager.started.wait()):
@@ -92,11 +124,22 @@ async def _demo(params: dict[str, Any]) -> int:
                 envs = dict(response.container_responses[0].envs)
                 print(f"\nAllocate({first}, [{device}]) -> envs {json.dumps(envs)}")
                 if params["keep"]:
-                    await _keep_serving(kubelet, config, discovery, first, device, serving)
+                    port = listeners[0].port if listeners else None
+                    await _keep_serving(kubelet, config, discovery, serving, port)
             finally:
                 manager.stop()
                 await asyncio.wait({serving})
+                for listener in listeners:
+                    await listener.stop()
     return 0
+
+
+def _allocatable_memory(node: NumaNode) -> dict[str, int]:
+    """What the stand-in's Memory Manager hands out on ``node``: its MemTotal and its
+    hugepage pools (bytes per memory type), as sysfs gives them."""
+    per_type = {MEMORY: node.memory_bytes} if node.memory_bytes else {}
+    per_type.update({hugepages_type(size): size * pages for size, pages in node.hugepages if pages})
+    return per_type
 
 
 def _print_demo(kubelet: KubeletStandIn, names: Sequence[str], folder: Path) -> None:
@@ -117,21 +160,23 @@ async def _keep_serving(
     kubelet: KubeletStandIn,
     config: Config,
     discovery: Discovery,
-    name: str,
-    device: str,
     serving: asyncio.Task[None],
+    port: int | None,
 ) -> None:
-    """Show the Allocate's container in the stand-in's pod resources API (with the first
-    CPU of its NUMA node), say how to look, and serve until SIGINT or SIGTERM."""
-    node = discovery.resources[name].node_id
-    cpus = sorted(next(p.node.cpus for p in discovery.plans if p.node.id == node))
-    kubelet.add_pod("demo", "demo", [("app", {name: [device]}, cpus[:1])])
-    print(
-        "\nServing until Ctrl-C. In another terminal:\n"
+    """Put pods into the stand-in's pod resources API (:func:`_demo_pods`), say how to
+    look, and serve until SIGINT or SIGTERM."""
+    for namespace, pod, containers in _demo_pods(discovery, config):
+        kubelet.add_pod(namespace, pod, containers)
+    look = (
         f"  numa-device-plugin status --socket-dir {config.socket_dir} "
-        f"--pod-resources-socket {config.pod_resources_socket} --sysfs-root {config.sysfs_root}",
-        flush=True,
+        f"--pod-resources-socket {config.pod_resources_socket} --sysfs-root {config.sysfs_root}"
     )
+    if port is not None:
+        look += (
+            f"\n  numa-device-plugin health --address 127.0.0.1:{port}"
+            f"\n  the node page: http://127.0.0.1:{port}/  (also /metrics, /debug/state)"
+        )
+    print(f"\nServing until Ctrl-C. In another terminal:\n{look}", flush=True)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGINT, signal.SIGTERM):
@@ -141,3 +186,42 @@ async def _keep_serving(
     finally:
         for signum in (signal.SIGINT, signal.SIGTERM):
             loop.remove_signal_handler(signum)
+
+
+Container = tuple[str, dict[str, list[str]], list[int], list[tuple[str, int, list[int]]]]
+
+
+def _demo_pods(discovery: Discovery, config: Config) -> list[tuple[str, str, list[Container]]]:
+    """The pods the demo shows: per advertised NUMA node, ``demo/app-N`` holding one
+    device of its resource and the node's first CPU exclusively, and with
+    ``--memory-unit`` one memory device's worth of its memory; on the first NUMA node
+    with two CPUs or more, ``other/db`` holding its last CPU without our resources
+    (what a foreign exclusive pod looks like). The stand-in's Allocate is not asked:
+    these are what the kubelet would list after admitting them."""
+    pods: list[tuple[str, str, list[Container]]] = []
+    foreign_done = False
+    for plan in discovery.plans:
+        if not plan.advertised or not plan.node.cpus:
+            continue
+        node = plan.node.id
+        cpus = sorted(plan.node.cpus)
+        devices: dict[str, list[str]] = {}
+        blocks: list[tuple[str, int, list[int]]] = []
+        for name, resource in discovery.resources.items():
+            if resource.node_id != node or not resource.devices:
+                continue
+            if resource.memory is None:
+                device = next(
+                    (d for d in resource.devices if d.index == cpus[0]), resource.devices[0]
+                )
+                devices[name] = [device.id]
+            elif resource.memory.memory_type == MEMORY:
+                devices[name] = [resource.devices[0].id]
+                blocks.append((MEMORY, resource.memory.unit, [node]))
+        if not devices:
+            continue
+        pods.append(("demo", f"app-{node}", [("app", devices, cpus[:1], blocks)]))
+        if not foreign_done and len(cpus) > 1:
+            foreign_done = True
+            pods.append(("other", "db", [("db", {}, cpus[-1:], [])]))
+    return pods

@@ -182,7 +182,8 @@ log_format = _option("--log-format", "log format", click.Choice(("text", "json")
 output = _option("--output", "output format", click.Choice(("table", "json")), "table")
 metrics_address = _option(
     "--metrics-address",
-    "serve /metrics, /healthz and /readyz on HOST:PORT or :PORT; off when empty",
+    "serve /metrics, /healthz, /readyz, the node page (/) and /debug/state on HOST:PORT "
+    "or :PORT; off when empty",
     listener,
     "",
     "ADDR",
@@ -258,6 +259,15 @@ node_config_interval = _option(
     interval,
     60.0,
     "S",
+)
+demo_metrics_address = _option(
+    "--metrics-address",
+    "with --keep: serve /metrics, /healthz, /readyz (what `health` asks), the node page (/) "
+    "and /debug/state on HOST:PORT or :PORT; off when empty",
+    listener,
+    "127.0.0.1:9201",
+    "ADDR",
+    allow_empty=True,
 )
 keep = _switch("--keep", "after the Allocate, keep serving until Ctrl-C (SIGINT) or SIGTERM")
 allow_unaligned = _switch(

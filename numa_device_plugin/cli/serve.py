@@ -29,6 +29,8 @@ from numa_device_plugin.server import SocketPathError
 from numa_device_plugin.signals import STOP_SIGNALS
 
 if TYPE_CHECKING:
+    from numa_device_plugin.probes import Pages
+    from numa_device_plugin.snapshot import PluginState
     from numa_device_plugin.supervisor import Selector
 
 
@@ -36,6 +38,7 @@ class Runner(Protocol):
     """What serve drives: a :class:`PluginManager` or a ``ConfigSupervisor``."""
 
     def readiness_problems(self) -> list[str]: ...
+    def snapshot(self) -> PluginState: ...
     def stop(self) -> None: ...
     def reload(self) -> None: ...
     async def serve(self) -> None: ...
@@ -185,7 +188,7 @@ async def serve(
         from numa_device_plugin.supervisor import ConfigSupervisor
 
         manager = ConfigSupervisor(select, make_manager, select_interval, check)
-    servers = await _start_listeners(manager, metrics_address, health_address, render)
+    servers = await start_listeners(manager, metrics_address, health_address, render)
     for signum in STOP_SIGNALS:
         loop.add_signal_handler(signum, manager.stop)
     # Until here a stop signal ended the process at once (signals.catch_early): nothing
@@ -201,7 +204,23 @@ async def serve(
     return 0
 
 
-async def _start_listeners(
+def node_pages(snapshot: Callable[[], PluginState]) -> Pages:
+    """The metrics listener's ``/`` and ``/debug/state`` for a runner's ``snapshot``."""
+    import json
+
+    from numa_device_plugin.nodepage import build_page, render_page
+    from numa_device_plugin.snapshot import debug_document
+
+    def page(state: PluginState) -> bytes:
+        return render_page(build_page(state))
+
+    def debug(state: PluginState) -> bytes:
+        return (json.dumps(debug_document(state), indent=1) + "\n").encode()
+
+    return snapshot, page, debug
+
+
+async def start_listeners(
     manager: Runner,
     metrics_address: str,
     health_address: str,
@@ -218,7 +237,12 @@ async def _start_listeners(
     ):
         if not address:
             continue
-        listener = ProbeServer(parse_address(address), manager.readiness_problems, metrics)
+        listener = ProbeServer(
+            parse_address(address),
+            manager.readiness_problems,
+            metrics,
+            pages=None if metrics is None else node_pages(manager.snapshot),
+        )
         try:
             await listener.start()
         except OSError as exc:  # socket.gaierror too
