@@ -55,6 +55,30 @@ def configure_logging(level: str = "info", fmt: LogFormat = "text") -> None:
     )
 
 
+class LevelSwitch:
+    """The log level at run time: :meth:`toggle` (serve's SIGUSR1) switches between the
+    configured level and ``debug`` (from ``debug``, to ``info``) without a restart,
+    and says so in one warning line, which shows at any level."""
+
+    def __init__(self, level: str, fmt: LogFormat) -> None:
+        self.configured = level
+        self.current = level
+        self._fmt = fmt
+
+    def toggle(self) -> str:
+        """Switch and return the new level."""
+        if self.current != "debug":
+            new = "debug"
+        else:
+            new = self.configured if self.configured != "debug" else "info"
+        configure_logging(new, self._fmt)
+        self.current = new
+        structlog.get_logger(__name__).warning(
+            "log level changed", log_level=new, configured=self.configured, signal="SIGUSR1"
+        )
+        return new
+
+
 class LogLimiter:
     """At most one log line per key (a failure kind) per ``period`` seconds, however
     many resources fail the same way; the lines held back are counted and reported

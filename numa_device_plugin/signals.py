@@ -21,6 +21,10 @@ import signal
 from types import FrameType
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+# serve's log level switch (logs.LevelSwitch). Its default action ends a process, so it
+# is ignored from the first moment until serve handles it: a SIGUSR1 sent while the
+# plugin starts must not kill it.
+LEVEL_SIGNAL = signal.SIGUSR1
 
 _installed = False
 
@@ -30,17 +34,18 @@ def _stop_now(signum: int, frame: FrameType | None) -> None:
 
 
 def catch_early() -> None:
-    """End the process at once on SIGTERM or SIGINT (exit status 128 + signal), until
-    ``serve`` replaces these handlers with its own or :func:`release` restores the usual
-    ones. Main thread only."""
+    """End the process at once on SIGTERM or SIGINT (exit status 128 + signal) and
+    ignore SIGUSR1, until ``serve`` replaces these handlers with its own or
+    :func:`release` restores the usual ones. Main thread only."""
     global _installed
     for signum in STOP_SIGNALS:
         signal.signal(signum, _stop_now)
+    signal.signal(LEVEL_SIGNAL, signal.SIG_IGN)
     _installed = True
 
 
 def release() -> None:
-    """Give SIGTERM and SIGINT their usual action back (a command that installs no
+    """Give SIGTERM, SIGINT and SIGUSR1 their usual action back (a command that installs no
     handlers of its own). Does nothing unless :func:`catch_early` ran."""
     global _installed
     if not _installed:
@@ -48,3 +53,4 @@ def release() -> None:
     _installed = False
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(LEVEL_SIGNAL, signal.SIG_DFL)

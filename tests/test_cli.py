@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+from functools import partial
 from pathlib import Path
 
 import click
@@ -20,7 +21,7 @@ from numa_device_plugin.config import Config
 from numa_device_plugin.fake_sysfs import SysfsTree
 from numa_device_plugin.kubelet_standin import KubeletStandIn
 from tests.conftest import REPO
-from tests.standin_helpers import wait_all_live
+from tests.standin_helpers import eventually, wait_all_live
 from tests.test_topology import SNAPSHOT_TABLE
 
 NAMES = ["numa-align/numa-0", "numa-align/numa-1"]
@@ -436,6 +437,54 @@ async def test_real_serve_process_sighup_and_sigterm(two_nodes: SysfsTree, sock_
     events = [json.loads(line)["event"] for line in stderr.splitlines() if line.startswith("{")]
     assert "device plugin stopped" in events
     assert events.count("registered with the kubelet") == 4
+
+
+async def test_sigusr1_switches_serves_log_level_and_back(
+    two_nodes: SysfsTree, sock_dir: Path, tmp_path: Path
+) -> None:
+    """At info, an Allocate logs nothing; after SIGUSR1 it logs its debug line; after a
+    second SIGUSR1 nothing again. Each switch says so at warning level."""
+    env = dict(os.environ, PYTHONPATH=str(REPO), NUMA_LOG_FORMAT="json")
+    args = ["--sysfs-root", str(two_nodes.root), "--socket-dir", str(sock_dir), "--capacity", "4"]
+    log = tmp_path / "serve.log"
+
+    def events(name: str) -> list[dict[str, object]]:
+        lines = log.read_text().splitlines()
+        found = [json.loads(line) for line in lines if line.startswith("{")]
+        return [e for e in found if e["event"] == name]
+
+    def last_change_is(level: str) -> bool:
+        return [e["log_level"] for e in events("log level changed")][-1:] == [level]
+
+    async def allocations_logged_after(device: str) -> int:
+        await kubelet.allocate(NAMES[0], [device])
+        await asyncio.sleep(0.3)  # a line is written before Allocate answers; margin for I/O
+        return len(events("Allocate"))
+
+    async with KubeletStandIn(sock_dir) as kubelet:
+        with log.open("wb") as stderr:
+            process = subprocess.Popen(
+                [sys.executable, "-m", "numa_device_plugin", "serve", *args], env=env, stderr=stderr
+            )
+        try:
+            await wait_all_live(kubelet, NAMES, timeout=20)
+            device = kubelet.devices(NAMES[0])[0].ID
+            assert await allocations_logged_after(device) == 0, "info: no debug line"
+            for level, logged in (("debug", 1), ("info", 1)):
+                process.send_signal(signal.SIGUSR1)
+                await eventually(partial(last_change_is, level), timeout=10)
+                assert await allocations_logged_after(device) == logged, level
+            process.send_signal(signal.SIGTERM)
+            assert await _wait_exit(process, 10) == 0
+        finally:
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+    changes = events("log level changed")
+    assert [(e["level"], e["log_level"], e["configured"]) for e in changes] == [
+        ("warning", "debug", "info"),
+        ("warning", "info", "info"),
+    ]
 
 
 def test_unknown_serve_flag_prints_serves_usage(capsys: pytest.CaptureFixture[str]) -> None:

@@ -144,6 +144,22 @@ def test_a_stop_signal_before_serves_handlers_ends_the_process_at_once(signum: i
     assert time.monotonic() - started < 20, "it did not wait for the rest of start-up"
 
 
+def test_sigusr1_before_serves_handler_is_ignored() -> None:
+    """serve's log level switch: a SIGUSR1 during start-up (its default action ends a
+    process) leaves the plugin running."""
+    code = (
+        "import os, signal\n"
+        "from numa_device_plugin import signals\n"
+        "signals.catch_early()\n"
+        "os.kill(os.getpid(), signal.SIGUSR1)\n"
+        "print('alive', flush=True)\n"
+        "signals.release()\n"
+        "assert signal.getsignal(signal.SIGUSR1) is signal.SIG_DFL\n"
+    )
+    result = run_python(code)
+    assert (result.stdout, result.returncode) == ("alive\n", 0), result.stderr
+
+
 def test_release_gives_the_usual_actions_back() -> None:
     code = (
         "import os, signal\n"

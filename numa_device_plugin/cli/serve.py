@@ -1,7 +1,9 @@
 """``numa-device-plugin serve``: the device plugin daemon.
 
 Signals: SIGTERM and SIGINT stop it (orderly: streams closed, sockets removed),
-SIGHUP re-reads sysfs and re-registers (:meth:`PluginManager.reload`). A stop signal
+SIGHUP re-reads sysfs and re-registers (:meth:`PluginManager.reload`), SIGUSR1
+switches the log level between the configured one and ``debug``
+(:class:`~numa_device_plugin.logs.LevelSwitch`). A stop signal
 that came before the event loop's handlers were installed (caught from the first
 moment: :mod:`numa_device_plugin.signals`) stops it as soon as they are.
 """
@@ -20,13 +22,13 @@ import click
 from numa_device_plugin.cli import options
 from numa_device_plugin.config import Config, check_socket_dir
 from numa_device_plugin.limits import FdLimitError
-from numa_device_plugin.logs import configure_logging
+from numa_device_plugin.logs import LevelSwitch, configure_logging
 from numa_device_plugin.manager import PluginManager
 from numa_device_plugin.memory import limit_malloc_arenas
 from numa_device_plugin.numamemory import MemoryUnitError
 from numa_device_plugin.probes import MAX_CONNECTIONS
 from numa_device_plugin.server import SocketPathError
-from numa_device_plugin.signals import STOP_SIGNALS
+from numa_device_plugin.signals import LEVEL_SIGNAL, STOP_SIGNALS
 
 if TYPE_CHECKING:
     from numa_device_plugin.probes import Pages
@@ -90,6 +92,7 @@ def command(ctx: click.Context, /, **params: Any) -> int:
                 params["health_address"],
                 select=select,
                 select_interval=params["node_config_interval"],
+                levels=LevelSwitch(params["log_level"], params["log_format"]),
             )
         )
     except SocketPathError as exc:
@@ -149,11 +152,13 @@ async def serve(
     *,
     select: Selector | None = None,
     select_interval: float = 60.0,
+    levels: LevelSwitch | None = None,
 ) -> int:
     """Run a :class:`PluginManager` for ``config`` with the HTTP listeners asked for
     (``""``: none) until a stop signal; 0 then. With ``select`` (per-node
     configuration), a :class:`ConfigSupervisor` runs the manager for the Config it
-    chooses, looking again every ``select_interval`` seconds. Raises
+    chooses, looking again every ``select_interval`` seconds. With ``levels``, SIGUSR1
+    toggles the log level (:class:`LevelSwitch`). Raises
     :class:`ListenerError` when a listener cannot be bound, before anything else is
     served."""
     loop = asyncio.get_running_loop()
@@ -194,13 +199,16 @@ async def serve(
     # Until here a stop signal ended the process at once (signals.catch_early): nothing
     # was held. From here on the manager tears down what it makes.
     loop.add_signal_handler(signal.SIGHUP, manager.reload)
+    if levels is not None:
+        loop.add_signal_handler(LEVEL_SIGNAL, levels.toggle)
     try:
         await manager.serve()
     finally:
         for server in servers:
             await server.stop()
-        for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, LEVEL_SIGNAL):
             loop.remove_signal_handler(signum)
+        signal.signal(LEVEL_SIGNAL, signal.SIG_IGN)  # its default action ends the process
     return 0
 
 
