@@ -11,9 +11,12 @@ the one request with :mod:`http.client` and :mod:`ssl`:
   ``client-certificate(-data)``/``client-key(-data)``) or the pod's service account
   (:func:`in_cluster`: ``KUBERNETES_SERVICE_HOST``/``_PORT``, ``ca.crt`` and the
   ``token`` file, read again at each request because the kubelet rotates it);
-- credential plugins (``exec``, ``auth-provider``) are refused, never run: a
-  kubeconfig is a path given on the command line, and running a command named in it
-  would make that file a way to run code in the plugin's container;
+- credential plugins (``exec``, ``auth-provider``) are refused, never run, by the
+  plugin: a kubeconfig is a path given on the command line, and running a command
+  named in it would make that file a way to run code in the plugin's container.
+  ``top``, which people run with their own kubeconfig as they run kubectl, runs an
+  ``exec`` plugin (``run_exec``: the ``client.authentication.k8s.io`` ExecCredential
+  protocol, once per run);
 - one whole request (connect, TLS, request, answer) ends within its ``deadline``:
   a timer shuts the socket down then, so neither a silent server nor one dripping a
   byte a second holds a look for longer. There are no retries: the caller looks
@@ -194,11 +197,12 @@ def in_cluster(account: Path = SERVICE_ACCOUNT, env: Mapping[str, str] | None = 
     )
 
 
-def from_kubeconfig(path: Path) -> ApiTarget:
+def from_kubeconfig(path: Path, *, run_exec: bool = False) -> ApiTarget:
     """The current context of the kubeconfig at ``path``. Relative file names in it
-    are taken from its folder, as kubectl does. Raises :class:`ApiConfigError` naming
-    the file and the field for anything missing, malformed or unsupported (``exec``
-    and ``auth-provider`` credential plugins)."""
+    are taken from its folder, as kubectl does. With ``run_exec``, an ``exec``
+    credential plugin is run (:func:`exec_credential`). Raises :class:`ApiConfigError`
+    naming the file and the field for anything missing, malformed or unsupported
+    (``auth-provider`` plugins; ``exec`` ones without ``run_exec``)."""
     try:
         document = yaml.safe_load(path.read_text())
     except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
@@ -212,6 +216,14 @@ def from_kubeconfig(path: Path) -> ApiTarget:
     user = (
         _named(document, "users", "user", context.get("user"), where) if context.get("user") else {}
     )
+    exec_token: str | None = None
+    if run_exec and isinstance(user.get("exec"), dict):
+        from numa_device_plugin.execcredential import exec_credential
+
+        exec_token, client_pem = exec_credential(user["exec"], path.parent, where)
+        user = {key: value for key, value in user.items() if key != "exec"}
+        if client_pem is not None:
+            user["client-certificate-data"], user["client-key-data"] = client_pem
     for plugin in ("exec", "auth-provider"):
         if user.get(plugin):
             raise ApiConfigError(
@@ -232,7 +244,7 @@ def from_kubeconfig(path: Path) -> ApiTarget:
             bool(cluster.get("insecure-skip-tls-verify")),
             where,
         )
-    token = user.get("token")
+    token = exec_token or user.get("token")
     token_file = user.get("tokenFile")
     if token is not None and not isinstance(token, str):
         raise ApiConfigError(f"{where}: token is not a string")

@@ -1,7 +1,8 @@
-"""A stand-in API server for the one request per-node configuration makes: GET
-``/api/v1/nodes/<name>``. Tests set the node's labels or the status to answer, or a
-hostile answer (any status, content type and body; silence; a drip of one byte at a
-time), and hand the plugin a kubeconfig pointing at it. It can serve HTTPS with a
+"""Stand-in API servers: :class:`NodeApi` for the one request per-node configuration
+makes, GET ``/api/v1/nodes/<name>``; :class:`ClusterApi` for ``top``'s lists. Tests set
+the node's labels or the status to answer, or a hostile answer (any status, content
+type and body; silence; a drip of one byte at a time), and hand the plugin a kubeconfig
+pointing at it. It can serve HTTPS with a
 certificate made by ``openssl`` (:func:`make_tls`)."""
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs
 
 
 @dataclass(frozen=True)
@@ -171,3 +174,82 @@ def kubeconfig_text(server: str, ca: Path | None = None) -> str:
         "contexts": [{"name": "stub", "context": {"cluster": "stub", "user": "plugin"}}],
         "current-context": "stub",
     })  # fmt: skip
+
+
+class ClusterApi:
+    """Nodes and pods for ``top``: lists paged by ``limit`` and ``continue`` as the API
+    server pages them, one pod by its path; ``status`` other than 200 answers every
+    GET with that status and a Status ``message``. ``paths`` records each request."""
+
+    def __init__(self, nodes: list[dict[str, Any]], pods: list[dict[str, Any]]) -> None:
+        self.nodes = nodes
+        self.pods = pods
+        self.status = 200
+        self.paths: list[str] = []
+        self.tokens: list[str] = []
+
+    def answer(self, path: str) -> tuple[int, dict[str, object]]:
+        self.paths.append(path)
+        if self.status != 200:
+            return self.status, {"kind": "Status", "apiVersion": "v1", "status": "Failure",
+                                 "message": "stubbed refusal", "code": self.status}  # fmt: skip
+        route, _, query = path.partition("?")
+        params = {k: v[0] for k, v in parse_qs(query).items()}
+        if route == "/api/v1/nodes":
+            return 200, self._page("NodeList", self.nodes, params)
+        if route == "/api/v1/pods":
+            phases = ("Succeeded", "Failed") if "fieldSelector" in params else ()
+            listed = [p for p in self.pods if p.get("status", {}).get("phase") not in phases]
+            return 200, self._page("PodList", listed, params)
+        parts = route.split("/")
+        if len(parts) == 7 and parts[:4] == ["", "api", "v1", "namespaces"] and parts[5] == "pods":
+            for pod in self.pods:
+                if (pod["metadata"]["namespace"], pod["metadata"]["name"]) == (parts[4], parts[6]):
+                    return 200, dict(pod, kind="Pod")
+        return 404, {"kind": "Status", "apiVersion": "v1", "status": "Failure",
+                     "message": f"{route} not found", "code": 404}  # fmt: skip
+
+    @staticmethod
+    def _page(kind: str, items: list[dict[str, Any]], params: dict[str, str]) -> dict[str, object]:
+        start = int(params.get("continue", "0"))
+        limit = int(params.get("limit", "0")) or len(items)
+        rest = start + limit
+        metadata = {"continue": str(rest)} if rest < len(items) else {}
+        return {"kind": kind, "apiVersion": "v1", "metadata": metadata,
+                "items": [dict(i, kind=kind[:-4]) for i in items[start:rest]]}  # fmt: skip
+
+
+@contextmanager
+def cluster_api(
+    folder: Path, nodes: list[dict[str, Any]], pods: list[dict[str, Any]]
+) -> Iterator[tuple[ClusterApi, Path]]:
+    """Serve a :class:`ClusterApi` over HTTP on 127.0.0.1 for the block: ``(api,
+    kubeconfig)``, the kubeconfig (token ``stub-token``) written in ``folder``."""
+    api = ClusterApi(nodes, pods)
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            api.tokens.append(self.headers.get("Authorization", "").removeprefix("Bearer "))
+            status, body = api.answer(self.path)
+            data = json.dumps(body).encode()
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def log_message(self, format: str, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    server.daemon_threads = True
+    thread = threading.Thread(target=server.serve_forever, name="cluster api", daemon=True)
+    thread.start()
+    kubeconfig = folder / "kubeconfig"
+    kubeconfig.write_text(kubeconfig_text(f"http://127.0.0.1:{server.server_address[1]}"))
+    try:
+        yield api, kubeconfig
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(10)

@@ -1,5 +1,5 @@
-"""The ``numa-device-plugin`` command line: ``serve``, ``discover``, ``demo``, ``status``
-and ``health``, one module each; the options they share are in :mod:`.options`.
+"""The ``numa-device-plugin`` command line: ``serve``, ``discover``, ``demo``, ``status``,
+``health`` and ``top``, one module each; the options they share are in :mod:`.options`.
 
 A command's module is imported only when that command runs (or ``--help`` lists it), so
 ``serve`` never loads the kubelet stand-in (``demo``), the status report or anything
@@ -26,6 +26,7 @@ COMMANDS = {
     "demo": "numa_device_plugin.cli.demo",
     "status": "numa_device_plugin.cli.status",
     "health": "numa_device_plugin.cli.health",
+    "top": "numa_device_plugin.cli.top",
 }
 
 

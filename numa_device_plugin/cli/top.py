@@ -1,0 +1,287 @@
+"""``numa-device-plugin top`` (also ``kubectl numa``): the cluster's NUMA resources from
+the API server, and why a Pending pod fits nowhere (``--explain``).
+
+It lists Nodes and Pods (``GET /api/v1/nodes`` and ``/api/v1/pods``, paged with
+``limit`` and ``continue``) with the kubeconfig kubectl would use (``--kubeconfig``,
+else the first file of ``$KUBECONFIG``, else ``~/.kube/config``; in a pod without
+any, the service account), running its ``exec`` credential plugin as kubectl does.
+The figures are :mod:`numa_device_plugin.clusterview`'s.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections.abc import Mapping
+from fractions import Fraction
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+import click
+
+from numa_device_plugin.cli import options
+from numa_device_plugin.clusterview import (
+    NodeUse,
+    explain,
+    format_quantity,
+    node_usage,
+    numa_resources,
+    pod_key,
+    pod_requests,
+    scheduler_message,
+)
+
+# Objects per list request: a Node with a long image list is ~100 KB, a Pod up to
+# ~30 KB; the answers stay under apiclient.MAX_ANSWER (4 MiB).
+NODES_PER_PAGE = 25
+PODS_PER_PAGE = 100
+NOT_ENDED = "status.phase!=Succeeded,status.phase!=Failed"
+
+
+class TopError(Exception):
+    """The API server could not be read or answered something unusable; the message
+    says which request and why."""
+
+
+@click.command(
+    "top",
+    help="Show, per node and NUMA node, capacity, allocatable, requested and free of every "
+    "numa-align resource, from the API server; with --explain NAMESPACE/POD, which node "
+    "lacks which resource for that Pending pod, and by how much. Runs the kubeconfig's "
+    "exec credential plugin, as kubectl does.",
+)
+@click.option(
+    "--kubeconfig",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    envvar="NUMA_KUBECONFIG",
+    show_envvar=True,
+    help="the kubeconfig (default: $KUBECONFIG's first file, else ~/.kube/config, else "
+    "the pod's service account)",
+)
+@click.option(
+    "--explain",
+    "explain_pod",
+    metavar="NAMESPACE/POD",
+    default=None,
+    envvar="NUMA_EXPLAIN",
+    show_envvar=True,
+    help="explain why this pod is Pending",
+)
+@click.option(
+    "--timeout",
+    type=click.FloatRange(min=0.1, max=600),
+    default=10.0,
+    show_default=True,
+    envvar="NUMA_TIMEOUT",
+    show_envvar=True,
+    help="seconds each request to the API server may take",
+)
+@options.apply(options.resource_prefix, options.output)
+@click.pass_context
+def command(ctx: click.Context, /, **params: Any) -> int:
+    """0 after printing; 1 when the API server cannot be read (said on stderr)."""
+    pod_ref = params["explain_pod"]
+    if pod_ref is not None and (pod_ref.count("/") != 1 or "" in pod_ref.split("/")):
+        raise click.BadParameter("give NAMESPACE/POD", ctx, param=options.param(ctx, "explain_pod"))
+    try:
+        reader = ApiReader(params["kubeconfig"], params["timeout"])
+        nodes = reader.list(f"/api/v1/nodes?limit={NODES_PER_PAGE}", "Node")
+        pods = reader.list(
+            f"/api/v1/pods?limit={PODS_PER_PAGE}&fieldSelector={quote(NOT_ENDED)}", "Pod"
+        )
+        usage = node_usage(nodes, pods)
+        if pod_ref is None:
+            document = top_document(usage, params["resource_prefix"])
+            text = render_top(document)
+        else:
+            namespace, name = pod_ref.split("/")
+            pod = reader.get(f"/api/v1/namespaces/{quote(namespace)}/pods/{quote(name)}", "Pod")
+            document = explain_document(pod, usage)
+            text = render_explain(document)
+    except (TopError, ValueError) as exc:
+        print(f"numa-device-plugin top: {exc}", file=sys.stderr)
+        return 1
+    if params["output"] == "json":
+        print(json.dumps(document, indent=2))
+    else:
+        print(text, end="")
+    return 0
+
+
+def kubectl_main() -> int:
+    """Entry point of ``kubectl-numa``: kubectl runs it for ``kubectl numa ARGS``."""
+    from numa_device_plugin.cli import main
+
+    return main(["top", *sys.argv[1:]])
+
+
+class ApiReader:
+    """GETs against the API server chosen as the module docstring says; raises
+    :class:`TopError`."""
+
+    def __init__(self, kubeconfig: Path | None, timeout: float) -> None:
+        from numa_device_plugin.apiclient import ApiConfigError, from_kubeconfig, in_cluster
+
+        self.timeout = timeout
+        path = kubeconfig or default_kubeconfig(os.environ)
+        try:
+            self.target = from_kubeconfig(path, run_exec=True) if path else in_cluster()
+        except ApiConfigError as exc:
+            raise TopError(str(exc)) from None
+
+    def get(self, path: str, kind: str) -> dict[str, Any]:
+        """The object at ``path``, which must be of ``kind`` (``Node``, ``NodeList``)."""
+        from numa_device_plugin.apiclient import ApiConfigError, ApiRequestError
+
+        try:
+            answer = self.target.get(path, self.timeout)
+        except (ApiRequestError, ApiConfigError) as exc:
+            raise TopError(f"GET {path}: {exc}") from None
+        try:
+            document = json.loads(answer.body)
+        except (ValueError, RecursionError):
+            document = None
+        if answer.status != 200:
+            message = document.get("message") if isinstance(document, dict) else None
+            raise TopError(f"GET {path}: {answer.status} {answer.reason}: {message or ''}".strip())
+        if not isinstance(document, dict) or document.get("kind") != kind:
+            raise TopError(f"GET {path}: the answer is not a {kind} object")
+        return document
+
+    def list(self, path: str, kind: str) -> list[dict[str, Any]]:
+        """Every item of the list at ``path`` (which has ``?limit=``), page by page."""
+        items: list[dict[str, Any]] = []
+        token = ""
+        for _ in range(100_000):
+            page = self.get(path + (f"&continue={quote(token)}" if token else ""), kind + "List")
+            items += [item for item in page.get("items") or [] if isinstance(item, dict)]
+            token = str((page.get("metadata") or {}).get("continue") or "")
+            if not token:
+                return items
+        raise TopError(f"GET {path}: the list never ended")
+
+
+def default_kubeconfig(env: Mapping[str, str]) -> Path | None:
+    """kubectl's choice: the first existing file of ``$KUBECONFIG`` (``:``-separated),
+    else ``~/.kube/config`` when it exists; None (in-cluster) otherwise."""
+    for entry in env.get("KUBECONFIG", "").split(os.pathsep):
+        if entry and Path(entry).is_file():
+            return Path(entry)
+    home = Path(env.get("HOME") or Path.home())
+    default = home / ".kube" / "config"
+    return default if default.is_file() else None
+
+
+def _number(resource: str, value: Fraction) -> int | str:
+    """An integer as a JSON number; anything else as its quantity text."""
+    return int(value) if value.denominator == 1 else format_quantity(resource, value)
+
+
+def top_document(usage: list[NodeUse], prefix: str) -> dict[str, Any]:
+    """``{"nodes": [{"name", "ready", "unschedulable", "numa_nodes": [{"id",
+    "resources": {name: {"capacity", "allocatable", "requested", "free"}}}]}]}``; the
+    nodes with no ``<prefix>/numa-N`` resource are listed with no NUMA nodes."""
+    nodes = []
+    for use in usage:
+        by_numa: dict[int, dict[str, Any]] = {}
+        for numa, name, amounts in numa_resources(use, prefix):
+            by_numa.setdefault(numa, {})[name] = {
+                "capacity": _number(name, amounts.capacity),
+                "allocatable": _number(name, amounts.allocatable),
+                "requested": _number(name, amounts.requested),
+                "free": _number(name, amounts.free),
+            }
+        nodes.append(
+            {
+                "name": use.name,
+                "ready": use.ready,
+                "unschedulable": use.unschedulable,
+                "numa_nodes": [{"id": i, "resources": r} for i, r in sorted(by_numa.items())],
+            }
+        )
+    return {"nodes": nodes}
+
+
+def render_top(document: dict[str, Any]) -> str:
+    """The table of :func:`top_document`."""
+    rows = [("NODE", "NUMA", "RESOURCE", "CAPACITY", "ALLOCATABLE", "REQUESTED", "FREE")]
+    bare = []
+    for node in document["nodes"]:
+        name = node["name"] + ("" if node["ready"] else " (NotReady)")
+        if not node["numa_nodes"]:
+            bare.append(node["name"])
+        for numa in node["numa_nodes"]:
+            for resource, figures in numa["resources"].items():
+                rows.append(
+                    (name, str(numa["id"]), resource,
+                     *(str(figures[k]) for k in ("capacity", "allocatable", "requested", "free")))
+                )  # fmt: skip
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
+             for row in rows]  # fmt: skip
+    if len(rows) == 1:
+        lines = ["no node advertises a NUMA resource (is the plugin's DaemonSet running?)"]
+    if bare:
+        lines.append(f"without NUMA resources: {', '.join(bare)}")
+    return "\n".join(lines) + "\n"
+
+
+def explain_document(pod: dict[str, Any], usage: list[NodeUse]) -> dict[str, Any]:
+    """``{"pod", "phase", "node", "asks": {resource: amount}, "scheduler",
+    "nodes": [{"name", "fits", "lacks": [{"resource", "needs", "free", "short"}],
+    "notes"}]}``; ``node``: where it is bound (None while Pending)."""
+    asks = {k: v for k, v in sorted(pod_requests(pod).items()) if v > 0}
+    verdicts = explain(pod, usage)
+    return {
+        "pod": pod_key(pod),
+        "phase": (pod.get("status") or {}).get("phase"),
+        "node": (pod.get("spec") or {}).get("nodeName") or None,
+        "asks": {k: format_quantity(k, v) for k, v in asks.items()},
+        "scheduler": scheduler_message(pod),
+        "nodes": [
+            {
+                "name": v.node,
+                "fits": v.fits,
+                "lacks": [
+                    {
+                        "resource": s.resource,
+                        "needs": format_quantity(s.resource, s.needs),
+                        "free": format_quantity(s.resource, s.free),
+                        "short": format_quantity(s.resource, s.short),
+                    }
+                    for s in v.shortfalls
+                ],
+                "notes": list(v.notes),
+            }
+            for v in verdicts
+        ],
+    }
+
+
+def render_explain(document: dict[str, Any]) -> str:
+    """The text of :func:`explain_document`."""
+    asks = ", ".join(f"{k}: {v}" for k, v in document["asks"].items())
+    lines = [f"pod {document['pod']} is {document['phase']}; it asks {asks}"]
+    if document["node"]:
+        lines.append(f"it is bound to node {document['node']}: nothing to explain")
+    if document["scheduler"]:
+        lines.append(f"the scheduler said: {document['scheduler']}")
+    for node in document["nodes"]:
+        if node["fits"]:
+            lines.append(
+                f"{node['name']}: has room for all it asks (node selectors, affinity and "
+                "ports are not checked here)"
+            )
+            continue
+        reasons = [
+            f"{lack['resource']}: needs {lack['needs']}, free {lack['free']} "
+            f"({lack['short']} short)"
+            for lack in node["lacks"]
+        ]
+        lines.append(f"{node['name']}: " + "; ".join(reasons + node["notes"]))
+    if not document["nodes"]:
+        lines.append("the cluster has no nodes")
+    return "\n".join(lines) + "\n"
