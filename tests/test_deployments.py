@@ -127,7 +127,16 @@ def check_pod_monitor(document: dict[str, Any]) -> None:
     assert set(document) == {"apiVersion", "kind", "metadata", "spec"}
     assert set(document["spec"]) <= {"selector", "podMetricsEndpoints", "namespaceSelector"}
     for endpoint in document["spec"]["podMetricsEndpoints"]:
-        assert set(endpoint) <= {"port", "path", "interval", "scrapeTimeout"}
+        assert set(endpoint) <= {"port", "path", "interval", "scrapeTimeout", "relabelings"}
+        for relabeling in endpoint.get("relabelings", []):  # RelabelConfig's fields
+            assert set(relabeling) <= {"sourceLabels", "separator", "targetLabel", "regex",
+                                       "modulus", "replacement", "action"}  # fmt: skip
+            assert all(isinstance(label, str) for label in relabeling.get("sourceLabels", []))
+    # The dashboard selects by node: the node label comes from the pod's node.
+    (first,) = document["spec"]["podMetricsEndpoints"]
+    assert {"sourceLabels": ["__meta_kubernetes_pod_node_name"], "targetLabel": "node"} in (
+        first.get("relabelings", [])
+    )
 
 
 @pytest.mark.parametrize("version", KUBERNETES_VERSIONS)

@@ -141,6 +141,11 @@ class Platform:
     def metrics(self) -> dict[str, float]:
         raise NotImplementedError
 
+    def metrics_get(self, path: str) -> tuple[int, str]:
+        """GET ``path`` of the plugin's metrics listener (``/``, ``/debug/state``):
+        status and text."""
+        raise NotImplementedError
+
     def cli(self, *args: str) -> str:
         """``numa-device-plugin ARGS`` run where the plugin runs; its stdout."""
         raise NotImplementedError
@@ -229,6 +234,9 @@ class LocalPlatform(Platform):
 
     def plugin_ready(self) -> bool:
         return self._get(self.description["health"], "/readyz")[0] == 200
+
+    def metrics_get(self, path: str) -> tuple[int, str]:
+        return self._get(self.description["metrics"], path)
 
     def metrics(self) -> dict[str, float]:
         values = {}

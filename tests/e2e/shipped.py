@@ -124,6 +124,9 @@ class ShippedPlatform(LocalPlatform):
     def readyz(self) -> tuple[int, str]:
         return self._pod_get(HEALTH_PORT, "/readyz")
 
+    def metrics_get(self, path: str) -> tuple[int, str]:
+        return self._pod_get(METRICS_PORT, path)
+
     def metrics(self) -> dict[str, float]:
         values = {}
         for line in self._pod_get(METRICS_PORT, "/metrics")[1].splitlines():

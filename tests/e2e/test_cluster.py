@@ -8,6 +8,8 @@ resources API, and the API server (allocatable, pod phase and reason, scheduler 
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -240,6 +242,105 @@ def test_more_devices_than_capacity_stays_pending(platform: Platform, namespace:
                                   "refusal")  # fmt: skip
     assert "Insufficient numa-align/numa-0" in refusal
     assert platform.core.read_namespaced_pod("too-many", namespace).status.phase == "Pending"
+
+
+def test_top_explains_a_pending_pod_from_the_api_server(platform: Platform, namespace: str) -> None:
+    """``top --explain`` against the real API server: the node lacks numa-align/numa-0
+    by the amount the scheduler's refusal implies (independent of the plugin: the
+    figures are the API server's allocatable and the pods bound there)."""
+    pod = pod_manifest(platform, "too-many", "true", 1, "numa-align/numa-0", SLOTS + 1)
+    create(platform, namespace, pod)
+    platform.eventually(lambda: unschedulable(platform, "too-many", namespace), 60, "refusal")
+    (node,) = platform.core.list_node().items
+    allocatable = int(node.status.allocatable["numa-align/numa-0"])
+    top = [sys.executable, "-m", "numa_device_plugin", "top"]
+
+    def run(*args: str) -> str:
+        return subprocess.run([*top, *args], capture_output=True, text=True, check=True).stdout
+
+    # Pods of earlier tests may still be ending: read until two counts agree around top's.
+    for _ in range(10):
+        held = _held(platform, node.metadata.name, "numa-align/numa-0")
+        document = json.loads(run("--explain", f"{namespace}/too-many", "--output", "json"))
+        table = run()
+        if _held(platform, node.metadata.name, "numa-align/numa-0") == held:
+            break
+    print(run("--explain", f"{namespace}/too-many"))  # in the run's report (-rA)
+    print(table)
+    assert document["phase"] == "Pending"
+    assert "Insufficient numa-align/numa-0" in (document["scheduler"] or "")
+    (verdict,) = document["nodes"]
+    assert verdict["name"] == node.metadata.name
+    assert verdict["lacks"] == [{
+        "resource": "numa-align/numa-0", "needs": str(SLOTS + 1),
+        "free": str(allocatable - held), "short": str(SLOTS + 1 - allocatable + held),
+    }]  # fmt: skip
+    row = next(line.split() for line in table.splitlines() if "numa-align/numa-0" in line)
+    assert row[:3] == [node.metadata.name, "0", "numa-align/numa-0"]
+    assert row[4:] == [str(allocatable), str(held), str(allocatable - held)]
+
+
+def test_the_node_page_names_the_holder_of_each_exclusive_cpu(
+    platform: Platform, namespace: str
+) -> None:
+    """The plugin's ``/`` on the real kubelet: one box per NUMA node the kernel has, and
+    the CPUs the pod's kernel allows it (Cpus_allowed_list, read inside the pod)
+    labelled with the pod, in the box of the NUMA node it asked for."""
+    manifest = pod_manifest(platform, "held", WHERE + "; sleep 3600", 1, "numa-align/numa-0")
+    create(platform, namespace, manifest)
+    wait_phase(platform, "held", namespace, "Running")
+    holder = f"{namespace}/held/main"
+    allowed = platform.eventually(
+        lambda: placement(platform, "held", namespace).get("Cpus_allowed_list"), 60, "its CPUs"
+    )
+    cpus = parse_cpulist(allowed)
+
+    def listed() -> bool:  # the plugin reads the pod resources API every few seconds
+        status, text = platform.metrics_get("/debug/state")
+        holders = json.loads(text)["pod_resources"]["holders"] if status == 200 else None
+        return any(f"{h['pod']}/{h['container']}" == holder for h in holders or [])
+
+    platform.eventually(listed, 60, "the pod in /debug/state")
+    status, page = platform.metrics_get("/")
+    assert status == 200
+    boxes, cells = _page_structure(page)
+    folders = sorted(int(p.name[4:]) for p in Path("/sys/devices/system/node").glob("node[0-9]*"))
+    assert boxes == [str(n) for n in folders], "a box per NUMA node of the kernel, CPU-less too"
+    labelled = {int(c["data-cpu"]) for c in cells if c.get("data-holder") == holder}
+    assert labelled == cpus, "the page labels exactly the CPUs the pod's kernel allows it"
+    assert {c["numa_node"] for c in cells if c.get("data-holder") == holder} == {"0"}
+
+
+def _page_structure(page: str) -> tuple[list[str], list[dict[str, str]]]:
+    """The node page's NUMA node boxes (their ids) and CPU cells (their attributes,
+    with the box's id as ``numa_node``)."""
+    from html.parser import HTMLParser
+
+    boxes: list[str] = []
+    cells: list[dict[str, str]] = []
+
+    class Parser(HTMLParser):
+        def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+            found = {k: v or "" for k, v in attrs}
+            if found.get("class") == "numa-node":
+                boxes.append(found["data-numa-node"])
+            elif found.get("class") == "cpu-cell":
+                cells.append(dict(found, numa_node=boxes[-1]))
+
+    Parser().feed(page)
+    return boxes, cells
+
+
+def _held(platform: Platform, node: str, resource: str) -> int:
+    """What the pods bound to ``node`` that have not ended ask of ``resource`` (app
+    containers; the tests' pods have no init containers asking for it)."""
+    return sum(
+        int((c.resources.requests or c.resources.limits or {}).get(resource, 0))
+        for p in platform.core.list_pod_for_all_namespaces().items
+        if p.spec.node_name == node and str(p.status.phase) not in ("Succeeded", "Failed")
+        for c in p.spec.containers
+        if c.resources is not None
+    )
 
 
 def _survivor(platform: Platform, namespace: str, resource: str) -> client.V1ContainerStatus:
