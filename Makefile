@@ -81,8 +81,9 @@ chromium:
 	  { apt-get install -y -q chromium >/dev/null 2>&1 || { apt-get update -qq && apt-get install -y -q chromium >/dev/null; }; } && \
 	  chromium --version; fi
 
-## screenshots: docs/images/node-page.png, the node page of `demo --keep` (two NUMA nodes,
-## pods holding CPUs and memory) as chromium draws it, taken by its browser test
+## screenshots: docs/images/node-page*.png, the node page of `demo --keep` as chromium draws
+## it, taken by its browser tests: two NUMA nodes with pods holding CPUs and memory, and the
+## memory-tiers snapshot of ../shared (CPU-less NUMA nodes)
 screenshots: install chromium
 	mkdir -p docs/images
 	SCREENSHOTS=docs/images $(BIN)/pytest -q -n 0 tests/test_nodepage.py -k chromium

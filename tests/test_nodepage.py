@@ -13,6 +13,7 @@ import time
 import urllib.request
 import xml.etree.ElementTree as ET
 from collections.abc import Iterator
+from contextlib import contextmanager
 from html.parser import HTMLParser
 from pathlib import Path
 
@@ -37,6 +38,7 @@ from numa_device_plugin.topology import NodePlan, NumaNode
 from tests.conftest import under_ci
 
 GiB = 1 << 30
+BROWSER_FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars")
 R0, R1 = "numa-align/numa-0", "numa-align/numa-1"
 NODES = (
     NumaNode(0, frozenset({0, 1, 2, 3}), 4 * GiB, {0: 10, 1: 21}, frozenset({0, 1, 2, 3})),
@@ -156,7 +158,7 @@ def test_the_distances_come_from_sysfs_and_unknown_ones_show_as_such() -> None:
     page = build_page(state(VIEW, plans=plans), node="n1")
     assert page.distances == ((10, 21, None), (21, 10, None), (None, None, None))
     body = render_page(page).decode()
-    assert "NUMA node 2 (not advertised: no CPUs)" in body
+    assert ">not advertised: no CPUs<" in body
 
 
 class _Collector(HTMLParser):
@@ -279,16 +281,14 @@ def two_numa_machine(root: Path) -> Path:
     return root
 
 
-@pytest.fixture
-def demo_page(tmp_path: Path) -> Iterator[str]:
-    """``demo --keep`` with ``--capacity cpus --memory-unit 256Mi`` on two NUMA nodes;
-    yields its node page's URL once the page shows the demo pods."""
-    root = two_numa_machine(tmp_path / "sys")
+@contextmanager
+def demo_keep(root: Path, *flags: str, shows: str) -> Iterator[str]:
+    """``demo --keep`` on sysfs ``root`` with ``flags``; its node page's URL once the page
+    shows ``shows`` (the stand-in's pods are read every few seconds)."""
     process = subprocess.Popen(
         [
-            sys.executable, "-m", "numa_device_plugin", "demo", "--keep",
-            "--sysfs-root", str(root), "--capacity", "cpus", "--memory-unit", "256Mi",
-            "--metrics-address", "127.0.0.1:0", "--log-level", "warning",
+            sys.executable, "-m", "numa_device_plugin", "demo", "--keep", "--sysfs-root",
+            str(root), "--metrics-address", "127.0.0.1:0", "--log-level", "warning", *flags,
         ],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip
@@ -303,24 +303,44 @@ def demo_page(tmp_path: Path) -> Iterator[str]:
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
             with urllib.request.urlopen(url, timeout=5) as answer:
-                if b"demo/app-1/app" in answer.read():
+                if shows.encode() in answer.read():
                     break
             time.sleep(0.2)
         else:
-            pytest.fail("the node page never showed the demo's pods")
+            pytest.fail(f"the node page never showed {shows!r}")
         yield url
     finally:
         process.terminate()
         assert process.wait(timeout=30) == 0
 
 
+@pytest.fixture
+def demo_page(tmp_path: Path) -> Iterator[str]:
+    """``demo --keep`` with ``--capacity cpus --memory-unit 256Mi`` on two NUMA nodes;
+    yields its node page's URL once the page shows the demo pods."""
+    root = two_numa_machine(tmp_path / "sys")
+    with demo_keep(
+        root, "--capacity", "cpus", "--memory-unit", "256Mi", shows="demo/app-1/app"
+    ) as url:
+        yield url
+
+
+def screenshot(browser: str, url: str, path: Path, size: str = "1100,800") -> None:
+    """A PNG of the page at ``url`` as chromium draws it (no sandbox: tests run as root)."""
+    subprocess.run(
+        [browser, *BROWSER_FLAGS, f"--window-size={size}", f"--screenshot={path}", url],
+        capture_output=True, timeout=120, check=True,
+    )  # fmt: skip
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert path.stat().st_size > 10_000, "a blank page is a few kB"
+
+
 def test_the_page_in_chromium_shows_each_numa_node_cpu_and_holder(
     demo_page: str, tmp_path: Path
 ) -> None:
     browser = chromium()
-    flags = ["--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars"]
     dom = subprocess.run(
-        [browser, *flags, "--dump-dom", demo_page],
+        [browser, *BROWSER_FLAGS, "--dump-dom", demo_page],
         capture_output=True, text=True, timeout=120, check=True,
     ).stdout  # fmt: skip
     tags = parsed(dom.encode()).tags
@@ -338,10 +358,26 @@ def test_the_page_in_chromium_shows_each_numa_node_cpu_and_holder(
     assert ("memory", str(256 << 20)) in ours, "each demo pod holds one 256Mi memory device"
     # `make screenshots` keeps it for the README (SCREENSHOTS: the folder).
     folder = Path(os.environ.get("SCREENSHOTS") or tmp_path)
-    screenshot = folder / "node-page.png"
-    subprocess.run(
-        [browser, *flags, "--window-size=1100,800", f"--screenshot={screenshot}", demo_page],
-        capture_output=True, timeout=120, check=True,
-    )  # fmt: skip
-    assert screenshot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert screenshot.stat().st_size > 10_000, "a blank page is a few kB"
+    screenshot(browser, demo_page, folder / "node-page.png")
+
+
+def test_the_page_of_a_machine_with_memory_tiers_in_chromium(
+    snapshots_root: Path, tmp_path: Path
+) -> None:
+    """A real snapshot (../shared): sparse NUMA node ids, CPU-less memory nodes (HBM,
+    NVM). Each gets its box, the memory-only ones unadvertised with their memory."""
+    browser = chromium()
+    root = snapshots_root / "fakeheteromemtiers"
+    with demo_keep(root, "--memory-unit", "1Gi", shows="demo/app-2/app") as url:
+        dom = subprocess.run(
+            [browser, *BROWSER_FLAGS, "--dump-dom", url],
+            capture_output=True, text=True, timeout=120, check=True,
+        ).stdout  # fmt: skip
+        folder = Path(os.environ.get("SCREENSHOTS") or tmp_path)
+        screenshot(browser, url, folder / "node-page-memory-tiers.png", "1100,1000")
+    tags = parsed(dom.encode()).tags
+    boxes = [a["data-numa-node"] for _, a in tags if a.get("class") == "numa-node"]
+    assert boxes == ["0", "1", "2", "4", "6", "8", "9"]
+    memory_only = [a for _, a in tags if a.get("class") == "memory"]
+    assert len(memory_only) >= len(boxes), "every NUMA node, CPU-less ones too, has memory"
+    assert "not advertised: no CPU" in dom

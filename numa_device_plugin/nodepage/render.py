@@ -41,6 +41,7 @@ COLUMNS = 16  # CPU cells per row
 BOX_WIDTH = COLUMNS * CELL + 20
 BAR_HEIGHT = 16
 LINE = 16
+NOTE_CHARS = 72  # characters of a NUMA node's note that fit in its box (12 px)
 
 
 def render_page(page: NodePage, refresh: int = REFRESH) -> bytes:
@@ -84,21 +85,26 @@ def _legend() -> str:
 
 def _box_svg(box: NumaBox) -> str:
     e = html.escape
-    rows = max(1, -(-len(box.cpus) // COLUMNS))
-    cpu_top = 34
+    rows = -(-len(box.cpus) // COLUMNS)  # none for a CPU-less (memory-only) NUMA node
+    note = None
+    if not box.advertised:
+        note = f"not advertised: {box.reason}" if box.reason else "not advertised"
+    cpu_top = 34 + (LINE if note else 0)
     memory_top = cpu_top + rows * CELL + 10
     holders_top = memory_top + len(box.memory) * (BAR_HEIGHT + LINE + 6) + 6
     height = holders_top + len(box.holders) * LINE + 10
-    title = f"NUMA node {box.id}"
-    if not box.advertised:
-        title += f" (not advertised: {box.reason})" if box.reason else " (not advertised)"
     out = [
         f'<svg class="numa-node" data-numa-node="{box.id}" width="{BOX_WIDTH}" '
         f'height="{height}" viewBox="0 0 {BOX_WIDTH} {height}" '
         'xmlns="http://www.w3.org/2000/svg" role="img">',
         f'<rect class="frame" x="1" y="1" width="{BOX_WIDTH - 2}" height="{height - 2}" rx="6"/>',
-        f'<text class="title" x="10" y="22">{e(title)}</text>',
+        f'<text class="title" x="10" y="22">NUMA node {box.id}</text>',
     ]
+    if note:  # one line, cut to the box; the whole of it on hover
+        shown = note if len(note) <= NOTE_CHARS else note[: NOTE_CHARS - 1] + "\u2026"
+        out.append(
+            f'<text class="note" x="10" y="{22 + LINE}"><title>{e(note)}</title>{e(shown)}</text>'
+        )
     for i, cell in enumerate(box.cpus):
         x = 10 + (i % COLUMNS) * CELL
         y = cpu_top + (i // COLUMNS) * CELL
@@ -196,7 +202,7 @@ _CSS = (
     ".title{font-weight:bold;font-size:15px}"
     ".cpu-id{font-size:10px;text-anchor:middle;fill:#111}"
     ".cpu-ours+.cpu-id,.cpu-ours~.cpu-id{fill:#fff}"
-    ".label,.holder{font-size:12px}"
+    ".label,.holder,.note{font-size:12px}.note{fill:#a00}"
     ".bar-free{fill:#e8e8e8}.bar-ours{fill:#2f6fdb}.bar-others{fill:#e0892b}"
     ".cpu-offline{stroke-dasharray:3 2}"
     ".key{margin-right:12px}"
