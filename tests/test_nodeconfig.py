@@ -5,6 +5,7 @@ from a stand-in API server."""
 from __future__ import annotations
 
 import asyncio
+import json
 import urllib.error
 import urllib.request
 from collections.abc import AsyncIterator
@@ -30,6 +31,7 @@ from numa_device_plugin.nodeconfig import (
     resolve,
 )
 from numa_device_plugin.nodelabels import NodeLabelReader
+from numa_device_plugin.snapshot import PluginState
 from numa_device_plugin.supervisor import ConfigSupervisor, Selection, label_selection
 from tests.apiserver_stub import node_api
 from tests.standin_helpers import ServeProcess, eventually, free_port, serve_process
@@ -214,6 +216,9 @@ class RecordingManager:
     def readiness_problems(self) -> list[str]:
         return []
 
+    def snapshot(self) -> PluginState:
+        return PluginState(taken_at=0.0, config=self.config)
+
     def stop(self) -> None:
         self._stopped.set()
 
@@ -271,6 +276,11 @@ async def test_the_supervisor_follows_the_choice_and_serves_nothing_without_one(
     async with supervising(choices, log) as supervisor:
         await eventually(lambda: log == ["start 5"])
         assert supervisor.readiness_problems() == []
+        state = supervisor.snapshot()  # /debug/state: what is served and why
+        assert state.config == config(5)
+        assert state.configuration is not None
+        assert state.configuration["name"] == "slots"
+        assert "numa-align/config" in state.configuration["why"]
 
         # The same choice again: the manager reloads (SIGHUP), nothing restarts.
         first = supervisor.manager
@@ -292,6 +302,10 @@ async def test_the_supervisor_follows_the_choice_and_serves_nothing_without_one(
         assert supervisor.readiness_problems() == [
             "no configuration served: label numa-align/config='nope' names no configuration"
         ]
+        state = supervisor.snapshot()
+        assert state.config is None
+        assert state.problems == tuple(supervisor.readiness_problems())
+        assert state.configuration == {"name": "", "why": supervisor.problem}
 
         # An API outage now keeps nothing (there is nothing) and stays unready.
         choices.answer = NodeConfigError("cannot reach the API server", transient=True)
@@ -379,7 +393,7 @@ async def per_node(
 ) -> AsyncIterator[tuple[KubeletStandIn, ServeProcess, Any, Path, int]]:
     """The kubelet stand-in (CPU 0 reserved), the API stand-in with node n1 and its
     ``labels``, the file ``configs``, and ``serve`` choosing by the label every 0.2 s:
-    ``(kubelet, plugin, api, file, health port)``."""
+    ``(kubelet, plugin, api, file, metrics port)``."""
     path = folder / "configs.yaml"
     path.write_text(configs)
     port = free_port()
@@ -394,10 +408,16 @@ async def per_node(
             "--node-name", "n1",
             "--kubeconfig", str(kubeconfig),
             "--node-config-interval", "0.2",
-            "--health-address", f"127.0.0.1:{port}",
+            "--metrics-address", f"127.0.0.1:{port}",  # the probes and /debug/state
         )  # fmt: skip
         async with standin as kubelet, serve_process(tree, folder / "dp", *args) as plugin:
             yield kubelet, plugin, api, path, port
+
+
+def debug_state(port: int) -> Any:
+    """The plugin's ``/debug/state``."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/debug/state", timeout=5) as answer:
+        return json.load(answer)
 
 
 async def test_serve_follows_the_nodes_label(two_nodes: SysfsTree, sock_dir: Path) -> None:
@@ -407,6 +427,9 @@ async def test_serve_follows_the_nodes_label(two_nodes: SysfsTree, sock_dir: Pat
         # "exact": one device per exclusive CPU, CPU 0 reserved.
         await kubelet.wait_until(lambda: counts(kubelet) == (3, 4), timeout=20)
         await eventually(lambda: readyz(port)[0] == 200)
+        state = debug_state(port)
+        assert state["configuration"]["name"] == "exact"
+        assert state["config"]["capacity"] == "cpus"
 
         api.labels[CONFIG_LABEL] = "slots"
         await kubelet.wait_until(lambda: counts(kubelet) == (5, 5), timeout=20)
@@ -417,6 +440,9 @@ async def test_serve_follows_the_nodes_label(two_nodes: SysfsTree, sock_dir: Pat
         await eventually(lambda: readyz(port)[0] == 503)
         text = readyz(port)[1]
         assert f"label {CONFIG_LABEL}='nope' names no configuration" in text
+        state = debug_state(port)
+        assert (state["config"], state["configuration"]["name"]) == (None, "")
+        assert "'nope' names no configuration" in state["configuration"]["why"]
         assert not list((sock_dir / "dp").glob("numa-*.sock")), "sockets removed"
 
         # The label removed: the default ("slots").
