@@ -76,6 +76,7 @@ COMMAND_FLAGS = {
         ("--sysfs-root", "NUMA_SYSFS_ROOT"),
         ("--resource-prefix", "NUMA_RESOURCE_PREFIX"),
         ("--include-cpuless-nodes", "NUMA_INCLUDE_CPULESS_NODES"),
+        ("--memory-unit", "NUMA_MEMORY_UNIT"),
         ("--output", "NUMA_OUTPUT"),
         ("--log-level", "NUMA_LOG_LEVEL"),
     ],
@@ -304,6 +305,7 @@ def test_discover_json_shape(two_nodes: SysfsTree, capsys: pytest.CaptureFixture
                 "cpus": "0-3",
                 "memory_bytes": 1073741824,
                 "distances": {"0": 10, "1": 21},
+                "hugepages": {},
                 "advertised": True,
                 "reason": None,
             },
@@ -312,12 +314,36 @@ def test_discover_json_shape(two_nodes: SysfsTree, capsys: pytest.CaptureFixture
                 "cpus": "4-7",
                 "memory_bytes": 1073741824,
                 "distances": {"0": 21, "1": 10},
+                "hugepages": {},
                 "advertised": True,
                 "reason": None,
             },
         ],
         "resources": NAMES,
+        "devices": dict.fromkeys(NAMES, 100),
     }
+
+
+def test_discover_shows_memory_resources_with_memory_unit(
+    two_nodes: SysfsTree, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """1 GiB per NUMA node, 2 MiB pages on node 1: its memory resource counts what is
+    left beside the hugepages, over the unit."""
+    two_nodes.write("node/node1/hugepages/hugepages-2048kB/nr_hugepages", "128\n")
+    args = ["discover", "--sysfs-root", str(two_nodes.root), "--memory-unit", "256Mi"]
+    code, out, _ = run_main([*args, "--output", "json"], capsys)
+    assert code == 0
+    document = json.loads(out)
+    assert document["nodes"][1]["hugepages"] == {"2Mi": 128}
+    assert document["devices"] == {
+        "numa-align/numa-0": 100,
+        "numa-align/numa-0-memory": 4,
+        "numa-align/numa-1": 100,
+        "numa-align/numa-1-memory": 3,
+        "numa-align/numa-1-hugepages-2mi": 1,
+    }
+    code, out, _ = run_main(args, capsys)
+    assert "numa-align/numa-1-memory (3)" in out.splitlines()[-1]
 
 
 def test_discover_table(two_nodes: SysfsTree, capsys: pytest.CaptureFixture[str]) -> None:
@@ -326,7 +352,7 @@ def test_discover_table(two_nodes: SysfsTree, capsys: pytest.CaptureFixture[str]
     lines = out.splitlines()
     assert lines[0].split() == ["NODE", "CPUS", "MEMORY_BYTES", "DISTANCES", "ADVERTISED", "REASON"]
     assert lines[1].split() == ["0", "0-3", "1073741824", "0:10,1:21", "yes"]
-    assert lines[-1] == "resources: numa-align/numa-0, numa-align/numa-1"
+    assert lines[-1] == "resources (devices): numa-align/numa-0 (100), numa-align/numa-1 (100)"
 
 
 def test_discover_malformed_sysfs_exits_1_naming_the_file(

@@ -13,6 +13,7 @@ from numa_device_plugin.cli import options
 from numa_device_plugin.config import Config
 from numa_device_plugin.discovery import Discovery, discover
 from numa_device_plugin.logs import configure_logging
+from numa_device_plugin.numamemory import format_quantity
 
 
 @click.command("discover", help="Print the NUMA nodes and the resources that would be advertised.")
@@ -20,6 +21,7 @@ from numa_device_plugin.logs import configure_logging
     options.sysfs_root,
     options.resource_prefix,
     options.include_cpuless_nodes,
+    options.memory_unit_option,
     options.output,
     options.quiet_log_level,
 )
@@ -30,6 +32,7 @@ def command(**params: Any) -> int:
         sysfs_root=params["sysfs_root"],
         resource_prefix=params["resource_prefix"],
         include_cpuless_nodes=params["include_cpuless_nodes"],
+        memory_unit=params["memory_unit"],
     )
     document = discovery_json(discover(config))
     click.echo(json.dumps(document, indent=2) if params["output"] == "json" else table(document))
@@ -37,8 +40,11 @@ def command(**params: Any) -> int:
 
 
 def discovery_json(discovery: Discovery) -> dict[str, Any]:
-    """The ``discover --output json`` document: nodes sorted by id, then resource names.
-    ``memory_bytes`` and ``distances`` are null where their sysfs file was malformed."""
+    """The ``discover --output json`` document: nodes sorted by id, then resource names,
+    then each resource's device count (``devices``: name -> count; with
+    ``--memory-unit`` the memory and hugepage resources' counts are memory over the
+    unit). ``memory_bytes`` and ``distances`` are null where their sysfs file was
+    malformed; ``hugepages``: page size (``2Mi``) -> pages, per sysfs."""
     nodes = []
     for plan in sorted(discovery.plans, key=lambda plan: plan.node.id):
         node = plan.node
@@ -50,11 +56,16 @@ def discovery_json(discovery: Discovery) -> dict[str, Any]:
                 "distances": None
                 if node.distances is None
                 else {str(other): value for other, value in sorted(node.distances.items())},
+                "hugepages": {format_quantity(size): pages for size, pages in node.hugepages},
                 "advertised": plan.advertised,
                 "reason": plan.reason,
             }
         )
-    return {"nodes": nodes, "resources": list(discovery.resources)}
+    return {
+        "nodes": nodes,
+        "resources": list(discovery.resources),
+        "devices": {name: len(r.devices) for name, r in discovery.resources.items()},
+    }
 
 
 def table(document: dict[str, Any]) -> str:
@@ -79,5 +90,6 @@ def table(document: dict[str, Any]) -> str:
         "  ".join([*(c.ljust(w) for c, w in zip(row, widths, strict=False)), row[-1]]).rstrip()
         for row in rows
     ]
-    lines.append("resources: " + (", ".join(document["resources"]) or "(none)"))
+    shown = [f"{name} ({document['devices'][name]})" for name in document["resources"]]
+    lines.append("resources (devices): " + (", ".join(shown) or "(none)"))
     return "\n".join(lines)
