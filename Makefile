@@ -20,14 +20,16 @@ run: install
 
 ## test: the whole offline test suite, on TEST_WORKERS pytest-xdist workers (2; 0 runs it
 ## in this process). Most of its time is spent waiting on real serve processes, so two
-## workers halve it even on one core.
+## workers halve it even on one core. helm, promtool and prometheus are fetched first (never
+## halfway through); the tiers whose tools are still absent (kubectl, chromium) are named
+## at the start.
 TEST_WORKERS ?= 2
-test: install
+test: install helm prometheus
 	$(BIN)/pytest -q -n $(TEST_WORKERS)
 
 ## coverage: the offline suite under coverage, the plugin's subprocesses measured too
 ## (pyproject's [tool.coverage.run]); prints the report per module and the total
-coverage: install
+coverage: install helm prometheus
 	$(BIN)/coverage erase
 	$(BIN)/coverage run -m pytest -q -n $(TEST_WORKERS)
 	$(BIN)/coverage combine --quiet
@@ -36,7 +38,7 @@ coverage: install
 ## test-loaded: the load-sensitive test files RUNS times (5) with every core busy; prints
 ## the rounds each file passed
 RUNS ?= 5
-test-loaded: install helm
+test-loaded: install helm prometheus
 	$(PY) -m tests.loaded --runs $(RUNS)
 
 ## test-e2e: the end-to-end tests against $$KUBECONFIG (see test/infra/create-cluster.sh)

@@ -42,6 +42,40 @@ def venv_tool(name: str) -> str:
     return found
 
 
+# The tiers that need a tool from outside PyPI: (tool, the tests, how to get it).
+TIERS = (
+    ("kubectl", "the kustomize renderings (tests/test_deployments.py)",
+     "part of the machine: not on PyPI"),
+    ("helm", "the chart tests (tests/test_helm.py, test_alerts.py, test_dashboard.py)",
+     "make helm"),
+    ("promtool", "the alert tests (tests/test_alerts.py)", "make prometheus"),
+    ("prometheus", "the dashboard tests (tests/test_dashboard.py)", "make prometheus"),
+    ("chromium", "the node page's browser tests (tests/test_nodepage.py)", "make chromium"),
+    ("kubectl-numa", "kubectl running top as its plugin (tests/test_top.py)",
+     "pip install -e . puts it beside python"),
+)  # fmt: skip
+
+
+def missing_tiers() -> list[str]:
+    """One line per tier whose tool is on neither PATH nor ``.venv/bin``: what skips."""
+    lines = []
+    for tool, tests, how in TIERS:
+        if shutil.which(tool) or os.access(REPO / ".venv" / "bin" / tool, os.X_OK):
+            continue
+        lines.append(f"{tool} is absent: {tests} will skip ({how})")
+    return lines
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """Say at the start which tiers will skip and why, with ``-q`` too (skip reasons are
+    otherwise shown only with ``-rs``, at the end)."""
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is None or hasattr(session.config, "workerinput"):  # an xdist worker
+        return
+    for line in missing_tiers():
+        reporter.write_line(line, yellow=True)
+
+
 def pytest_configure(config: pytest.Config) -> None:
     """Under CI (``CI`` set, see :func:`under_ci`) the real snapshots must be there: a
     missing ../shared is an error, not a row of silent skips."""
