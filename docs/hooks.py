@@ -48,16 +48,18 @@ def metrics_table() -> str:
     """Every metric the plugin serves with ``--metrics-address``: a recorder fed one
     of each event on a two-NUMA-node topology, so every family has a series to show
     its labels; the process, platform and GC collectors left out."""
-    from numa_device_plugin.metrics import sample_registry
+    from numa_device_plugin.metrics import documented_families
 
     rows = ["| metric | type | labels | meaning |", "|---|---|---|---|"]
-    for family in sample_registry():
+    for family in documented_families():
         if family.name.startswith(("process_", "python_")):
             continue
         names = sorted({s.name for s in family.samples if not s.name.endswith("_created")})
         labels = sorted({k for s in family.samples for k in s.labels} - {"le"})
-        shown = ", ".join(f"`{n}`" for n in names) if family.type != "histogram" else (
-            f"`{family.name}` (`_bucket`, `_sum`, `_count`)"
+        shown = (
+            ", ".join(f"`{n}`" for n in names)
+            if family.type != "histogram"
+            else (f"`{family.name}` (`_bucket`, `_sum`, `_count`)")
         )
         label_text = ", ".join(f"`{label}`" for label in labels) or "none"
         rows.append(f"| {shown} | {family.type} | {label_text} | {family.documentation} |")

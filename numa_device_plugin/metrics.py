@@ -281,3 +281,26 @@ class _TopologyCollector(Collector):
 
     def describe(self) -> Iterator[Metric]:
         return iter(())
+
+
+def documented_families() -> list[Metric]:
+    """Every metric family the plugin serves, each with at least one series (so its
+    labels show): a recorder that has seen one of each event on two NUMA nodes, as the
+    documentation's metrics reference lists them (process, platform and GC included)."""
+    from numa_device_plugin.topology import NumaNode
+
+    recorder = PrometheusRecorder()
+    nodes = [NumaNode(n, frozenset({2 * n, 2 * n + 1}), 1 << 30, {0: 10 + 11 * n, 1: 21 - 11 * n})
+             for n in (0, 1)]  # fmt: skip
+    recorder.topology(tuple(NodePlan(node, True) for node in nodes), {"numa-align/numa-0": 2})
+    recorder.allocated("numa-align/numa-0", 0.001, True)
+    recorder.allocated("numa-align/numa-0", 0.001, False)
+    recorder.registration("numa-align/numa-0", True)
+    recorder.registered("numa-align/numa-0", True)
+    recorder.kubelet_restart()
+    recorder.devices("numa-align/numa-0", [Device("numa0-cpu0000", 0, 0)])
+    capacity = NodeCapacity(0, "numa-align/numa-0", frozenset({0, 1}), frozenset({0}),
+                            frozenset(), frozenset({"numa0-cpu0000"}), 2, 1, 0)  # fmt: skip
+    recorder.capacity([capacity], {0: {"memory": 1 << 30}}, {(0, "memory", OURS): 1 << 28})
+    recorder.pod_resources(True, time.time())
+    return list(recorder.registry.collect())

@@ -276,6 +276,12 @@ class CapacityPoller:
                     "counting each NUMA node's usable CPUs minus --reserved-cpus and "
                     "skipping the CPU manager check until it can"
                 )
+                if self._resources(memory=True):
+                    what = what.replace(
+                        "and skipping the CPU manager check",
+                        "and its memory per sysfs minus --reserved-memory, and skipping "
+                        "the CPU and Memory Manager checks",
+                    )
             else:
                 what = "keeping the counts of its last answer until it can"
             log.warning(

@@ -103,6 +103,8 @@ COMMAND_FLAGS = {
         ("--keep", "NUMA_KEEP"),
         ("--memory-unit", "NUMA_MEMORY_UNIT"),
         ("--metrics-address", "NUMA_METRICS_ADDRESS"),
+        ("--config-file", "NUMA_CONFIG_FILE"),
+        ("--node-label", "NUMA_NODE_LABEL"),
     ],
     "health": [
         ("--address", "NUMA_ADDRESS"),
@@ -409,6 +411,61 @@ def test_demo_on_a_synthetic_tree(two_nodes: SysfsTree, capsys: pytest.CaptureFi
     assert "2 resource(s) registered" in out
     assert "numa-align/numa-1: 3 devices (3 Healthy), TopologyInfo NUMA node(s) [1]" in out
     assert 'Allocate(numa-align/numa-0, [numa0-slot0000]) -> envs {"NUMA_NODE": "0"}' in out
+
+
+POOLS_FILE = "configs:\n  slots: {capacity: 3}\n  exact: {capacity: cpus}\ndefault: slots\n"
+
+
+@pytest.mark.parametrize(
+    ("labels", "chosen", "device"),
+    [
+        ([], "slots", "numa0-slot0000"),  # no label: the file's default
+        (["--node-label", "numa-align/config=exact"], "exact", "numa0-cpu0000"),
+        (["--node-label", "zone=a", "--node-label", "numa-align/config=exact"], "exact",
+         "numa0-cpu0000"),
+    ],
+)  # fmt: skip
+def test_demo_chooses_by_the_node_label_as_serve_does(
+    two_nodes: SysfsTree,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    labels: list[str],
+    chosen: str,
+    device: str,
+) -> None:
+    pools = tmp_path / "pools.yaml"
+    pools.write_text(POOLS_FILE)
+    args = ["demo", "--sysfs-root", str(two_nodes.root), "--config-file", str(pools), *labels]
+    code, out, _ = run_main(args, capsys)
+    assert code == 0
+    assert out.startswith(f"configuration {chosen}, chosen by the node's labels")
+    assert f"Allocate(numa-align/numa-0, [{device}])" in out
+
+
+def test_demo_with_a_label_naming_no_configuration_exits_1_saying_so(
+    two_nodes: SysfsTree, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    pools = tmp_path / "pools.yaml"
+    pools.write_text(POOLS_FILE)
+    args = ["demo", "--sysfs-root", str(two_nodes.root), "--config-file", str(pools),
+            "--node-label", "numa-align/config=nope"]  # fmt: skip
+    code, _, err = run_main(args, capsys)
+    assert code == 1
+    assert "label numa-align/config='nope' names no configuration" in err
+
+
+@pytest.mark.parametrize("label", ["novalue", "=x"])
+def test_demo_node_labels_are_key_value_and_need_a_config_file(
+    label: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, _, err = run_main(["demo", "--node-label", "a=b"], capsys)
+    assert code == 2
+    assert "only applies with --config-file" in err
+    pools = tmp_path / "pools.yaml"
+    pools.write_text(POOLS_FILE)
+    code, _, err = run_main(["demo", "--config-file", str(pools), "--node-label", label], capsys)
+    assert code == 2
+    assert "is not KEY=VALUE" in err
 
 
 def test_demo_on_this_machine(capsys: pytest.CaptureFixture[str]) -> None:

@@ -27,7 +27,7 @@ from numa_device_plugin.numamemory import (
     parse_reserved_memory,
 )
 from numa_device_plugin.topology import plan_nodes, read_topology
-from tests.standin_helpers import ServeProcess, bounded_serve, serve_process
+from tests.standin_helpers import ServeProcess, bounded_serve, eventually, serve_process
 
 GI = 1 << 30
 MI = 1 << 20
@@ -453,3 +453,31 @@ def test_assigned_memory_reaches_its_metric(tmp_path: Path) -> None:
         f'{name}{{holder="numa-align",memory_type="memory",numa_node="1"}} 1.073741824e+09' in text
     )
     assert f'{name}{{holder="other",memory_type="memory",numa_node="1"}} 2.147483648e+09' in text
+
+
+@pytest.mark.parametrize(
+    ("flags", "counting"),
+    [
+        ((), "counting each NUMA node's usable CPUs minus --reserved-cpus and skipping the "
+         "CPU manager check until it can"),
+        (("--memory-unit", "256Mi"), "counting each NUMA node's usable CPUs minus "
+         "--reserved-cpus and its memory per sysfs minus --reserved-memory, and skipping the "
+         "CPU and Memory Manager checks until it can"),
+    ],
+)  # fmt: skip
+async def test_the_start_warning_without_pod_resources_says_what_is_counted(
+    two_nodes: SysfsTree, sock_dir: Path, flags: tuple[str, ...], counting: str
+) -> None:
+    """Memory counted from sysfs too: the warning names it, not only the CPUs."""
+    absent = sock_dir / "no-pod-resources.sock"
+    async with (
+        KubeletStandIn(sock_dir) as kubelet,
+        serve_process(two_nodes, sock_dir, "--pod-resources-socket", str(absent), *flags) as plugin,
+    ):
+        await kubelet.wait_until(lambda: kubelet.live("numa-align/numa-1"), timeout=20)
+        await eventually(
+            lambda: any("cannot be read" in e["event"] for e in plugin.events()), timeout=20
+        )
+        assert await plugin.terminate() == 0
+    said = [e["event"] for e in plugin.events() if "cannot be read" in e["event"]]
+    assert said == [f"the kubelet's pod resources API cannot be read; {counting}"]

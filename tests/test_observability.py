@@ -348,3 +348,18 @@ def registered(recorder: PrometheusRecorder) -> dict[str, float]:
     """Resource -> value of the recorder's numa_device_plugin_registered series."""
     v = samples(recorder.render().decode())
     return {dict(k[1])["resource"]: x for k, x in v.items() if k[0].endswith("_registered")}
+
+
+def test_the_documented_families_are_every_family_each_with_a_series() -> None:
+    """The docs' metrics reference lists these: none may be missing its labels."""
+    from numa_device_plugin.metrics import documented_families
+
+    families = documented_families()
+    assert all(family.samples for family in families), [f.name for f in families if not f.samples]
+    names = {family.name for family in families}
+    served = {
+        line.split(" ")[2]
+        for line in PrometheusRecorder().render().decode().splitlines()
+        if line.startswith("# TYPE ")
+    }
+    assert served <= names | {f"{n}_total" for n in names}

@@ -4,6 +4,7 @@ kubelet stand-in in a temp folder; prints what registered and one Allocate, then
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import signal
 import sys
@@ -21,6 +22,7 @@ from numa_device_plugin.kubelet_standin import KubeletStandIn
 from numa_device_plugin.logs import configure_logging
 from numa_device_plugin.manager import PluginManager
 from numa_device_plugin.numamemory import MEMORY, hugepages_type
+from numa_device_plugin.supervisor import ConfigSupervisor, Selector
 from numa_device_plugin.topology import NumaNode
 
 
@@ -41,6 +43,8 @@ from numa_device_plugin.topology import NumaNode
     options.log_format,
     options.keep,
     options.demo_metrics_address,
+    options.config_file,
+    options.node_label,
 )
 @click.pass_context
 def command(ctx: click.Context, /, **params: Any) -> int:
@@ -49,6 +53,10 @@ def command(ctx: click.Context, /, **params: Any) -> int:
     from numa_device_plugin.cli.serve import ListenerError
 
     configure_logging(params["log_level"], params["log_format"])
+    if params["node_label"] and params["config_file"] is None:
+        raise click.BadParameter(
+            "only applies with --config-file", ctx, param=options.param(ctx, "node_label")
+        )
     try:
         return asyncio.run(_demo(params))
     except ListenerError as exc:
@@ -68,17 +76,14 @@ async def _until(serving: asyncio.Task[None], awaitable: Awaitable[Any]) -> bool
 
 
 async def _demo(params: dict[str, Any]) -> int:
-    with tempfile.TemporaryDirectory(prefix="ndp-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="ndp-") as tmp, contextlib.ExitStack() as stack:
         folder = Path(tmp)
-        config = Config(
-            sysfs_root=params["sysfs_root"],
-            socket_dir=folder / "dp",
-            resource_prefix=params["resource_prefix"],
-            capacity=params["capacity"],
-            include_cpuless_nodes=params["include_cpuless_nodes"],
-            pod_resources_socket=folder / "pr" / "kubelet.sock",
-            memory_unit=params["memory_unit"],
-        )
+        base = {
+            **params,
+            "socket_dir": folder / "dp",
+            "pod_resources_socket": folder / "pr" / "kubelet.sock",
+        }
+        config = options.config_from_params(base)
         # A kubelet with the static CPU manager policy that reserves no CPU, and the
         # Memory Manager's Static policy that hands out each NUMA node's memory.
         discovery = discover(config)
@@ -90,6 +95,9 @@ async def _demo(params: dict[str, Any]) -> int:
             allocatable_cpus=cpus,
             allocatable_memory={node: per_type for node, per_type in memory.items() if per_type},
         )
+        select = None
+        if params["config_file"] is not None:
+            select = _label_selection(stack, params, base, folder)
         address = params["metrics_address"] if params["keep"] else ""
         async with standin as kubelet:
             recorder = None
@@ -97,19 +105,25 @@ async def _demo(params: dict[str, Any]) -> int:
                 from numa_device_plugin.metrics import PrometheusRecorder
 
                 recorder = PrometheusRecorder()
-            manager = PluginManager(
-                config, discover_fn=lambda _: discovery, recorder=recorder
-            )  # read sysfs once
+            runner: PluginManager | ConfigSupervisor
+            if select is None:
+                runner = PluginManager(config, discover_fn=lambda _: discovery, recorder=recorder)
+            else:
+                runner = ConfigSupervisor(
+                    select, lambda chosen: PluginManager(chosen, recorder=recorder), 60.0
+                )
             listeners = []
             if address:
                 from numa_device_plugin.cli.serve import start_listeners
 
                 assert recorder is not None
-                listeners = await start_listeners(manager, address, "", recorder.render)
-            serving = asyncio.create_task(manager.serve())
+                listeners = await start_listeners(runner, address, "", recorder.render)
+            serving = asyncio.create_task(runner.serve())
             try:
-                if not await _until(serving, manager.started.wait()):
+                chosen: list[PluginManager] = []
+                if not await _until(serving, _started(runner, chosen)) or not chosen:
                     return 1
+                manager = chosen[0]
                 names = list(manager.resources)
                 if not names:
                     print("no NUMA node can be advertised on this machine", file=sys.stderr)
@@ -117,6 +131,10 @@ async def _demo(params: dict[str, Any]) -> int:
                 everyone_live = kubelet.wait_until(lambda: all(map(kubelet.live, names)))
                 if not await _until(serving, everyone_live):
                     return 1
+                if isinstance(runner, ConfigSupervisor) and runner.current is not None:
+                    name = runner.current[0] or "(flags and variables)"
+                    labels = ", ".join(f"{k}={v}" for k, v in params["node_label"]) or "none"
+                    print(f"configuration {name}, chosen by the node's labels ({labels})")
                 _print_demo(kubelet, names, folder)
                 first = names[0]
                 device = kubelet.devices(first)[0].ID
@@ -125,13 +143,43 @@ async def _demo(params: dict[str, Any]) -> int:
                 print(f"\nAllocate({first}, [{device}]) -> envs {json.dumps(envs)}")
                 if params["keep"]:
                     port = listeners[0].port if listeners else None
-                    await _keep_serving(kubelet, config, discovery, serving, port)
+                    await _keep_serving(kubelet, manager.config, discovery, serving, port)
             finally:
-                manager.stop()
+                runner.stop()
                 await asyncio.wait({serving})
                 for listener in listeners:
                     await listener.stop()
     return 0
+
+
+def _label_selection(
+    stack: contextlib.ExitStack, params: dict[str, Any], base: dict[str, Any], folder: Path
+) -> Selector:
+    """Per-node configuration against a stand-in API server whose node ``demo-node``
+    has the ``--node-label`` labels: the selection ``serve --config-file`` makes."""
+    from numa_device_plugin.kubelet_standin.apiserver import node_api_standin
+    from numa_device_plugin.supervisor import label_selection
+
+    labels = dict(params["node_label"])
+    _, kubeconfig = stack.enter_context(node_api_standin("demo-node", labels, folder))
+    return label_selection(params["config_file"], "demo-node", kubeconfig, base)
+
+
+async def _started(runner: PluginManager | ConfigSupervisor, chosen: list[PluginManager]) -> None:
+    """Until the plugin serves (put into ``chosen``), or per-node configuration says why
+    nothing is served (printed; ``chosen`` stays empty)."""
+    if isinstance(runner, PluginManager):
+        await runner.started.wait()
+        chosen.append(runner)
+        return
+    while True:
+        if runner.problem is not None:
+            print(runner.problem, file=sys.stderr)
+            return
+        if runner.manager is not None and runner.manager.started.is_set():
+            chosen.append(runner.manager)
+            return
+        await asyncio.sleep(0.05)
 
 
 def _allocatable_memory(node: NumaNode) -> dict[str, int]:

@@ -269,6 +269,27 @@ demo_metrics_address = _option(
     "ADDR",
     allow_empty=True,
 )
+
+
+def label(text: str) -> tuple[str, str]:
+    """``KEY=VALUE`` -> ``(KEY, VALUE)``; ValueError naming the text otherwise."""
+    key, sep, value = text.partition("=")
+    if not sep or not key.strip():
+        raise ValueError(f"{text!r} is not KEY=VALUE")
+    return key.strip(), value.strip()
+
+
+node_label = click.option(
+    "--node-label",
+    cls=Option,
+    multiple=True,
+    type=Converted("KEY=VALUE", label),
+    envvar=variable("--node-label"),
+    show_envvar=True,
+    metavar="KEY=VALUE",
+    help="with --config-file: a label of the stand-in API server's node (repeat for more), "
+    "e.g. numa-align/config=exact; none: the file's default",
+)
 keep = _switch("--keep", "after the Allocate, keep serving until Ctrl-C (SIGINT) or SIGTERM")
 allow_unaligned = _switch(
     "--allow-unaligned",
