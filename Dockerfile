@@ -43,5 +43,5 @@ ENV PATH=/opt/venv/bin:$PATH \
     MALLOC_ARENA_MAX=2
 # dumb-init (from requirements.lock) is PID 1: it forwards SIGTERM to the plugin from the
 # first moment and reaps zombies; the plugin also catches stop signals before anything
-# else runs (numa_device_plugin/signals.py), so it stops as PID 1 too.
+# else runs (numa_device_plugin/ops/signals.py), so it stops as PID 1 too.
 ENTRYPOINT ["dumb-init", "--", "numa-device-plugin", "serve"]

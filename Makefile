@@ -88,7 +88,7 @@ chromium:
 ## memory-tiers snapshot of ../shared (CPU-less NUMA nodes)
 screenshots: install chromium
 	mkdir -p docs/images
-	SCREENSHOTS=docs/images $(BIN)/pytest -q -n 0 tests/test_nodepage.py -k chromium
+	SCREENSHOTS=docs/images $(BIN)/pytest -q -n 0 tests/plugin/test_nodepage.py -k chromium
 
 ## docs: the documentation site into site/ (mkdocs build --strict: a broken link, a missing
 ## page or a stale generated reference fails it); open site/index.html

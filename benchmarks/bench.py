@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.harness import Rig, machine_info, pace_flag, paced, percentile, rig, settle
-from numa_device_plugin.devices import CPUS
+from numa_device_plugin.plugin.devices import CPUS
 
 MB = 1024 * 1024
 
@@ -248,11 +248,11 @@ def page_state(nodes: int, cpus_per_node: int = 32) -> Any:
     """A :class:`PluginState` of ``nodes`` NUMA nodes of ``cpus_per_node`` CPUs, half of
     each node's CPUs held by one-CPU containers (ours and others alternating), memory and
     2 MiB hugepages under the Memory Manager, ``--capacity cpus``."""
-    from numa_device_plugin.capacity import Holder, KubeletView
-    from numa_device_plugin.config import Config
-    from numa_device_plugin.devices import Device, Resource
-    from numa_device_plugin.snapshot import PluginState, Served
-    from numa_device_plugin.topology import NodePlan, NumaNode
+    from numa_device_plugin.kubelet.view import Holder, KubeletView
+    from numa_device_plugin.plugin.config import Config
+    from numa_device_plugin.plugin.devices import Device, Resource
+    from numa_device_plugin.plugin.snapshot import PluginState, Served
+    from numa_device_plugin.topology.numa import NodePlan, NumaNode
 
     gib = 1 << 30
     plans, served, holders, others = [], {}, [], []
@@ -297,7 +297,7 @@ def page_state(nodes: int, cpus_per_node: int = 32) -> Any:
 async def page(nodes_list: tuple[int, ...], runs: int = 20) -> list[Figure]:
     """The node page (``/``) built and rendered from a state at each of ``nodes_list``
     NUMA nodes x 32 CPUs: median and slowest of ``runs`` renderings (ms), and bytes."""
-    from numa_device_plugin.nodepage import build_page, render_page
+    from numa_device_plugin.plugin.nodepage import build_page, render_page
 
     figures = []
     for nodes in nodes_list:

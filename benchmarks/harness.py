@@ -24,8 +24,8 @@ from typing import Any
 
 import grpc
 
-from numa_device_plugin.fake_sysfs import build_machine
 from numa_device_plugin.kubelet_standin import KubeletStandIn
+from numa_device_plugin.topology.fake import build_machine
 
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 

@@ -1,7 +1,8 @@
 """Figures of a real ``serve`` under hostile input: a ``/metrics`` flood, readers that
 never read, a YAML alias bomb as the per-node configuration file, and a silent API
 server. Prints probe latencies, RSS and the time a SIGTERM takes; asserts nothing
-(the tests assert behaviour: tests/test_scrape_flood.py, tests/test_nodeconfig_hostile.py).
+(the tests assert behaviour: tests/ops/test_scrape_flood.py,
+tests/nodeconfig/test_nodeconfig_hostile.py).
 
 Usage: python -m benchmarks.hostile [--scrapers 32] [--seconds 10] [--json]
 """
@@ -24,10 +25,10 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.harness import free_port, machine_info, percentile
-from numa_device_plugin.fake_sysfs import build_machine
+from numa_device_plugin.topology.fake import build_machine
 from tests.apiserver_stub import Raw, node_api
+from tests.nodeconfig.test_nodeconfig_hostile import BOMB
 from tests.standin_helpers import ServeProcess, serve_process
-from tests.test_nodeconfig_hostile import BOMB
 
 MB = 1024 * 1024
 

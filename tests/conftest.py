@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from numa_device_plugin.fake_sysfs import SysfsTree, build_machine
-from numa_device_plugin.logs import configure_logging
+from numa_device_plugin.ops.logs import configure_logging
+from numa_device_plugin.topology.fake import SysfsTree, build_machine
 
 REPO = Path(__file__).resolve().parent.parent
 SNAPSHOTS = REPO.parent / "shared" / "fixtures" / "sysfs"
@@ -44,14 +44,14 @@ def venv_tool(name: str) -> str:
 
 # The tiers that need a tool from outside PyPI: (tool, the tests, how to get it).
 TIERS = (
-    ("kubectl", "the kustomize renderings (tests/test_deployments.py)",
+    ("kubectl", "the kustomize renderings (tests/deployments/test_deployments.py)",
      "part of the machine: not on PyPI"),
-    ("helm", "the chart tests (tests/test_helm.py, test_alerts.py, test_dashboard.py)",
+    ("helm", "the chart tests (tests/deployments/test_helm.py, test_alerts.py, test_dashboard.py)",
      "make helm"),
-    ("promtool", "the alert tests (tests/test_alerts.py)", "make prometheus"),
-    ("prometheus", "the dashboard tests (tests/test_dashboard.py)", "make prometheus"),
-    ("chromium", "the node page's browser tests (tests/test_nodepage.py)", "make chromium"),
-    ("kubectl-numa", "kubectl running top as its plugin (tests/test_top.py)",
+    ("promtool", "the alert tests (tests/deployments/test_alerts.py)", "make prometheus"),
+    ("prometheus", "the dashboard tests (tests/deployments/test_dashboard.py)", "make prometheus"),
+    ("chromium", "the node page's browser tests (tests/plugin/test_nodepage.py)", "make chromium"),
+    ("kubectl-numa", "kubectl running top as its plugin (tests/cli/test_top.py)",
      "pip install -e . puts it beside python"),
 )  # fmt: skip
 

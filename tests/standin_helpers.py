@@ -16,11 +16,11 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.harness import free_port as free_port  # re-exported for the tests
-from numa_device_plugin.config import Config
-from numa_device_plugin.fake_sysfs import SysfsTree
 from numa_device_plugin.kubelet_standin import KubeletStandIn
-from numa_device_plugin.manager import PluginManager
-from numa_device_plugin.recorder import Recorder
+from numa_device_plugin.plugin.config import Config
+from numa_device_plugin.plugin.manager import PluginManager
+from numa_device_plugin.plugin.recorder import Recorder
+from numa_device_plugin.topology.fake import SysfsTree
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -7,19 +7,26 @@ from pathlib import Path
 from tests.loaded import LOAD_SENSITIVE, REPO, failed_files
 
 REPORT = """<?xml version="1.0" encoding="utf-8"?><testsuites><testsuite name="pytest">
-<testcase classname="tests.test_capacity" name="test_a"/>
-<testcase classname="tests.test_capacity" name="test_b"><failure message="x"/></testcase>
-<testcase classname="tests.test_status" name="test_c"><error message="y"/></testcase>
+<testcase classname="tests.plugin.test_capacity" name="test_a"/>
+<testcase classname="tests.plugin.test_capacity" name="test_b"><failure message="x"/></testcase>
+<testcase classname="tests.plugin.test_status" name="test_c"><error message="y"/></testcase>
 <testcase classname="tests.test_status_more.TestThing" name="test_d"/>
-<testcase classname="tests.test_probes" name="test_e"><skipped message="z"/></testcase>
+<testcase classname="tests.ops.test_probes" name="test_e"><skipped message="z"/></testcase>
 </testsuite></testsuites>"""
 
 
 def test_failed_files_are_read_per_module(tmp_path: Path) -> None:
     report = tmp_path / "r.xml"
     report.write_text(REPORT)
-    files = ["tests/test_capacity.py", "tests/test_status.py", "tests/test_probes.py"]
-    assert failed_files(report, files) == {"tests/test_capacity.py", "tests/test_status.py"}
+    files = [
+        "tests/plugin/test_capacity.py",
+        "tests/plugin/test_status.py",
+        "tests/ops/test_probes.py",
+    ]
+    assert failed_files(report, files) == {
+        "tests/plugin/test_capacity.py",
+        "tests/plugin/test_status.py",
+    }
 
 
 def test_every_load_sensitive_file_exists() -> None:

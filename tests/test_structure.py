@@ -69,6 +69,60 @@ def test_no_import_runs_in_a_circle() -> None:
 def test_the_poller_and_the_watcher_only_feed_or_wake() -> None:
     """They never reach back into the manager or the endpoints."""
     found = modules()
-    for name in ("numa_device_plugin.poller", "numa_device_plugin.watcher"):
+    for name in ("numa_device_plugin.plugin.poller", "numa_device_plugin.kubelet.watcher"):
         imported = imports(found[name], set(found))
-        assert not imported & {"numa_device_plugin.manager", "numa_device_plugin.endpoint"}
+        assert not imported & {
+            "numa_device_plugin.plugin.manager",
+            "numa_device_plugin.plugin.endpoint",
+        }
+
+
+# The layers, bottom up, and what each may import (besides itself and the package's
+# __version__): data flows up from sysfs to the kubelet's registration.
+LAYERS = {
+    "topology": set(),
+    "kubelet": {"topology", "api"},
+    "ops": {"topology"},
+    "plugin": {"topology", "kubelet", "ops", "api"},
+    "nodeconfig": {"topology", "kubelet", "ops", "plugin", "api"},
+}
+
+
+def every_import(path: Path) -> set[str]:
+    """The package modules ``path`` imports anywhere: at module level, inside functions
+    and under ``TYPE_CHECKING``."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module:
+            found.add(node.module)
+            found.update(f"{node.module}.{alias.name}" for alias in node.names)
+        elif isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+    return {name for name in found if name.startswith("numa_device_plugin.")}
+
+
+def layer(module: str) -> str:
+    """``numa_device_plugin.plugin.manager`` -> ``plugin``."""
+    return module.split(".")[1]
+
+
+def test_each_layer_imports_only_the_layers_below_it() -> None:
+    found = modules()
+    for name, path in found.items():
+        if name.count(".") < 2 or layer(name) not in LAYERS:
+            continue  # the cli, the kubelet stand-in and the package's root use any layer
+        allowed = LAYERS[layer(name)] | {layer(name)}
+        wrong = sorted(
+            imported
+            for imported in every_import(path)
+            if layer(imported) not in allowed | {"__version__"}
+        )
+        assert not wrong, f"{name} ({layer(name)}) imports {wrong}"
+
+
+def test_every_module_is_in_a_layer_or_a_tool() -> None:
+    """The folders show the architecture: nothing is left at the package's top."""
+    top = {path.stem for path in PACKAGE.glob("*.py")}
+    assert top == {"__init__", "__main__"}
+    folders = {p.name for p in PACKAGE.iterdir() if p.is_dir() and p.name != "__pycache__"}
+    assert folders == {*LAYERS, "api", "cli", "kubelet_standin"}

@@ -17,7 +17,9 @@ from collections.abc import Sequence
 
 import click
 
-from numa_device_plugin import __version__, signals, sysfs
+from numa_device_plugin import __version__
+from numa_device_plugin.ops import signals
+from numa_device_plugin.topology import sysfs
 
 # Command name -> the module holding it (as ``command``), in ``--help`` order.
 COMMANDS = {

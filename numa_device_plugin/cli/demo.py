@@ -16,14 +16,14 @@ from typing import Any
 import click
 
 from numa_device_plugin.cli import options
-from numa_device_plugin.config import Config
-from numa_device_plugin.discovery import Discovery, discover
 from numa_device_plugin.kubelet_standin import KubeletStandIn
-from numa_device_plugin.logs import configure_logging
-from numa_device_plugin.manager import PluginManager
-from numa_device_plugin.numamemory import MEMORY, hugepages_type
-from numa_device_plugin.supervisor import ConfigSupervisor, Selector
-from numa_device_plugin.topology import NumaNode
+from numa_device_plugin.nodeconfig.supervisor import ConfigSupervisor, Selector
+from numa_device_plugin.ops.logs import configure_logging
+from numa_device_plugin.plugin.config import Config
+from numa_device_plugin.plugin.discovery import Discovery, discover
+from numa_device_plugin.plugin.manager import PluginManager
+from numa_device_plugin.topology.memory import MEMORY, hugepages_type
+from numa_device_plugin.topology.numa import NumaNode
 
 
 @click.command(
@@ -102,7 +102,7 @@ async def _demo(params: dict[str, Any]) -> int:
         async with standin as kubelet:
             recorder = None
             if address:
-                from numa_device_plugin.metrics import PrometheusRecorder
+                from numa_device_plugin.plugin.prometheus import PrometheusRecorder
 
                 recorder = PrometheusRecorder()
             runner: PluginManager | ConfigSupervisor
@@ -158,7 +158,7 @@ def _label_selection(
     """Per-node configuration against a stand-in API server whose node ``demo-node``
     has the ``--node-label`` labels: the selection ``serve --config-file`` makes."""
     from numa_device_plugin.kubelet_standin.apiserver import node_api_standin
-    from numa_device_plugin.supervisor import label_selection
+    from numa_device_plugin.nodeconfig.supervisor import label_selection
 
     labels = dict(params["node_label"])
     _, kubeconfig = stack.enter_context(node_api_standin("demo-node", labels, folder))

@@ -8,12 +8,12 @@ from typing import Any
 
 import click
 
-from numa_device_plugin import sysfs
 from numa_device_plugin.cli import options
-from numa_device_plugin.config import Config
-from numa_device_plugin.discovery import Discovery, discover
-from numa_device_plugin.logs import configure_logging
-from numa_device_plugin.numamemory import format_quantity
+from numa_device_plugin.ops.logs import configure_logging
+from numa_device_plugin.plugin.config import Config
+from numa_device_plugin.plugin.discovery import Discovery, discover
+from numa_device_plugin.topology import sysfs
+from numa_device_plugin.topology.memory import format_quantity
 
 
 @click.command("discover", help="Print the NUMA nodes and the resources that would be advertised.")

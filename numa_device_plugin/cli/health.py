@@ -11,7 +11,7 @@ from typing import Any
 import click
 
 from numa_device_plugin.cli import options
-from numa_device_plugin.logs import configure_logging
+from numa_device_plugin.ops.logs import configure_logging
 
 
 @click.command(
@@ -21,7 +21,7 @@ from numa_device_plugin.logs import configure_logging
 @options.apply(options.probe_address, options.check, options.log_level)
 def command(**params: Any) -> int:
     """GET the probe with a 3 s timeout: 0 on 200 (body on stdout), 1 otherwise (stderr)."""
-    from numa_device_plugin.probes import parse_address
+    from numa_device_plugin.ops.probes import parse_address
 
     configure_logging(params["log_level"], "text")
     host, port = parse_address(params["address"])

@@ -11,13 +11,20 @@ the listener addresses, where empty means off as documented.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import click
 
-from numa_device_plugin.cli.values import (
+from numa_device_plugin.ops.logs import LEVELS
+from numa_device_plugin.plugin.config import config_from_params as config_from_params
+from numa_device_plugin.plugin.devices import (
+    DEFAULT_CAPACITY,
+    DEFAULT_RESOURCE_PREFIX,
+    validate_resource_prefix,
+)
+from numa_device_plugin.plugin.values import (
     MIN_INTERVAL,
     address,
     capacity,
@@ -33,13 +40,6 @@ from numa_device_plugin.cli.values import (
     reserved_memory,
     seconds,
 )
-from numa_device_plugin.config import Config, detect_socket_dir
-from numa_device_plugin.devices import (
-    DEFAULT_CAPACITY,
-    DEFAULT_RESOURCE_PREFIX,
-    validate_resource_prefix,
-)
-from numa_device_plugin.logs import LEVELS
 
 ENV_PREFIX = "NUMA_"
 
@@ -325,28 +325,3 @@ def apply(*options: Callable[[Callable[..., Any]], Callable[..., Any]]) -> Calla
         return function
 
     return decorate
-
-
-_CONFIG_FIELDS = (
-    "sysfs_root",
-    "resource_prefix",
-    "capacity",
-    "include_cpuless_nodes",
-    "register_timeout",
-    "shutdown_grace",
-    "pod_resources_socket",
-    "pod_resources_interval",
-    "reserved_cpus",
-    "allow_unaligned",
-    "memory_unit",
-    "reserved_memory",
-)
-
-
-def config_from_params(params: Mapping[str, Any]) -> Config:
-    """The frozen :class:`Config` for a command's resolved options (``ctx.params``);
-    settings the command has no option for keep Config's defaults. Raises ValueError
-    for a combination Config refuses (e.g. ``--reserved-cpus`` without ``cpus``)."""
-    values = {name: params[name] for name in _CONFIG_FIELDS if name in params}
-    values["socket_dir"] = params.get("socket_dir") or detect_socket_dir()
-    return Config(**values)

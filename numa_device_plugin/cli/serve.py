@@ -3,9 +3,9 @@
 Signals: SIGTERM and SIGINT stop it (orderly: streams closed, sockets removed),
 SIGHUP re-reads sysfs and re-registers (:meth:`PluginManager.reload`), SIGUSR1
 switches the log level between the configured one and ``debug``
-(:class:`~numa_device_plugin.logs.LevelSwitch`). A stop signal
+(:class:`~numa_device_plugin.ops.logs.LevelSwitch`). A stop signal
 that came before the event loop's handlers were installed (caught from the first
-moment: :mod:`numa_device_plugin.signals`) stops it as soon as they are.
+moment: :mod:`numa_device_plugin.ops.signals`) stops it as soon as they are.
 """
 
 from __future__ import annotations
@@ -20,20 +20,20 @@ from typing import TYPE_CHECKING, Any, Protocol
 import click
 
 from numa_device_plugin.cli import options
-from numa_device_plugin.config import Config, check_socket_dir
-from numa_device_plugin.limits import FdLimitError
-from numa_device_plugin.logs import LevelSwitch, configure_logging
-from numa_device_plugin.manager import PluginManager
-from numa_device_plugin.memory import limit_malloc_arenas
-from numa_device_plugin.numamemory import MemoryUnitError
-from numa_device_plugin.probes import MAX_CONNECTIONS
-from numa_device_plugin.server import SocketPathError
-from numa_device_plugin.signals import LEVEL_SIGNAL, STOP_SIGNALS
+from numa_device_plugin.kubelet.grpcserver import SocketPathError
+from numa_device_plugin.ops.heap import limit_malloc_arenas
+from numa_device_plugin.ops.limits import FdLimitError
+from numa_device_plugin.ops.logs import LevelSwitch, configure_logging
+from numa_device_plugin.ops.probes import MAX_CONNECTIONS
+from numa_device_plugin.ops.signals import LEVEL_SIGNAL, STOP_SIGNALS
+from numa_device_plugin.plugin.config import Config, check_socket_dir
+from numa_device_plugin.plugin.manager import PluginManager
+from numa_device_plugin.topology.memory import MemoryUnitError
 
 if TYPE_CHECKING:
-    from numa_device_plugin.probes import Pages
-    from numa_device_plugin.snapshot import PluginState
-    from numa_device_plugin.supervisor import Selector
+    from numa_device_plugin.nodeconfig.supervisor import Selector
+    from numa_device_plugin.ops.probes import Pages
+    from numa_device_plugin.plugin.snapshot import PluginState
 
 
 class Runner(Protocol):
@@ -125,7 +125,7 @@ def _node_selection(ctx: click.Context, params: dict[str, Any]) -> Selector | No
             ctx,
             param=options.param(ctx, "node_name"),
         )
-    from numa_device_plugin.supervisor import label_selection
+    from numa_device_plugin.nodeconfig.supervisor import label_selection
 
     return label_selection(path, params["node_name"], params["kubeconfig"], dict(params))
 
@@ -165,7 +165,7 @@ async def serve(
     recorder = None
     render = None
     if metrics_address:
-        from numa_device_plugin.metrics import PrometheusRecorder
+        from numa_device_plugin.plugin.prometheus import PrometheusRecorder
 
         recorder = PrometheusRecorder()
         render = recorder.render
@@ -177,9 +177,9 @@ async def serve(
         )
 
     def check(chosen: Config) -> None:
-        from numa_device_plugin.manager import servable
-        from numa_device_plugin.nodeconfig import NodeConfigError
-        from numa_device_plugin.sysfs import SysfsError
+        from numa_device_plugin.nodeconfig.configs import NodeConfigError
+        from numa_device_plugin.plugin.manager import servable
+        from numa_device_plugin.topology.sysfs import SysfsError
 
         try:
             servable(chosen, listeners * MAX_CONNECTIONS)
@@ -190,7 +190,7 @@ async def serve(
     if select is None:
         manager = make_manager(config)
     else:
-        from numa_device_plugin.supervisor import ConfigSupervisor
+        from numa_device_plugin.nodeconfig.supervisor import ConfigSupervisor
 
         manager = ConfigSupervisor(select, make_manager, select_interval, check)
     servers = await start_listeners(manager, metrics_address, health_address, render)
@@ -216,8 +216,8 @@ def node_pages(snapshot: Callable[[], PluginState]) -> Pages:
     """The metrics listener's ``/`` and ``/debug/state`` for a runner's ``snapshot``."""
     import json
 
-    from numa_device_plugin.nodepage import build_page, render_page
-    from numa_device_plugin.snapshot import debug_document
+    from numa_device_plugin.plugin.nodepage import build_page, render_page
+    from numa_device_plugin.plugin.snapshot import debug_document
 
     def page(state: PluginState) -> bytes:
         return render_page(build_page(state))
@@ -236,7 +236,7 @@ async def start_listeners(
 ) -> list[Any]:
     """The HTTP listeners asked for, listening: both serve ``/healthz`` and ``/readyz``,
     the metrics one ``/metrics`` too. Raises :class:`ListenerError`."""
-    from numa_device_plugin.probes import ProbeServer, parse_address
+    from numa_device_plugin.ops.probes import ProbeServer, parse_address
 
     started: list[ProbeServer] = []
     for option, address, metrics in (

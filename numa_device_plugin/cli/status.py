@@ -14,8 +14,8 @@ from typing import Any
 import click
 
 from numa_device_plugin.cli import options
-from numa_device_plugin.discovery import discover
-from numa_device_plugin.logs import configure_logging
+from numa_device_plugin.ops.logs import configure_logging
+from numa_device_plugin.plugin.discovery import discover
 
 
 @click.command(
@@ -39,8 +39,8 @@ from numa_device_plugin.logs import configure_logging
 @click.pass_context
 def command(ctx: click.Context, /, **params: Any) -> int:
     """0 after printing; 1 when the pod resources API cannot be read (said on stderr)."""
-    from numa_device_plugin.podresources import PodResourcesError, fetch
-    from numa_device_plugin.status import build_status, render_table
+    from numa_device_plugin.kubelet.podresources import PodResourcesError, fetch
+    from numa_device_plugin.plugin.status import build_status, render_table
 
     configure_logging(params["log_level"], "text")
     try:

@@ -5,7 +5,7 @@ It lists Nodes and Pods (``GET /api/v1/nodes`` and ``/api/v1/pods``, paged with
 ``limit`` and ``continue``) with the kubeconfig kubectl would use (``--kubeconfig``,
 else the first file of ``$KUBECONFIG``, else ``~/.kube/config``; in a pod without
 any, the service account), running its ``exec`` credential plugin as kubectl does.
-The figures are :mod:`numa_device_plugin.clusterview`'s.
+The figures are :mod:`numa_device_plugin.cli.clusterview`'s.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from urllib.parse import quote
 import click
 
 from numa_device_plugin.cli import options
-from numa_device_plugin.clusterview import (
+from numa_device_plugin.cli.clusterview import (
     NodeUse,
     explain,
     format_quantity,
@@ -123,7 +123,11 @@ class ApiReader:
     :class:`TopError`."""
 
     def __init__(self, kubeconfig: Path | None, timeout: float) -> None:
-        from numa_device_plugin.apiclient import ApiConfigError, from_kubeconfig, in_cluster
+        from numa_device_plugin.nodeconfig.apiclient import (
+            ApiConfigError,
+            from_kubeconfig,
+            in_cluster,
+        )
 
         self.timeout = timeout
         path = kubeconfig or default_kubeconfig(os.environ)
@@ -134,7 +138,7 @@ class ApiReader:
 
     def get(self, path: str, kind: str) -> dict[str, Any]:
         """The object at ``path``, which must be of ``kind`` (``Node``, ``NodeList``)."""
-        from numa_device_plugin.apiclient import ApiConfigError, ApiRequestError
+        from numa_device_plugin.nodeconfig.apiclient import ApiConfigError, ApiRequestError
 
         try:
             answer = self.target.get(path, self.timeout)

@@ -28,10 +28,14 @@ from pathlib import Path
 import grpc
 
 from numa_device_plugin.api.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
-from numa_device_plugin.devices import HEALTHY, validate_extended_resource_name
-from numa_device_plugin.registration import API_VERSION, FRESH_CONNECTION, KUBELET_SOCKET_NAME
-from numa_device_plugin.server import UnixSocketServer, unix_target
-from numa_device_plugin.servicer import Context
+from numa_device_plugin.kubelet.grpcserver import UnixSocketServer, unix_target
+from numa_device_plugin.kubelet.registration import (
+    API_VERSION,
+    FRESH_CONNECTION,
+    KUBELET_SOCKET_NAME,
+)
+from numa_device_plugin.plugin.devices import HEALTHY, validate_extended_resource_name
+from numa_device_plugin.plugin.servicer import Context
 
 DIAL_TIMEOUT = 10.0
 

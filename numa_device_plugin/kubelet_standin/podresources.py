@@ -13,10 +13,10 @@ import grpc
 
 from numa_device_plugin.api.podresources.v1 import api_pb2 as pr_pb2
 from numa_device_plugin.api.podresources.v1 import api_pb2_grpc as pr_grpc
+from numa_device_plugin.kubelet.grpcserver import UnixSocketServer
+from numa_device_plugin.kubelet.registration import KUBELET_SOCKET_NAME
 from numa_device_plugin.kubelet_standin.pods import Pods
-from numa_device_plugin.registration import KUBELET_SOCKET_NAME
-from numa_device_plugin.server import UnixSocketServer
-from numa_device_plugin.servicer import Context
+from numa_device_plugin.plugin.servicer import Context
 
 
 class PodResourcesStandIn:

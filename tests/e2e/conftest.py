@@ -33,7 +33,7 @@ from kubernetes.stream import stream
 
 from numa_device_plugin.api.podresources.v1 import api_pb2 as pr_pb2
 from numa_device_plugin.api.podresources.v1 import api_pb2_grpc as pr_grpc
-from numa_device_plugin.sysfs import parse_cpulist
+from numa_device_plugin.topology.sysfs import parse_cpulist
 from tests.conftest import REPO
 
 NAMESPACE = "kube-system"

@@ -17,7 +17,7 @@ import pytest
 import yaml
 from kubernetes import client
 
-from numa_device_plugin.sysfs import parse_cpulist
+from numa_device_plugin.topology.sysfs import parse_cpulist
 from tests.conftest import REPO
 from tests.e2e.conftest import ClusterConfig, LocalPlatform, Platform
 
@@ -508,7 +508,7 @@ def test_per_node_configuration_with_the_charts_service_account(
     unready) without the chart's ClusterRoleBinding."""
     if not isinstance(platform, LocalPlatform):
         pytest.skip("runs the plugin as a process with a service account token: local only")
-    from tests.test_helm import RELEASE, of_kind, template
+    from tests.deployments.test_helm import RELEASE, of_kind, template
 
     reserved = ",".join(map(str, sorted(cluster.reserved_cpus)))
     named = {"slots": {"capacity": 7}, "exact": {"capacity": "cpus"}}
@@ -662,7 +662,7 @@ def test_the_charts_objects_are_accepted_by_the_api_server(
     which is immutable: replacing one install by the other takes a delete first)."""
     from kubernetes import utils
 
-    from tests.test_helm import RENDERINGS, template
+    from tests.deployments.test_helm import RENDERINGS, template
 
     documents = template(*RENDERINGS["per-node"], "--namespace", namespace)
     kinds = []

@@ -1,0 +1,86 @@
+"""A kubeconfig's ``exec`` credential plugin, run as kubectl runs it.
+
+The ``client.authentication.k8s.io`` ExecCredential protocol: the command named in the
+kubeconfig's ``users[].user.exec`` prints a JSON ExecCredential whose ``status`` holds a
+bearer ``token`` or a client certificate and key. Only ``top`` runs it
+(:func:`numa_device_plugin.nodeconfig.apiclient.from_kubeconfig` with ``run_exec``): the plugin
+never does.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import subprocess
+from pathlib import Path
+from typing import Any
+
+from numa_device_plugin.nodeconfig.apiclient import ApiConfigError
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split())[:300]
+
+
+def exec_credential(
+    spec: dict[str, Any], base: Path, where: str, timeout: float = 60.0
+) -> tuple[str | None, tuple[str, str] | None]:
+    """Run a kubeconfig's ``exec`` credential plugin as kubectl does: ``command`` (a
+    name with a ``/`` is taken from the kubeconfig's folder) with ``args``, ``env``
+    added to the environment and ``KUBERNETES_EXEC_INFO`` describing the request,
+    non-interactive. Returns the ExecCredential's ``status.token`` and its client
+    certificate and key as base64 PEM (``clientCertificateData``, ``clientKeyData``),
+    each None when absent. Raises :class:`ApiConfigError` when it cannot run, fails
+    (its stderr's end quoted) or prints no usable ExecCredential."""
+    command = spec.get("command")
+    if not isinstance(command, str) or not command:
+        raise ApiConfigError(f"{where}: exec has no command")
+    if "/" in command and not command.startswith("/"):
+        command = str(base / command)
+    args = [str(arg) for arg in spec.get("args") or []]
+    env = dict(os.environ)
+    for entry in spec.get("env") or []:
+        if isinstance(entry, dict) and "name" in entry:
+            env[str(entry["name"])] = str(entry.get("value", ""))
+    api_version = str(spec.get("apiVersion") or "client.authentication.k8s.io/v1")
+    env["KUBERNETES_EXEC_INFO"] = json.dumps(
+        {"apiVersion": api_version, "kind": "ExecCredential", "spec": {"interactive": False}}
+    )
+    try:
+        done = subprocess.run(
+            [command, *args], env=env, capture_output=True, timeout=timeout,
+            stdin=subprocess.DEVNULL, check=False,
+        )  # fmt: skip
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        hint = spec.get("installHint")
+        raise ApiConfigError(
+            f"{where}: cannot run the exec credential plugin {command!r}: "
+            f"{_one_line(str(exc))}" + (f" ({_one_line(str(hint))})" if hint else "")
+        ) from None
+    if done.returncode != 0:
+        raise ApiConfigError(
+            f"{where}: the exec credential plugin {command!r} exited {done.returncode}: "
+            f"{_one_line(done.stderr.decode(errors='replace')[-300:])}"
+        )
+    try:
+        status = json.loads(done.stdout)["status"]
+        token = status.get("token") or None
+        cert, key = status.get("clientCertificateData"), status.get("clientKeyData")
+    except (ValueError, KeyError, TypeError, AttributeError):
+        raise ApiConfigError(
+            f"{where}: the exec credential plugin {command!r} printed no ExecCredential "
+            "with a status"
+        ) from None
+    client = None
+    if cert and key:
+        client = (
+            base64.b64encode(str(cert).encode()).decode(),
+            base64.b64encode(str(key).encode()).decode(),
+        )
+    if token is None and client is None:
+        raise ApiConfigError(
+            f"{where}: the exec credential plugin {command!r} gave neither a token nor a "
+            "client certificate"
+        )
+    return (None if token is None else str(token)), client

@@ -1,0 +1,294 @@
+"""The live device list of each resource, from what the kubelet's pod resources API says.
+
+Pure functions over a :class:`KubeletView` (the answers of the kubelet's
+``v1.PodResourcesLister``: ``GetAllocatableResources`` and ``List``) and the
+topology; nothing here does I/O.
+
+``cpus`` mode (``--capacity cpus``): NUMA node N's resource has one device per
+CPU in (the kubelet's allocatable CPUs ∩ N's usable CPUs), plus any device a
+container still holds. Exclusive CPUs of N already assigned to containers
+(other Guaranteed pods, or ours holding more CPUs than devices) cannot go to a
+new pod, so only
+
+    healthy(N) = held(N) + |allocatable CPUs of N that no container has|
+
+devices are Healthy: every held device, then the lowest-numbered free ones.
+The kubelet's allocatable for the resource is that healthy count, and the
+scheduler subtracts what running pods requested, leaving exactly the free
+exclusive CPUs of N.
+
+Both modes: a kubelet whose CPU manager is not ``static`` reports no
+allocatable ``cpu_ids`` and can align nothing; every device is then Unhealthy
+unless ``allow_unaligned``. Without the API (``view`` None) the check is
+skipped and allocatable CPUs are N's usable CPUs minus ``reserved_cpus``. The
+manager passes None only while the API has never answered since start; during
+a later outage it keeps passing the last answer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from functools import lru_cache
+
+from numa_device_plugin.kubelet.view import Holder, KubeletView
+from numa_device_plugin.plugin.devices import (
+    CPUS,
+    HEALTHY,
+    UNHEALTHY,
+    Capacity,
+    Device,
+    Resource,
+    cpu_device_id,
+    device_index,
+)
+from numa_device_plugin.topology import sysfs
+
+# The label value of our own containers in numa_node_assigned_cpus{holder=...}.
+OURS = "numa-align"
+OTHERS = "other"
+
+
+@dataclass(frozen=True)
+class NodeCapacity:
+    """One advertised NUMA node's CPUs as the kubelet sees them, for metrics and status.
+
+    ``allocatable_cpus``: CPUs of the node the kubelet may hand out exclusively;
+    ``assigned_ours``/``assigned_other``: those already assigned to containers
+    that hold / do not hold the node's resource; ``held``: device ids of the
+    resource held by containers; ``healthy``/``devices``: device counts;
+    ``misaligned``: containers holding the resource whose exclusive CPUs are not
+    all on the node (or who have none).
+    """
+
+    node_id: int
+    resource: str
+    allocatable_cpus: frozenset[int]
+    assigned_ours: frozenset[int]
+    assigned_other: frozenset[int]
+    held: frozenset[str]
+    devices: int
+    healthy: int
+    misaligned: int
+
+    @property
+    def free_cpus(self) -> int:
+        """Allocatable CPUs of the node no container has yet."""
+        return len(self.allocatable_cpus - self.assigned_ours - self.assigned_other)
+
+
+def misalignment(holder: Holder, node_id: int, node_cpus: frozenset[int]) -> str | None:
+    """Why a container holding NUMA node ``node_id``'s resource is not aligned to it,
+    or None when all its exclusive CPUs lie on the node."""
+    if not holder.cpus:
+        return "no exclusive CPUs (not Guaranteed with integer CPUs?)"
+    outside = holder.cpus - node_cpus
+    if outside:
+        return f"CPUs {sysfs.format_cpulist(outside)} are not on NUMA node {node_id}"
+    return None
+
+
+def node_capacity(
+    resource: str,
+    node_id: int,
+    node_cpus: frozenset[int],
+    devices: Iterable[Device],
+    view: KubeletView | None,
+    reserved_cpus: frozenset[int] = frozenset(),
+) -> NodeCapacity:
+    """Figures of one NUMA node (``node_cpus``: its usable CPUs) from ``view``."""
+    device_list = tuple(devices)
+    if view is None:
+        allocatable = node_cpus - reserved_cpus
+        holders: tuple[Holder, ...] = ()
+        assigned: frozenset[int] = frozenset()
+    else:
+        allocatable = view.allocatable_cpus & node_cpus
+        holders = view.holders
+        assigned = view.assigned_cpus & allocatable
+    held: set[str] = set()
+    ours: set[int] = set()
+    misaligned = 0
+    for holder in holders:
+        ids = holder.devices.get(resource, ())
+        if ids:
+            held.update(ids)
+            ours.update(holder.cpus & allocatable)
+            misaligned += misalignment(holder, node_id, node_cpus) is not None
+    return NodeCapacity(
+        node_id=node_id,
+        resource=resource,
+        allocatable_cpus=frozenset(allocatable),
+        assigned_ours=frozenset(ours),
+        assigned_other=frozenset(assigned - ours),
+        held=frozenset(held),
+        devices=len(device_list),
+        healthy=sum(1 for device in device_list if device.health == HEALTHY),
+        misaligned=misaligned,
+    )
+
+
+def live_devices(
+    capacity: Capacity,
+    node_id: int,
+    node_cpus: frozenset[int],
+    resource: str,
+    base: tuple[Device, ...],
+    view: KubeletView | None,
+    *,
+    reserved_cpus: frozenset[int] = frozenset(),
+    allow_unaligned: bool = False,
+) -> tuple[Device, ...]:
+    """The device list to advertise for ``resource`` (NUMA node ``node_id``) now.
+
+    ``base``: the resource's devices as built at discovery (the slots, in slots
+    mode). ``view`` None: the pod resources API is unreachable. Deterministic:
+    the same inputs give the same list, ids in CPU (or slot) order.
+    """
+    unaligned = view is not None and not view.cpu_manager_static and not allow_unaligned
+    if capacity != CPUS:
+        health = UNHEALTHY if unaligned else HEALTHY
+        return tuple(_device(d.id, node_id, d.index, health) for d in base)
+    if view is None or not view.cpu_manager_static:
+        # No API, or no exclusive CPUs at all: the CPUs the kubelet would have.
+        allocatable = node_cpus - reserved_cpus
+    else:
+        allocatable = view.allocatable_cpus & node_cpus
+    held = held_devices(view, resource, node_id)
+    assigned = frozenset() if view is None else view.assigned_cpus & allocatable
+    ordered = [(cpu, _cpu_id(node_id, cpu)) for cpu in sorted(allocatable)]
+    free = len(allocatable - assigned)  # assigned ⊆ allocatable: never negative
+    return _with_health(node_id, ordered, held, free, unaligned)
+
+
+def held_devices(view: KubeletView | None, resource: str, node_id: int) -> set[str]:
+    """The ids of ``resource`` that containers hold (``List()``) and that this plugin
+    could have advertised for NUMA node ``node_id`` (:func:`device_index`); empty
+    without a view. Other ids are left out: :func:`foreign_devices`."""
+    return {
+        device_id
+        for device_id in _held_ids(view, resource)
+        if device_index(device_id, node_id) is not None
+    }
+
+
+def foreign_devices(view: KubeletView | None, resource: str, node_id: int) -> set[str]:
+    """Held ids of ``resource`` that this plugin never advertises on ``node_id``
+    (another form, another node, non-ASCII digits, an index of over 9 digits): they
+    count for nothing. The kubelet reports only ids a plugin advertised, so these
+    mean a confused or hostile kubelet; the caller says so once per id."""
+    return {
+        device_id
+        for device_id in _held_ids(view, resource)
+        if device_index(device_id, node_id) is None
+    }
+
+
+def _held_ids(view: KubeletView | None, resource: str) -> set[str]:
+    held: set[str] = set()
+    for holder in () if view is None else view.holders:
+        ids = holder.devices.get(resource)
+        if ids:
+            held.update(ids)
+    return held
+
+
+def _with_health(
+    node_id: int, ordered: list[tuple[int, str]], held: set[str], free: int, unaligned: bool
+) -> tuple[Device, ...]:
+    """Devices for ``ordered`` (index, id) pairs: every one Unhealthy when
+    ``unaligned``; else the ``held`` ones Healthy, then the first ``free`` others
+    (``free`` at or below 0: none).
+    Held ids missing from ``ordered`` (no longer allocatable: the kubelet's reserved
+    set changed, a slot id from an earlier run) are still listed, or the kubelet fails
+    the pod that holds them when it re-admits it."""
+    extra = held.difference(device_id for _, device_id in ordered)
+    if extra:
+        ordered = sorted([*ordered, *((_held_index(i, node_id), i) for i in extra)])
+    devices = []
+    for index, device_id in ordered:
+        if unaligned:
+            health = UNHEALTHY
+        elif device_id in held:
+            health = HEALTHY
+        elif free > 0:
+            health = HEALTHY
+            free -= 1
+        else:
+            health = UNHEALTHY
+        devices.append(_device(device_id, node_id, index, health))
+    return tuple(devices)
+
+
+def assigned_memory(
+    view: KubeletView | None, ours: Iterable[str]
+) -> dict[tuple[int, str, str], int]:
+    """Bytes of memory blocks per (NUMA node, memory type, holder): ``holder`` is
+    :data:`OURS` for containers that hold any resource of ``ours`` (our resource
+    names), :data:`OTHERS` for the rest. Empty without a view."""
+    if view is None:
+        return {}
+    names = set(ours)
+    held: dict[tuple[int, str], int] = {}
+    for holder in view.holders:
+        if names.intersection(holder.devices):
+            for key, size in holder.memory.items():
+                held[key] = held.get(key, 0) + size
+    found = {}
+    for node, per_type in view.assigned_memory.items():
+        for memory_type, total in per_type.items():
+            mine = held.get((node, memory_type), 0)
+            found[(node, memory_type, OURS)] = mine
+            found[(node, memory_type, OTHERS)] = total - mine
+    return found
+
+
+def live_memory_devices(
+    resource: Resource, view: KubeletView | None, *, allow_unaligned: bool = False
+) -> tuple[Device, ...]:
+    """The device list to advertise for a memory resource (``resource.memory`` set)::
+
+        healthy = held + floor((allocatable - assigned) / unit)
+
+    held devices first, then the lowest-numbered (:mod:`.numamemory`). ``view`` None
+    (the API never answered): allocatable is the pool's sysfs ``fallback``, nothing
+    assigned. A view without memory (the Memory Manager's policy is not ``Static``):
+    every device Unhealthy, unless ``allow_unaligned`` (then as without the API).
+    Deterministic, ids in unit order; held ids no longer in the list stay listed.
+    """
+    pool = resource.memory
+    assert pool is not None, f"{resource.name} is not a memory resource"
+    unaligned = False
+    if view is None or not view.memory:
+        unaligned = view is not None and not allow_unaligned
+        allocatable, assigned = pool.fallback, 0
+    else:
+        allocatable = view.memory.get(resource.node_id, {}).get(pool.memory_type, 0)
+        assigned = view.assigned_memory.get(resource.node_id, {}).get(pool.memory_type, 0)
+    ordered = [(device.index, device.id) for device in resource.devices]
+    free = (allocatable - assigned) // pool.unit  # below 0 (over-assigned): none free
+    return _with_health(
+        resource.node_id,
+        ordered,
+        held_devices(view, resource.name, resource.node_id),
+        free,
+        unaligned,
+    )
+
+
+@lru_cache(maxsize=65536)
+def _device(device_id: str, node_id: int, index: int, health: str) -> Device:
+    """Devices are immutable: one object per (id, health), reused across polls, so a
+    poll builds no objects and an unchanged list compares by identity."""
+    return Device(id=device_id, node_id=node_id, index=index, health=health)
+
+
+@lru_cache(maxsize=65536)
+def _cpu_id(node_id: int, cpu: int) -> str:
+    return cpu_device_id(node_id, cpu)
+
+
+def _held_index(device_id: str, node_id: int) -> int:
+    index = device_index(device_id, node_id)
+    assert index is not None, f"{device_id!r} is not one of node {node_id}'s ids"
+    return index

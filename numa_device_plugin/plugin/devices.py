@@ -1,0 +1,249 @@
+"""From advertised NUMA nodes to extended resources and their slot devices.
+
+The model is a plain tree, resource name -> :class:`Resource` -> its
+:class:`Device` tuple, built purely from a plan (:func:`build_resources`).
+
+Two capacity modes: an integer N gives every NUMA node N "slot" devices
+(``numa1-slot0042``); ``cpus`` gives a NUMA node one device per CPU it can hand
+out exclusively (``numa1-cpu0012``, numbered by CPU id), so a pod asks for as
+many devices as it asks integer CPUs and the count the scheduler sees is a CPU
+count (:mod:`numa_device_plugin.plugin.capacity` keeps it live). Two
+builds from the same plan and settings are equal, which is what makes device
+ids stable across plugin and kubelet restarts: the kubelet re-admits running
+pods by the device ids it recorded, and fails them if those ids vanish.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Literal
+
+from numa_device_plugin.topology.memory import (
+    MemoryPool,
+    ReservedMemory,
+    check_total_devices,
+    memory_device_id,
+    node_pools,
+    resource_suffix,
+)
+from numa_device_plugin.topology.numa import NodePlan
+
+DEFAULT_RESOURCE_PREFIX = "numa-align"
+DEFAULT_CAPACITY = 100
+# --capacity cpus: one device per exclusive CPU of the NUMA node.
+CPUS: Literal["cpus"] = "cpus"
+Capacity = int | Literal["cpus"]
+# Each Device costs ~40 bytes in a ListAndWatch message; the kubelet's default
+# 4 MiB gRPC limit would allow ~100k, this keeps messages far below it.
+MAX_CAPACITY = 10_000
+HEALTHY = "Healthy"
+UNHEALTHY = "Unhealthy"
+# v1beta1 Device.ID: "Max length of this field is 63 characters".
+MAX_DEVICE_ID_LENGTH = 63
+
+# Kubernetes apimachinery validation, as the kubelet applies it to resource names.
+_DNS1123_LABEL = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"
+_DNS1123_SUBDOMAIN = re.compile(rf"^{_DNS1123_LABEL}(\.{_DNS1123_LABEL})*$")
+_QUALIFIED_NAME_PART = re.compile(r"^([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]$")
+_REQUESTS_PREFIX = "requests."
+
+
+@dataclass(frozen=True)
+class Device:
+    """One device of a NUMA node's resource: v1beta1 ``Device{ID, health, topology}``,
+    where ``topology`` is ``TopologyInfo{nodes: [NUMANode{ID: node_id}]}``.
+    ``index`` orders devices (the slot number, or the CPU id in ``cpus`` mode)."""
+
+    id: str
+    node_id: int
+    index: int
+    health: str = HEALTHY
+
+
+@dataclass(frozen=True)
+class Resource:
+    """One extended resource (``numa-align/numa-<node_id>``) served by one device plugin.
+
+    ``socket_name`` is the file name of its unix socket in the device-plugin
+    folder, which is also the ``endpoint`` of its RegisterRequest. ``memory``: for
+    a memory resource (``numa-align/numa-1-memory``, ``--memory-unit``), the pool
+    its devices stand for; None for the NUMA node's CPU (or slot) resource.
+    """
+
+    name: str
+    node_id: int
+    devices: tuple[Device, ...]
+    memory: MemoryPool | None = None
+
+    @property
+    def socket_name(self) -> str:
+        return socket_name(self.name)
+
+
+def validate_extended_resource_name(name: str) -> None:
+    """Raise ValueError unless the kubelet accepts ``name`` as an extended resource name.
+
+    The kubelet's Register handler checks ``IsExtendedResourceName``: the name
+    contains ``/``, is not in the ``kubernetes.io/`` domain, does not start with
+    ``requests.``, and ``requests.`` + name is a qualified name (a DNS-1123
+    subdomain of at most 253 characters, ``/``, a name part of at most 63).
+    """
+    if "/" not in name:
+        raise ValueError(f"{name!r} has no domain: extended resource names look like domain/name")
+    if "kubernetes.io/" in name:
+        raise ValueError(f"{name!r} is in the kubernetes.io domain, reserved for native resources")
+    if name.startswith(_REQUESTS_PREFIX):
+        raise ValueError(f"{name!r} must not start with {_REQUESTS_PREFIX!r}")
+    domain, _, part = (_REQUESTS_PREFIX + name).partition("/")
+    if "/" in part:
+        raise ValueError(f"{name!r} has more than one '/'")
+    if len(domain) > 253 or not _DNS1123_SUBDOMAIN.match(domain):
+        raise ValueError(
+            f"{name!r}: domain {domain.removeprefix(_REQUESTS_PREFIX)!r} must be a lowercase "
+            "DNS subdomain (a-z, 0-9, '-', '.'; at most 244 characters)"
+        )
+    if len(part) > 63 or not _QUALIFIED_NAME_PART.match(part):
+        raise ValueError(
+            f"{name!r}: name part {part!r} must be 1-63 characters of A-Z, a-z, 0-9, '-', '_', "
+            "'.', starting and ending with a letter or digit"
+        )
+
+
+def resource_name(prefix: str, node_id: int) -> str:
+    """``<prefix>/numa-<node_id>``, e.g. ``numa-align/numa-1``."""
+    return f"{prefix}/numa-{node_id}"
+
+
+def validate_resource_prefix(prefix: str) -> str:
+    """Return ``prefix`` when ``<prefix>/numa-N`` is a valid extended resource name.
+
+    Raises ValueError with the kubelet's reason otherwise.
+    """
+    validate_extended_resource_name(resource_name(prefix, 0))
+    return prefix
+
+
+def socket_name(name: str) -> str:
+    """Socket file name for a resource: stable, unique per resource, no ``/``.
+
+    ``numa-align/numa-0`` -> ``numa-align_numa-0.sock``.
+    """
+    return name.replace("/", "_") + ".sock"
+
+
+def device_id(node_id: int, index: int) -> str:
+    """Deterministic device id, e.g. ``numa1-slot0042`` (at most 63 characters)."""
+    return f"numa{node_id}-slot{index:04d}"
+
+
+def cpu_device_id(node_id: int, cpu: int) -> str:
+    """Device id of a CPU in ``cpus`` mode, e.g. ``numa1-cpu0012``."""
+    return f"numa{node_id}-cpu{cpu:04d}"
+
+
+def validate_capacity(capacity: Capacity) -> Capacity:
+    """Return ``capacity`` when it is ``cpus`` or 1 <= capacity <= MAX_CAPACITY; raise
+    ValueError otherwise."""
+    if capacity == CPUS:
+        return capacity
+    if isinstance(capacity, bool) or not isinstance(capacity, int):
+        raise ValueError(f"capacity must be a whole number or {CPUS!r}, got {capacity!r}")
+    if not 1 <= capacity <= MAX_CAPACITY:
+        raise ValueError(f"capacity must be between 1 and {MAX_CAPACITY}, got {capacity}")
+    return capacity
+
+
+def build_resource(prefix: str, node_id: int, capacity: int) -> Resource:
+    """The resource of one NUMA node with ``capacity`` healthy slot devices."""
+    devices = tuple(
+        Device(id=device_id(node_id, index), node_id=node_id, index=index)
+        for index in range(capacity)
+    )
+    return Resource(name=resource_name(prefix, node_id), node_id=node_id, devices=devices)
+
+
+def cpu_devices(node_id: int, cpus: Iterable[int]) -> tuple[Device, ...]:
+    """One healthy device per CPU, in CPU order (``cpus`` mode)."""
+    return tuple(
+        Device(id=cpu_device_id(node_id, cpu), node_id=node_id, index=cpu) for cpu in sorted(cpus)
+    )
+
+
+def memory_resources(
+    prefix: str, plan: NodePlan, unit: int, reserved: ReservedMemory
+) -> list[Resource]:
+    """With ``--memory-unit`` ``unit`` (bytes): the memory resources of an advertised
+    NUMA node, ``<prefix>/numa-<id>-memory`` and one per hugepage pool, each with one
+    device per unit of the pool's size (:mod:`numa_device_plugin.topology.memory`).
+    Raises ValueError when the unit makes too many devices."""
+    node = plan.node
+    resources = []
+    for pool in node_pools(node.id, node.memory_bytes, dict(node.hugepages), unit, reserved):
+        devices = tuple(
+            Device(id=memory_device_id(node.id, pool.memory_type, index), node_id=node.id,
+                   index=index)
+            for index in range(pool.devices)
+        )  # fmt: skip
+        name = f"{resource_name(prefix, node.id)}-{resource_suffix(pool.memory_type)}"
+        resources.append(Resource(name=name, node_id=node.id, devices=devices, memory=pool))
+    return resources
+
+
+def build_resources(
+    plans: Iterable[NodePlan],
+    *,
+    prefix: str = DEFAULT_RESOURCE_PREFIX,
+    capacity: Capacity = DEFAULT_CAPACITY,
+    reserved_cpus: frozenset[int] = frozenset(),
+    memory_unit: int | None = None,
+    reserved_memory: ReservedMemory = (),
+) -> Mapping[str, Resource]:
+    """One resource per advertised NUMA node, keyed by resource name, in NUMA id order,
+    and with ``memory_unit`` (bytes) its memory resources after it.
+
+    In ``cpus`` mode a node's devices are its usable CPUs minus ``reserved_cpus``
+    (the starting point; the kubelet's pod resources API refines it live).
+    Raises ValueError for an invalid prefix or capacity, or a unit too small (for one
+    pool, or for all together: ``MemoryUnitError``).
+    """
+    validate_resource_prefix(prefix)
+    validate_capacity(capacity)
+    resources = {}
+    plans_seen = sorted(plans, key=lambda plan: plan.node.id)
+    for plan in plans_seen:
+        if not plan.advertised:
+            continue
+        node_id = plan.node.id
+        if not isinstance(capacity, int):
+            resource = Resource(
+                name=resource_name(prefix, node_id),
+                node_id=node_id,
+                devices=cpu_devices(node_id, plan.node.cpus - reserved_cpus),
+            )
+        else:
+            resource = build_resource(prefix, node_id, capacity)
+        resources[resource.name] = resource
+        if memory_unit is not None:
+            for memory in memory_resources(prefix, plan, memory_unit, reserved_memory):
+                resources[memory.name] = memory
+    if memory_unit is not None:
+        memory_devices = [len(r.devices) for r in resources.values() if r.memory is not None]
+        nodes = sum(1 for plan in plans_seen if plan.advertised)
+        check_total_devices(sum(memory_devices), memory_unit, nodes)
+    return resources
+
+
+# The ids the plugin makes: numa<node>-<tag><index> (devices.py, numamemory.py), ASCII.
+_DEVICE_ID = re.compile(r"numa([0-9]{1,6})-[a-z](?:[a-z0-9]*[a-z])?([0-9]{1,9})", re.ASCII)
+
+
+def device_index(device_id: str, node_id: int) -> int | None:
+    """The index at the end of one of NUMA node ``node_id``'s device ids
+    (``numa1-cpu0012`` -> 12, ``numa0-hp2m0003`` -> 3); None for any id this plugin
+    never makes for that node."""
+    match = _DEVICE_ID.fullmatch(device_id)
+    if match is None or int(match[1]) != node_id:
+        return None
+    return int(match[2])

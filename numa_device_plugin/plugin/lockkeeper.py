@@ -1,0 +1,136 @@
+"""Keeping the instance lock (:class:`~numa_device_plugin.ops.instancelock.InstanceLock`) while
+serving, and standing down without it.
+
+Two plugins serving one device-plugin folder fight: each registration replaces the
+other's. So nothing is served without the folder's lock:
+
+- At start the plugin waits (polling every :data:`LOCK_POLL` seconds) while another
+  instance holds the lock; a lock file that cannot be locked is an error then.
+- While serving, the lock file is checked every :data:`LOCK_CHECK` seconds (its
+  subfolder is not watched) and whenever the loop wakes. If it was deleted and the
+  folder created again (the kubelet's own clean-up never does that, an operator's
+  ``rm -rf`` does), the new file is locked. If another instance got it first, or it
+  cannot be locked (say a folder now stands in its place), the plugin stands down:
+  it stops serving, ``/readyz`` says why, and it waits for the lock as at start.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+import structlog
+
+from numa_device_plugin.ops.instancelock import InstanceLock
+from numa_device_plugin.ops.wakeups import LOCK_CHANGED
+
+log = structlog.get_logger(__name__)
+
+# Seconds between attempts to take the lock while it cannot be taken.
+LOCK_POLL = 0.2
+# Seconds between checks that the lock file is still the one this instance locked.
+LOCK_CHECK = 2.0
+
+
+class LockKeeper:
+    """The lock of ``socket_dir``, why it is not held (``problem``, for ``/readyz``) and
+    whether it was lost while serving (``lost``: the loop must stand down)."""
+
+    def __init__(self, socket_dir: Path, on_change: Callable[[], None]) -> None:
+        self.socket_dir = socket_dir
+        self.lock = InstanceLock(socket_dir)
+        self.problem: str | None = None
+        self.lost = False
+        self._on_change = on_change
+
+    async def acquire(
+        self,
+        *,
+        raise_errors: bool,
+        stopping: Callable[[], bool],
+        nap: Callable[[float], Awaitable[None]],
+    ) -> bool:
+        """Take the lock, waiting while another instance holds it or, unless
+        ``raise_errors`` (at start: OSError is raised), while it cannot be locked.
+        ``nap(seconds)`` waits between attempts (less when the loop is woken). False
+        when ``stopping()`` turned true meanwhile."""
+        announced: str | None = None
+        while not stopping():
+            error: OSError | None = None
+            try:
+                acquired = self.lock.try_acquire()
+            except OSError as exc:
+                if raise_errors:
+                    raise
+                acquired, error = False, exc
+            if acquired:
+                if announced:
+                    log.info("took over the instance lock", lock=str(self.lock.path))
+                self.problem = None
+                self.lost = False
+                return True
+            if error is not None:
+                kind = "error"
+                problem = f"cannot lock {self.lock.path}: {error}; serving nothing until it can"
+                if announced != kind:
+                    log.error(
+                        "cannot lock the device-plugin folder; serving nothing until it can",
+                        lock=str(self.lock.path),
+                        error=str(error),
+                    )
+            else:
+                kind = "holder"
+                holder = self.lock.holder()
+                problem = (
+                    f"another instance ({holder}) holds the lock {self.lock.path}; "
+                    "waiting for it to exit"
+                )
+                if announced != kind:
+                    log.warning(
+                        "another instance serves this device-plugin folder; waiting for it to exit",
+                        holder=holder,
+                        lock=str(self.lock.path),
+                    )
+            announced = kind
+            if problem != self.problem:
+                self.problem = problem
+                self._on_change()
+            await nap(LOCK_POLL)
+        return False
+
+    def keep(self) -> bool:
+        """Still hold the lock, locking a new lock file when the old one is gone; False
+        (and ``lost``) when another instance got it first or it cannot be locked."""
+        if self.lock.intact() or not self.socket_dir.is_dir():
+            return True  # still ours, or no folder to serve in yet
+        try:
+            if self.lock.try_acquire():
+                log.warning(
+                    "the lock file was replaced; locked the new one", lock=str(self.lock.path)
+                )
+                return True
+        except OSError as exc:
+            log.error(
+                "cannot lock the device-plugin folder; standing down",
+                lock=str(self.lock.path),
+                error=str(exc),
+            )
+            self.problem = f"cannot lock {self.lock.path}: {exc}"
+        else:
+            holder = self.lock.holder()
+            log.warning("another instance took the lock; standing down", holder=holder)
+            self.problem = f"another instance ({holder}) holds the lock"
+        self.lost = True
+        return False
+
+    async def watch(self, wake: Callable[[str], None]) -> None:
+        """Every LOCK_CHECK seconds, ``wake(LOCK_CHANGED)`` when the lock file is no
+        longer the one this instance locked; until cancelled."""
+        while True:
+            await asyncio.sleep(LOCK_CHECK)
+            if self.lock.held and not self.lock.intact():
+                wake(LOCK_CHANGED)
+
+    def release(self) -> None:
+        self.lock.release()

@@ -1,0 +1,378 @@
+"""The plugin lifecycle: wires the parts and decides what to serve again, and when.
+
+Data flows one way: sysfs -> topology -> devices (:mod:`.discovery`) -> servicers
+(:mod:`.catalog`) -> registration (:mod:`.endpoint`). The watcher, the signals and
+the lock check only wake the loop (:mod:`.wakeups`); the capacity poller
+(:mod:`.poller`) only feeds the servicers; the lock keeper (:mod:`.lockkeeper`)
+says whether serving is allowed. :class:`PluginManager` runs the single restart
+loop, and on each wake decides from the state it finds, not from the events:
+
+- A new ``kubelet.sock`` is a new kubelet: every resource is served again and
+  registered again (its old registrations are gone with the old kubelet).
+- A resource whose socket was deleted, or whose ListAndWatch stream the kubelet
+  closed, is stopped, served again and registered again. The old server is
+  stopped (and its streams ended) *before* the new registration.
+- The loop never waits for a Register call (each endpoint registers in its own
+  task): a new kubelet, a deleted socket or a lost stream is acted on at once.
+- A server that fails to start is retried with backoff; /readyz says why meanwhile.
+- Without the instance lock nothing is served.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Mapping
+
+import structlog
+
+from numa_device_plugin.kubelet.grpcserver import check_socket_path, file_identity
+from numa_device_plugin.kubelet.registration import Backoff
+from numa_device_plugin.kubelet.watcher import SocketDirWatcher
+from numa_device_plugin.ops.heap import release_free_memory
+from numa_device_plugin.ops.limits import FdLimitError, ensure_fds, fds_needed
+from numa_device_plugin.ops.wakeups import STREAM_LOST, Wakeups
+from numa_device_plugin.plugin.catalog import Catalog
+from numa_device_plugin.plugin.config import Config
+from numa_device_plugin.plugin.devices import Resource
+from numa_device_plugin.plugin.discovery import Discovery, discover
+from numa_device_plugin.plugin.endpoint import Endpoint, Endpoints, KubeletIdentity
+from numa_device_plugin.plugin.lockkeeper import LockKeeper
+from numa_device_plugin.plugin.poller import ALLOCATE_POLL_DELAY, CapacityPoller
+from numa_device_plugin.plugin.recorder import NullRecorder, Recorder
+from numa_device_plugin.plugin.servicer import NumaDevicePluginServicer
+from numa_device_plugin.plugin.snapshot import PluginState, take
+from numa_device_plugin.topology import sysfs
+
+log = structlog.get_logger(__name__)
+
+
+class PluginManager:
+    """Serves and registers one device plugin per advertised NUMA node until stopped.
+
+    ``discover_fn`` (default :func:`discover`) is called at start and on every
+    reload; tests can pass their own. ``listener_connections``: connections the HTTP
+    listeners may hold, counted in the file descriptors needed.
+    """
+
+    def __init__(
+        self,
+        config: Config,
+        *,
+        discover_fn: Callable[[Config], Discovery] = discover,
+        recorder: Recorder | None = None,
+        listener_connections: int = 0,
+    ) -> None:
+        self.config = config
+        self.recorder: Recorder = recorder or NullRecorder()
+        self._discover_fn = discover_fn
+        self._listener_connections = listener_connections
+        self.wakeups = Wakeups()
+        self.catalog = Catalog(self._make_servicer)
+        self.poller = CapacityPoller(config, self.catalog, self.recorder)
+        self.endpoints = Endpoints(
+            config, self.recorder, on_registered=self._registered, on_change=self.wakeups.announce
+        )
+        self.lock_keeper = LockKeeper(config.socket_dir, self.wakeups.announce)
+        self.started = asyncio.Event()
+        self._to_restart: set[str] = set()
+        self._backoff = Backoff()
+        self._trim_pending = False
+        self._seen_kubelet: KubeletIdentity | None = None
+        self._serve_problem: str | None = None
+
+    # -- what is served, for probes, status and tests -----------------------------------------
+
+    @property
+    def resources(self) -> Mapping[str, Resource]:
+        return self.catalog.resources
+
+    @property
+    def servicers(self) -> Mapping[str, NumaDevicePluginServicer]:
+        """One servicer per resource, kept across restarts (its device list is built once)."""
+        return self.catalog.servicers
+
+    @property
+    def registered(self) -> set[str]:
+        """Names registered with the current kubelet whose server still runs."""
+        return self.endpoints.registered
+
+    def readiness_problems(self) -> list[str]:
+        """Why the plugin is not ready, one line per problem; [] when every advertised
+        resource is registered with the kubelet and its ListAndWatch stream is open."""
+        if self.lock_keeper.problem is not None:
+            return [self.lock_keeper.problem]
+        if not self.resources:
+            return ["no NUMA node is advertised"]
+        problems = [] if self._serve_problem is None else [self._serve_problem]
+        return problems + [
+            f"{name}: {problem}"
+            for name, servicer in self.servicers.items()
+            if (problem := resource_problem(name in self.registered, servicer)) is not None
+        ]
+
+    def snapshot(self) -> PluginState:
+        """The state now as plain data (:func:`numa_device_plugin.plugin.snapshot.take`), for
+        the node page and ``/debug/state`` (loop thread)."""
+        return take(
+            self.config, self.catalog, self.registered, self.poller, self.lock_keeper,
+            self.readiness_problems(),
+        )  # fmt: skip
+
+    def settled(self) -> bool:
+        """True when the loop sleeps with nothing left to do: no event unhandled, no
+        retry timer, no registration in flight (what tests wait for, not a sleep)."""
+        return (
+            self.wakeups.idle
+            and not self.wakeups.pending
+            and not self._to_restart
+            and self.endpoints.registrations_done()
+        )
+
+    async def wait_settled(self, timeout: float = 10.0) -> None:
+        """Wait until :meth:`settled`; raises TimeoutError after ``timeout`` seconds."""
+        await self.wakeups.wait_until(self.settled, timeout)
+
+    # -- requests (loop thread only) ----------------------------------------------------------
+
+    def wake(self, reason: str, name: str = "") -> None:
+        """Record why the loop should look at the world again, and wake it."""
+        self.wakeups.wake(reason, name)
+
+    def stop(self) -> None:
+        """Ask :meth:`serve` to stop serving, remove its sockets and return (SIGTERM)."""
+        self.wakeups.stop()
+
+    def reload(self) -> None:
+        """Ask :meth:`serve` to discover again and re-register every resource (SIGHUP)."""
+        self.wakeups.reload()
+
+    # -- wiring -------------------------------------------------------------------------------
+
+    def _make_servicer(self, resource: Resource) -> NumaDevicePluginServicer:
+        return NumaDevicePluginServicer(
+            resource,
+            on_stream_lost=self._stream_lost,
+            on_allocate=lambda _: self.poller.request(ALLOCATE_POLL_DELAY),
+            recorder=self.recorder,
+        )
+
+    def _stream_lost(self, name: str) -> None:
+        self.endpoints.stream_lost(name)
+        self.wake(STREAM_LOST, name)
+
+    def _registered(self, name: str) -> None:
+        if self.poller.withheld(name):
+            self.poller.warn_withheld([name])
+        # A (new) kubelet: its allocatable CPUs may differ from the last one's.
+        self.poller.request(allocatable=True)
+
+    def _set_discovery(self, discovery: Discovery) -> None:
+        self.catalog.update(discovery)
+        self.recorder.topology(
+            discovery.plans, {name: len(r.devices) for name, r in discovery.resources.items()}
+        )
+        self.poller.reapply()
+
+    # -- the loop -----------------------------------------------------------------------------
+
+    async def serve(self) -> None:
+        """Startup, main loop, shutdown. Returns after :meth:`stop`.
+
+        Startup: discover, create the device-plugin folder if missing, watch it,
+        then take the folder's instance lock, waiting as long as another instance
+        holds it. Only then are sockets touched.
+
+        Raises :class:`~numa_device_plugin.topology.sysfs.SysfsError` when the first
+        discovery fails, :class:`~numa_device_plugin.ops.limits.FdLimitError` when its
+        resources cannot get the file descriptors they need,
+        :class:`~numa_device_plugin.kubelet.grpcserver.SocketPathError` when a socket path is
+        too long, and OSError when the device-plugin folder cannot be created,
+        watched or locked. Later failures are logged and retried, never raised.
+        """
+        discovery = await asyncio.to_thread(self._discover_fn, self.config)
+        check_serving(self.config, discovery, self._listener_connections)
+        self._set_discovery(discovery)
+        self.config.socket_dir.mkdir(parents=True, exist_ok=True)
+        watcher = SocketDirWatcher(self.config.socket_dir, self.wake, asyncio.get_running_loop())
+        watcher.start()
+        lock_check = asyncio.create_task(self.lock_keeper.watch(self.wake), name="lock check")
+        first = True
+        try:
+            while await self.lock_keeper.acquire(
+                raise_errors=first, stopping=lambda: self.wakeups.stopping, nap=self.wakeups.nap
+            ):
+                first = False
+                log.info(
+                    "device plugin started",
+                    socket_dir=str(self.config.socket_dir),
+                    resources=list(self.resources),
+                )
+                self._to_restart = set(self.resources)
+                await self.poller.poll_once()  # advertise live counts from the start
+                poller = asyncio.create_task(self.poller.run(), name="pod resources")
+                self.started.set()
+                try:
+                    await self._main_loop()
+                finally:
+                    poller.cancel()
+                    await asyncio.gather(poller, return_exceptions=True)
+                await self.endpoints.stop(self.endpoints.running, self.config.shutdown_grace)
+                if self.wakeups.stopping:
+                    break
+        finally:
+            lock_check.cancel()
+            await asyncio.gather(lock_check, return_exceptions=True)
+            watcher.stop()
+            await self.poller.close()
+            await self.endpoints.stop(self.endpoints.running, self.config.shutdown_grace)
+            self.lock_keeper.release()
+            log.info("device plugin stopped")
+
+    async def _main_loop(self) -> None:
+        """Act, sleep until woken, decide; until stopped or the lock is lost."""
+        while not self.wakeups.stopping and not self.lock_keeper.lost:
+            try:
+                if self.wakeups.take_reload():
+                    await self._rediscover()
+                if self._to_restart:
+                    names, self._to_restart = self._to_restart, set()
+                    await self._restart(names)
+                    self._trim_pending = True
+            except Exception:
+                # Never crash on a surprise: log it, serve everything afresh after a backoff.
+                log.exception("unexpected error in the plugin loop; starting over")
+                self._to_restart |= set(self.resources) | set(self.endpoints.running)
+            if self.wakeups.stopping or self.lock_keeper.lost:
+                break
+            delay: float | None = None
+            if self._to_restart:  # a server failed to start: try again later
+                delay = self._backoff.next_delay()
+            else:
+                self._backoff.reset()
+            if self._trim_pending and not self.wakeups.woken_now():
+                # Settled after serving again: give the burst's memory back.
+                self._trim_pending = False
+                release_free_memory()
+            self.wakeups.set_idle(delay is None)
+            await self.wakeups.sleep(delay, self.config.debounce)
+            self.wakeups.set_idle(False)
+            self._evaluate(self.wakeups.drain())
+
+    def _evaluate(self, reasons: list[tuple[str, str]]) -> None:
+        """Decide which resources to serve (again), from the state found now.
+
+        Events only say *when* to look (:func:`restart_reason` says why, per resource).
+        """
+        if not self.lock_keeper.keep():
+            return
+        kubelet = file_identity(self.config.kubelet_socket)
+        self._note_kubelet(kubelet)
+        lost = {name for reason, name in reasons if reason == STREAM_LOST}
+        for name in self.resources:
+            why = restart_reason(self.endpoints.running.get(name), kubelet, name in lost)
+            if why is not None and name not in self._to_restart:
+                log.info("serving and registering again", resource=name, reason=why)
+                self._to_restart.add(name)
+        if self._to_restart:
+            log.debug("restart planned", resources=sorted(self._to_restart), reasons=reasons)
+
+    def _note_kubelet(self, kubelet: KubeletIdentity | None) -> None:
+        """Count a kubelet restart (once) when a kubelet.sock other than the last one
+        seen appears (the first one seen is not a restart)."""
+        if kubelet is None:
+            return
+        if self._seen_kubelet is not None and kubelet != self._seen_kubelet:
+            self.recorder.kubelet_restart()
+        self._seen_kubelet = kubelet
+
+    async def _rediscover(self) -> None:
+        # Off the event loop: sysfs reads can be slow, and the loop must keep serving.
+        try:
+            discovery = await asyncio.to_thread(self._discover_fn, self.config)
+            check_serving(self.config, discovery, self._listener_connections)
+        except (sysfs.SysfsError, ValueError, FdLimitError) as exc:
+            log.error("rediscovery failed; keeping the current resources", error=str(exc))
+            return
+        old = set(self.resources)
+        self._set_discovery(discovery)
+        self._to_restart |= old | set(self.resources)
+
+    async def _restart(self, names: set[str]) -> None:
+        """Stop the named endpoints, then, if a kubelet is there, serve them again.
+
+        Streams are ended first, so the grace period only waits for in-flight
+        Allocate calls and costs nothing when there are none. Servers that fail to
+        start are retried with backoff; /readyz says so meanwhile.
+        """
+        await self.endpoints.stop(names, self.config.shutdown_grace)
+        kubelet = file_identity(self.config.kubelet_socket)
+        self._note_kubelet(kubelet)
+        if kubelet is None:
+            log.info("waiting for the kubelet", kubelet_socket=str(self.config.kubelet_socket))
+            return
+        to_start = sorted(names & set(self.resources))
+        failed = await self.endpoints.start_all(
+            [(self.resources[name], self.servicers[name]) for name in to_start], kubelet
+        )
+        self._to_restart |= set(failed)
+        self._serve_problem = None
+        if failed:
+            first = next(iter(failed.values()))
+            self._serve_problem = (
+                f"cannot serve {len(failed)} resource(s) (first error: {first}); retrying"
+            )
+
+
+def servable(
+    config: Config,
+    listener_connections: int,
+    discover_fn: Callable[[Config], Discovery] = discover,
+) -> None:
+    """What :meth:`PluginManager.serve` checks at start, without serving: discovery
+    and :func:`check_serving` for ``config``. Blocking. Raises what they raise:
+    :class:`~numa_device_plugin.topology.sysfs.SysfsError`, ``MemoryUnitError`` (a ValueError),
+    :class:`~numa_device_plugin.kubelet.grpcserver.SocketPathError`,
+    :class:`~numa_device_plugin.ops.limits.FdLimitError`."""
+    check_serving(config, discover_fn(config), listener_connections)
+
+
+def check_serving(config: Config, discovery: Discovery, listener_connections: int) -> None:
+    """Raise SocketPathError for a socket path too long, FdLimitError when the
+    resources cannot get the file descriptors they need (the soft limit is raised as
+    far as it must; ``listener_connections``: what the HTTP listeners may hold)."""
+    check_socket_path(config.kubelet_socket)
+    for resource in discovery.resources.values():
+        check_socket_path(config.socket_dir / resource.socket_name)
+    count = len(discovery.resources)
+    soft, hard = ensure_fds(fds_needed(count, listener_connections), count)
+    log.debug("file descriptor limit", soft=soft, hard=hard, resources=count)
+
+
+def restart_reason(
+    endpoint: Endpoint | None, kubelet: KubeletIdentity | None, stream_lost: bool
+) -> str | None:
+    """Why a resource must be served (again) now, or None. ``endpoint``: its running
+    endpoint; ``kubelet``: the identity of the ``kubelet.sock`` there now (None: none).
+
+    Not served while a kubelet is there; served for another kubelet than the one there
+    now; its socket file gone or replaced; or its ListAndWatch stream lost.
+    """
+    if endpoint is None:
+        return "not served" if kubelet is not None else None
+    if kubelet is not None and endpoint.kubelet != kubelet:
+        return "a new kubelet.sock: the kubelet restarted"
+    if not endpoint.server.is_intact():
+        return "its socket is gone"
+    if stream_lost:
+        return "the kubelet closed its ListAndWatch stream"
+    return None
+
+
+def resource_problem(registered: bool, servicer: NumaDevicePluginServicer) -> str | None:
+    """Why a resource is not ready, or None: not registered with the kubelet, or
+    registered without the kubelet's ListAndWatch stream open."""
+    if not registered:
+        return "not registered with the kubelet"
+    if not servicer.kubelet_stream_open:
+        return "the kubelet has no ListAndWatch stream open"
+    return None

@@ -1,0 +1,258 @@
+"""The node page's model: what each CPU is, who holds it, the memory per NUMA node.
+
+:func:`build_page` turns a :class:`~numa_device_plugin.plugin.snapshot.PluginState` into a
+:class:`NodePage`; pure. Where the figures come from:
+
+- the NUMA nodes, their CPUs (``cpu`` folders of ``nodeN``, offline ones from
+  ``/sys/devices/system/cpu/online``), MemTotal, hugepage pools and ``distance``:
+  the last discovery, read from sysfs;
+- who holds a CPU and which CPUs the kubelet may hand out: the kubelet's pod
+  resources API (``List``: a container's ``cpu_ids``, ``devices`` and ``memory``;
+  ``GetAllocatableResources``: ``cpu_ids`` and ``memory``), as last read;
+- the resources: the device lists advertised (ListAndWatch) and the registrations.
+
+Without a read of the pod resources API nobody's CPUs are known, and the CPUs are
+marked ``unknown``; without the Memory Manager's ``Static`` policy the memory bars
+show sysfs's totals with nothing assigned.
+"""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from numa_device_plugin.plugin.snapshot import PluginState
+from numa_device_plugin.topology import sysfs
+from numa_device_plugin.topology.memory import MEMORY, hugepages_type
+from numa_device_plugin.topology.numa import NodePlan
+
+# What each CPU can be, in the order the legend lists them.
+OURS = "ours"  # exclusive, to a container holding a numa-align resource
+OTHER = "other"  # exclusive, to another container
+SHARED = "shared"  # in the kubelet's shared pool: free for exclusive use
+RESERVED = "reserved"  # kept by the kubelet (--reserved-cpus, system/kube reserved)
+OFFLINE = "offline"  # listed by sysfs for the NUMA node, but not online
+UNKNOWN = "unknown"  # the pod resources API was never read
+CPU_STATES = (OURS, OTHER, SHARED, RESERVED, OFFLINE, UNKNOWN)
+
+
+@dataclass(frozen=True)
+class CpuCell:
+    """One CPU: its id, one of :data:`CPU_STATES`, and for an exclusive one its holder
+    (``namespace/pod/container``)."""
+
+    cpu: int
+    state: str
+    holder: str | None = None
+
+
+@dataclass(frozen=True)
+class MemoryBar:
+    """One memory type of a NUMA node, in bytes: ``allocatable`` (the Memory
+    Manager's, or sysfs's total where ``source`` is ``sysfs``), held by containers
+    holding our resources (``ours``) and by others (``others``)."""
+
+    memory_type: str
+    allocatable: int
+    ours: int
+    others: int
+    source: str
+
+    @property
+    def free(self) -> int:
+        return max(0, self.allocatable - self.ours - self.others)
+
+
+@dataclass(frozen=True)
+class ResourceRow:
+    """One advertised resource: device count, Healthy ones, held ones (by the pod
+    resources API) and whether it is registered with the kubelet."""
+
+    name: str
+    node_id: int
+    devices: int
+    healthy: int
+    held: int
+    registered: bool
+
+
+@dataclass(frozen=True)
+class NumaBox:
+    """One NUMA node as drawn: its CPUs, memory bars, resources and holders
+    (``namespace/pod/container`` -> its CPUs on this node, as a cpulist)."""
+
+    id: int
+    advertised: bool
+    reason: str | None
+    cpus: tuple[CpuCell, ...]
+    memory: tuple[MemoryBar, ...]
+    resources: tuple[ResourceRow, ...]
+    holders: Mapping[str, str]
+
+
+@dataclass(frozen=True)
+class NodePage:
+    """The whole page: ``node`` (host name), ``taken_at`` (``time.time()``), the
+    boxes by NUMA node id, the distance matrix (``ids`` x ``ids``; None where sysfs
+    gave none), what the pod resources API last said (one line) and the readiness
+    problems."""
+
+    node: str
+    taken_at: float
+    boxes: tuple[NumaBox, ...]
+    ids: tuple[int, ...]
+    distances: tuple[tuple[int | None, ...], ...]
+    pod_resources: str
+    problems: tuple[str, ...]
+    configuration: str
+
+
+def build_page(state: PluginState, node: str | None = None) -> NodePage:
+    """The :class:`NodePage` of ``state``; pure apart from the host name default
+    (``socket.gethostname()``)."""
+    view = state.view
+    ours_names = set(state.served)
+    holders: dict[int, tuple[str, str]] = {}  # cpu -> (holder, OURS | OTHER)
+    our_memory: dict[tuple[int, str], int] = {}
+    if view is not None:
+        for holder in view.holders:
+            ours = any(name in ours_names for name in holder.devices)
+            label = f"{holder.namespace}/{holder.pod}/{holder.container}"
+            for cpu in holder.cpus:
+                holders[cpu] = (label, OURS if ours else OTHER)
+            if ours:
+                for key, size in holder.memory.items():
+                    our_memory[key] = our_memory.get(key, 0) + size
+        for holder in view.others:
+            label = f"{holder.namespace}/{holder.pod}/{holder.container}"
+            for cpu in holder.cpus:
+                holders.setdefault(cpu, (label, OTHER))
+    reserved = state.config.reserved_cpus if state.config is not None else frozenset()
+    boxes = []
+    for plan in state.plans:
+        cells = tuple(_cell(cpu, plan, state, holders, reserved) for cpu in _all_cpus(plan))
+        by_holder: dict[str, list[int]] = {}
+        for cell in cells:
+            if cell.holder is not None:
+                by_holder.setdefault(cell.holder, []).append(cell.cpu)
+        boxes.append(
+            NumaBox(
+                id=plan.node.id,
+                advertised=plan.advertised,
+                reason=plan.reason,
+                cpus=cells,
+                memory=_memory_bars(plan, state, our_memory),
+                resources=_resources(plan.node.id, state),
+                holders={h: sysfs.format_cpulist(c) for h, c in sorted(by_holder.items())},
+            )
+        )
+    ids = tuple(plan.node.id for plan in state.plans)
+    matrix = tuple(
+        tuple((plan.node.distances or {}).get(other) for other in ids) for plan in state.plans
+    )
+    configuration = ""
+    if state.configuration:
+        configuration = f"{state.configuration['name']}: {state.configuration['why']}"
+    return NodePage(
+        node=node if node is not None else socket.gethostname(),
+        taken_at=state.taken_at,
+        boxes=tuple(boxes),
+        ids=ids,
+        distances=matrix,
+        pod_resources=_pod_resources_line(state),
+        problems=state.problems,
+        configuration=configuration,
+    )
+
+
+def _all_cpus(plan: NodePlan) -> list[int]:
+    return sorted(plan.node.cpus | plan.node.all_cpus)
+
+
+def _cell(
+    cpu: int,
+    plan: NodePlan,
+    state: PluginState,
+    holders: Mapping[int, tuple[str, str]],
+    reserved: frozenset[int],
+) -> CpuCell:
+    if cpu not in plan.node.cpus:
+        return CpuCell(cpu, OFFLINE)
+    if cpu in holders:
+        label, kind = holders[cpu]
+        return CpuCell(cpu, kind, label)
+    view = state.view
+    if cpu in reserved:
+        return CpuCell(cpu, RESERVED)
+    if view is None:
+        return CpuCell(cpu, UNKNOWN)
+    if view.cpu_manager_static and cpu not in view.allocatable_cpus:
+        return CpuCell(cpu, RESERVED)
+    return CpuCell(cpu, SHARED)
+
+
+def _memory_bars(
+    plan: NodePlan, state: PluginState, our_memory: Mapping[tuple[int, str], int]
+) -> tuple[MemoryBar, ...]:
+    node = plan.node
+    view = state.view
+    if view is not None and view.memory.get(node.id):
+        assigned = view.assigned_memory.get(node.id, {})
+        return tuple(
+            MemoryBar(
+                memory_type,
+                size,
+                ours := our_memory.get((node.id, memory_type), 0),
+                max(0, assigned.get(memory_type, 0) - ours),
+                "memory manager",
+            )
+            for memory_type, size in sorted(view.memory[node.id].items(), key=_type_order)
+        )
+    bars = []
+    if node.memory_bytes is not None:
+        bars.append(MemoryBar(MEMORY, node.memory_bytes, 0, 0, "sysfs"))
+    bars.extend(
+        MemoryBar(hugepages_type(size), size * pages, 0, 0, "sysfs")
+        for size, pages in node.hugepages
+        if pages
+    )
+    return tuple(bars)
+
+
+def _type_order(item: tuple[str, int]) -> tuple[int, str]:
+    return (item[0] != MEMORY, item[0])
+
+
+def _resources(node_id: int, state: PluginState) -> tuple[ResourceRow, ...]:
+    held: dict[str, set[str]] = {}
+    if state.view is not None:
+        for holder in state.view.holders:
+            for name, ids in holder.devices.items():
+                held.setdefault(name, set()).update(ids)
+    return tuple(
+        ResourceRow(
+            name,
+            node_id,
+            len(served.devices),
+            served.healthy,
+            len(held.get(name, ())),
+            served.registered,
+        )
+        for name, served in sorted(state.served.items())
+        if served.resource.node_id == node_id
+    )
+
+
+def _pod_resources_line(state: PluginState) -> str:
+    age = state.pod_resources_age
+    if state.pod_resources_up is None:
+        return "the kubelet's pod resources API has not been read yet"
+    if state.pod_resources_up:
+        return f"the kubelet's pod resources API, read {age:.0f} s ago"
+    if age is None:
+        return "the kubelet's pod resources API cannot be read: nobody's CPUs are known"
+    return (
+        f"the kubelet's pod resources API cannot be read; its last answer, {age:.0f} s "
+        "ago, is shown"
+    )

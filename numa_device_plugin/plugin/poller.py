@@ -1,0 +1,316 @@
+"""The capacity poller: the kubelet's pod resources API -> :class:`KubeletView` -> the
+device list (and health) each servicer advertises.
+
+It only feeds the servicers; the restart loop never waits for it. Rules, from the
+kubelet:
+
+- ``List`` is read every ``--pod-resources-interval`` seconds, and sooner when asked:
+  right after every registration (a new kubelet may have other allocatable CPUs) and
+  :data:`ALLOCATE_POLL_DELAY` after every Allocate (the kubelet's CPU manager assigns
+  a container's CPUs right after the device manager's Allocate).
+- ``GetAllocatableResources`` changes only when the kubelet restarts with other
+  settings, so it is read after registrations and every :data:`ALLOCATABLE_EVERY`
+  polls, not at every one.
+- A read gives up after ``min(interval, POLL_TIMEOUT)`` seconds: a silent API holds up
+  nothing, and the first read at start-up never delays registration by more.
+- An outage after the API has answered keeps the last answer's counts (busy CPUs
+  stay busy); only before the first answer does :mod:`.capacity` count from sysfs.
+- A kubelet whose CPU manager is not ``static`` lists no allocatable CPUs: every
+  device turns Unhealthy (unless ``--allow-unaligned``), said once per change and at
+  each registration.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+
+import structlog
+
+from numa_device_plugin.kubelet.podresources import PodResourcesClient, PodResourcesError
+from numa_device_plugin.kubelet.view import KubeletView
+from numa_device_plugin.plugin.capacity import (
+    NodeCapacity,
+    assigned_memory,
+    foreign_devices,
+    live_devices,
+    live_memory_devices,
+    node_capacity,
+)
+from numa_device_plugin.plugin.catalog import Catalog
+from numa_device_plugin.plugin.config import Config
+from numa_device_plugin.plugin.devices import HEALTHY
+from numa_device_plugin.plugin.recorder import Recorder
+
+log = structlog.get_logger(__name__)
+
+# Seconds after an Allocate to read the pod resources API again.
+ALLOCATE_POLL_DELAY = 0.5
+# Seconds one pod resources call may take at most.
+POLL_TIMEOUT = 2.0
+# Between registrations, GetAllocatableResources is read again every this many polls.
+ALLOCATABLE_EVERY = 12
+# Foreign device ids remembered as already warned about (then no more warnings).
+MAX_FOREIGN_WARNED = 1024
+
+
+class CapacityPoller:
+    """Reads the pod resources API and sets the device list of every servicer in
+    ``catalog`` from it (ListAndWatch sends the changes).
+
+    ``view`` is the last answer (None before the first, or while the API has never
+    answered). :meth:`run` is the polling task; :meth:`request` asks for a read sooner.
+    """
+
+    def __init__(self, config: Config, catalog: Catalog, recorder: Recorder) -> None:
+        self.config = config
+        self.catalog = catalog
+        self.recorder = recorder
+        self.client = PodResourcesClient(config.pod_resources_path)
+        self.view: KubeletView | None = None
+        self._applied = False
+        self._reachable: bool | None = None
+        # time.time() of the last good read; None: never since start.
+        self._read_at: float | None = None
+        self._now = asyncio.Event()
+        self._timer: asyncio.TimerHandle | None = None
+        self._allocatable_asked = False
+        self._polls = 0
+        self._foreign_warned: set[tuple[str, str]] = set()
+
+    # -- what the kubelet showed ------------------------------------------------------------
+
+    @property
+    def reachable(self) -> bool | None:
+        """Whether the last read of the pod resources API succeeded; None before the first."""
+        return self._reachable
+
+    @property
+    def read_at(self) -> float | None:
+        """``time.time()`` of the last good read; None when there was none."""
+        return self._read_at
+
+    def capacities(self) -> list[NodeCapacity]:
+        """Per advertised NUMA node, its CPUs and devices as the kubelet last showed them."""
+        resources = self.catalog.resources
+        return [
+            node_capacity(
+                name,
+                resource.node_id,
+                self.catalog.node_cpus(resource.node_id),
+                self.catalog.servicers[name].devices,
+                self.view,
+                self.config.reserved_cpus,
+            )
+            for name, resource in resources.items()
+            if resource.memory is None
+        ]
+
+    def memory_unaligned(self) -> bool:
+        """True when the kubelet's Memory Manager reports no memory (its policy is not
+        Static) and memory devices are withheld."""
+        return self.view is not None and not self.view.memory and not self.config.allow_unaligned
+
+    def withheld(self, name: str) -> bool:
+        """True when every device of resource ``name`` is withheld for a kubelet
+        manager's policy (the CPU manager's for CPU resources, the Memory Manager's for
+        memory resources)."""
+        resource = self.catalog.resources.get(name)
+        if resource is not None and resource.memory is not None:
+            return self.memory_unaligned()
+        return self.unaligned()
+
+    def warn_withheld(self, names: list[str]) -> None:
+        """Say, once for the CPU resources and once for the memory ones among
+        ``names``, why their devices are Unhealthy and what to set."""
+        known = set(self._resources(memory=True))
+        memory = [n for n in names if n in known]
+        cpus = [n for n in names if n not in memory]
+        if cpus and self.unaligned():
+            self.warn_unaligned(cpus)
+        if memory and self.memory_unaligned():
+            self.warn_memory(memory)
+
+    def warn_memory(self, resources: list[str]) -> None:
+        """Say why every device of the memory ``resources`` is Unhealthy and what to set."""
+        log.warning(
+            "the kubelet's Memory Manager is not Static (its pod resources API lists "
+            "no allocatable memory): memory cannot be aligned, so every memory device "
+            "is reported Unhealthy. Set memoryManagerPolicy: Static "
+            "(--memory-manager-policy=Static) with --reserved-memory (e.g. "
+            "0:memory=1Gi), or pass --allow-unaligned",
+            resources=resources,
+        )
+
+    def _resources(self, *, memory: bool) -> list[str]:
+        """The names of the memory resources (``memory``) or of the CPU ones, sorted."""
+        return sorted(
+            name
+            for name, resource in self.catalog.resources.items()
+            if (resource.memory is not None) == memory
+        )
+
+    def unaligned(self) -> bool:
+        """True when the kubelet's CPU manager is not static and devices are withheld."""
+        return (
+            self.view is not None
+            and not self.view.cpu_manager_static
+            and not self.config.allow_unaligned
+        )
+
+    def warn_unaligned(self, resources: list[str]) -> None:
+        """Say why every device of ``resources`` is Unhealthy and what to set."""
+        log.warning(
+            "the kubelet's CPU manager is not static (its pod resources API lists no "
+            "allocatable CPUs): nothing can be aligned, so every device is reported "
+            "Unhealthy. Set cpuManagerPolicy: static (--cpu-manager-policy=static) and "
+            "topologyManagerPolicy: single-numa-node, or pass --allow-unaligned",
+            resources=resources,
+        )
+
+    # -- feeding the servicers --------------------------------------------------------------
+
+    def apply(self, view: KubeletView | None) -> None:
+        """Advertise the device lists ``view`` calls for, on every servicer."""
+        self.view = view
+        self._applied = True
+        for name, resource in self.catalog.resources.items():
+            servicer = self.catalog.servicers[name]
+            self._warn_foreign(name, foreign_devices(view, name, resource.node_id))
+            if resource.memory is not None:
+                devices = live_memory_devices(
+                    resource, view, allow_unaligned=self.config.allow_unaligned
+                )
+            else:
+                devices = live_devices(
+                    self.config.capacity,
+                    resource.node_id,
+                    self.catalog.node_cpus(resource.node_id),
+                    name,
+                    resource.devices,
+                    view,
+                    reserved_cpus=self.config.reserved_cpus,
+                    allow_unaligned=self.config.allow_unaligned,
+                )
+            if devices != servicer.devices:
+                healthy = sum(1 for device in devices if device.health == HEALTHY)
+                log.info(
+                    "device list changed", resource=name, devices=len(devices), healthy=healthy
+                )
+                servicer.set_devices(devices)
+            self.recorder.devices(name, servicer.devices)
+        self.recorder.capacity(
+            self.capacities(),
+            view.memory if view is not None else {},
+            assigned_memory(view, self.catalog.resources),
+        )
+
+    def _warn_foreign(self, resource: str, ids: set[str]) -> None:
+        """One warning per held id of ``resource`` this plugin never advertises (they
+        count for nothing), for the first :data:`MAX_FOREIGN_WARNED` such ids."""
+        for device_id in sorted(ids):
+            key = (resource, device_id)
+            if key in self._foreign_warned or len(self._foreign_warned) >= MAX_FOREIGN_WARNED:
+                continue
+            self._foreign_warned.add(key)
+            log.warning(
+                "the kubelet lists a device id this plugin never advertises; ignoring it",
+                resource=resource,
+                device_id=device_id[:80],
+            )
+
+    def reapply(self) -> None:
+        """After a rediscovery: the new servicers get the last answer's device lists."""
+        if self._applied:
+            self.apply(self.view)
+
+    # -- reading ----------------------------------------------------------------------------
+
+    def request(self, delay: float = 0.0, *, allocatable: bool = False) -> None:
+        """Read ``delay`` seconds from now (loop thread only); ``allocatable``: read
+        ``GetAllocatableResources`` too, not only ``List``."""
+        self._allocatable_asked |= allocatable
+        if delay <= 0:
+            self._now.set()
+        elif self._timer is None or self._timer.cancelled():
+            self._timer = asyncio.get_running_loop().call_later(delay, self._fire)
+
+    def _fire(self) -> None:
+        self._timer = None
+        self._now.set()
+
+    async def poll_once(self) -> None:
+        """One read, applied when its answer differs from the last one."""
+        timeout = min(self.config.pod_resources_interval, POLL_TIMEOUT)
+        self._polls += 1
+        allocatable = self._allocatable_asked or self._polls % ALLOCATABLE_EVERY == 0
+        self._allocatable_asked = False
+        try:
+            view: KubeletView | None = await self.client.view(timeout, allocatable=allocatable)
+        except PodResourcesError as exc:
+            self._unreachable(exc)
+            if self._read_at is not None:
+                return  # an outage after an answer: the last answer holds
+            view = None
+        else:
+            if self._reachable is False:
+                log.info("the kubelet's pod resources API can be read again")
+            self._reachable = True
+            self._read_at = time.time()
+            self.recorder.pod_resources(True, self._read_at)
+        if self._applied and view == self.view:
+            return  # nothing changed since the last read: the usual case, kept cheap
+        was_cpus, was_memory = self.unaligned(), self.memory_unaligned()
+        self.apply(view)
+        if self.unaligned() and not was_cpus:
+            self.warn_unaligned(self._resources(memory=False))
+        memory = self._resources(memory=True)
+        if memory and self.memory_unaligned() and not was_memory:
+            self.warn_memory(memory)
+
+    def _unreachable(self, exc: PodResourcesError) -> None:
+        if self._reachable is not False:
+            if self._read_at is None:
+                what = (
+                    "counting each NUMA node's usable CPUs minus --reserved-cpus and "
+                    "skipping the CPU manager check until it can"
+                )
+                if self._resources(memory=True):
+                    what = what.replace(
+                        "and skipping the CPU manager check",
+                        "and its memory per sysfs minus --reserved-memory, and skipping "
+                        "the CPU and Memory Manager checks",
+                    )
+            else:
+                what = "keeping the counts of its last answer until it can"
+            log.warning(
+                f"the kubelet's pod resources API cannot be read; {what}",
+                socket=str(exc.socket),
+                code=exc.code.name,
+                details=exc.details[:200],
+            )
+        self._reachable = False
+        self.recorder.pod_resources(False, self._read_at)
+
+    async def run(self) -> None:
+        """Read every ``pod_resources_interval`` seconds, or when asked sooner; until
+        cancelled."""
+        while True:
+            # asyncio.timeout, not wait_for: Python 3.11's wait_for swallows a
+            # cancellation that arrives as the event is set, and the poller would
+            # outlive the plugin's shutdown by an interval.
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self.config.pod_resources_interval):
+                    await self._now.wait()
+            self._now.clear()
+            try:
+                await self.poll_once()
+            except Exception:
+                log.exception("reading the pod resources API failed unexpectedly")
+
+    async def close(self) -> None:
+        """Cancel a pending timer and close the connection."""
+        if self._timer is not None:
+            self._timer.cancel()
+        await self.client.close()

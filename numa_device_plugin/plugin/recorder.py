@@ -1,0 +1,87 @@
+"""What the plugin reports as it works, for metrics; no dependencies.
+
+The servicer and the manager call a :class:`Recorder`. Without
+``--metrics-address`` it is :class:`NullRecorder` and costs nothing; with it,
+:class:`numa_device_plugin.plugin.prometheus.PrometheusRecorder` (which imports
+prometheus-client only then).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Protocol
+
+from numa_device_plugin.topology.numa import NodePlan
+
+if TYPE_CHECKING:
+    from numa_device_plugin.plugin.capacity import NodeCapacity
+    from numa_device_plugin.plugin.devices import Device
+
+
+class Recorder(Protocol):
+    """Events worth counting. Resource names are extended resource names."""
+
+    def topology(self, plans: tuple[NodePlan, ...], devices: dict[str, int]) -> None:
+        """The discovered NUMA nodes and, per advertised resource, its device count."""
+
+    def allocated(self, resource: str, seconds: float, ok: bool) -> None:
+        """One Allocate call answered (``ok``) or refused, and how long it took."""
+
+    def registration(self, resource: str, ok: bool) -> None:
+        """One Register call accepted or failed."""
+
+    def registered(self, resource: str, now: bool) -> None:
+        """Whether the resource is registered with the kubelet now."""
+
+    def kubelet_restart(self) -> None:
+        """A new kubelet.sock appeared: the kubelet restarted (counted once)."""
+
+    def devices(self, resource: str, devices: Sequence[Device]) -> None:
+        """The device list the resource advertises now (its health follows the live count)."""
+
+    def capacity(
+        self,
+        nodes: Sequence[NodeCapacity],
+        memory: Mapping[int, Mapping[str, int]],
+        assigned_memory: Mapping[tuple[int, str, str], int],
+    ) -> None:
+        """Per advertised NUMA node its CPUs as the kubelet sees them, the memory the
+        kubelet reports per NUMA node and type (bytes; empty without the Memory
+        Manager), and the bytes assigned per (NUMA node, type, holder)."""
+
+    def pod_resources(self, up: bool, last_read: float | None) -> None:
+        """One read of the kubelet's pod resources API succeeded (``up``) or failed;
+        ``last_read``: ``time.time()`` of the last good read (None: none since start)."""
+
+
+class NullRecorder:
+    """Records nothing."""
+
+    def topology(self, plans: tuple[NodePlan, ...], devices: dict[str, int]) -> None:
+        pass
+
+    def allocated(self, resource: str, seconds: float, ok: bool) -> None:
+        pass
+
+    def registration(self, resource: str, ok: bool) -> None:
+        pass
+
+    def registered(self, resource: str, now: bool) -> None:
+        pass
+
+    def kubelet_restart(self) -> None:
+        pass
+
+    def devices(self, resource: str, devices: Sequence[Device]) -> None:
+        pass
+
+    def capacity(
+        self,
+        nodes: Sequence[NodeCapacity],
+        memory: Mapping[int, Mapping[str, int]],
+        assigned_memory: Mapping[tuple[int, str, str], int],
+    ) -> None:
+        pass
+
+    def pod_resources(self, up: bool, last_read: float | None) -> None:
+        pass

@@ -1,0 +1,275 @@
+"""The v1beta1 ``DevicePlugin`` service for one NUMA node's extended resource.
+
+One :class:`NumaDevicePluginServicer` serves one resource. It holds the
+current device list, streams it on ``ListAndWatch`` (the full list at once and
+again on every change), answers ``Allocate`` with ``NUMA_NODE=<id>`` and
+``GetPreferredAllocation`` with the lowest-numbered slots. Bad requests get a
+gRPC ``INVALID_ARGUMENT`` status naming what is wrong; the servicer keeps its
+state and goes on serving.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import Counter
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
+from typing import Any, NoReturn
+
+import grpc
+import structlog
+
+from numa_device_plugin.api.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
+from numa_device_plugin.plugin.devices import Device, Resource
+from numa_device_plugin.plugin.recorder import NullRecorder, Recorder
+
+log = structlog.get_logger(__name__)
+
+Context = grpc.aio.ServicerContext[Any, Any]
+
+NUMA_NODE_ENV = "NUMA_NODE"
+# Device ids quoted in an error message at most; the rest are counted.
+_MAX_IDS_IN_MESSAGE = 5
+# A quoted id is cut to this many characters (real ids have at most 63).
+_MAX_ID_CHARS = 64
+# The whole status message (and its log line) at most, in bytes: a status message
+# travels in gRPC metadata, and a huge one turns INVALID_ARGUMENT into RESOURCE_EXHAUSTED.
+MAX_MESSAGE_BYTES = 1024
+
+
+def device_message(device: Device) -> api_pb2.Device:
+    """The v1beta1 ``Device`` for a slot, with ``TopologyInfo`` naming its NUMA node."""
+    return api_pb2.Device(
+        ID=device.id,
+        health=device.health,
+        topology=api_pb2.TopologyInfo(nodes=[api_pb2.NUMANode(ID=device.node_id)]),
+    )
+
+
+def _quote_id(device_id: str) -> str:
+    if len(device_id) <= _MAX_ID_CHARS:
+        return repr(device_id)
+    return f"{device_id[:_MAX_ID_CHARS]!r}... ({len(device_id)} characters)"
+
+
+def _quote_ids(ids: Sequence[str]) -> str:
+    shown = ", ".join(_quote_id(device_id) for device_id in ids[:_MAX_IDS_IN_MESSAGE])
+    more = len(ids) - _MAX_IDS_IN_MESSAGE
+    return shown + (f" and {more} more" if more > 0 else "")
+
+
+def bounded(message: str, limit: int = MAX_MESSAGE_BYTES) -> str:
+    """``message`` cut to at most ``limit`` bytes of UTF-8, ending in ``...`` when cut."""
+    encoded = message.encode()
+    if len(encoded) <= limit:
+        return message
+    return encoded[: limit - 3].decode(errors="ignore") + "..."
+
+
+class RequestError(ValueError):
+    """A request the servicer refuses; the text becomes the INVALID_ARGUMENT message."""
+
+
+class NumaDevicePluginServicer(api_pb2_grpc.DevicePluginServicer):  # type: ignore[misc]
+    """``v1beta1.DevicePlugin`` for one resource (``numa-align/numa-N``).
+
+    Only the kubelet's stream counts: the first ListAndWatch opened after
+    :meth:`expect_kubelet` (called just before each Register, inside which the
+    kubelet dials back and opens it). ``on_stream_lost(resource_name)`` is
+    called when *that* stream ends because the kubelet went away: the kubelet
+    never reopens a stream by itself, so the plugin must register again. Other
+    clients (an operator's grpcurl, a probe) may open and close streams freely;
+    nor is it called for streams that :meth:`close` ends. One servicer may sit
+    behind successive servers: :meth:`close` ends the streams opened so far,
+    later ones run anew.
+    """
+
+    def __init__(
+        self,
+        resource: Resource,
+        *,
+        on_stream_lost: Callable[[str], None] | None = None,
+        on_allocate: Callable[[str], None] | None = None,
+        recorder: Recorder | None = None,
+    ) -> None:
+        self.resource_name = resource.name
+        self._recorder: Recorder = recorder or NullRecorder()
+        self.node_id = resource.node_id
+        self._on_stream_lost = on_stream_lost
+        self._on_allocate = on_allocate
+        self._devices: tuple[Device, ...] = ()
+        self._by_id: dict[str, Device] = {}
+        self._response = api_pb2.ListAndWatchResponse()
+        self._changed = asyncio.Event()
+        self._generation = 0
+        self.open_streams = 0
+        self._awaiting_kubelet = False
+        self._kubelet_stream: object | None = None
+        self.set_devices(resource.devices)
+
+    # -- state -----------------------------------------------------------------------------
+
+    def set_devices(self, devices: Iterable[Device]) -> None:
+        """Replace the device list; every open ListAndWatch stream sends the new list."""
+        self._devices = tuple(devices)
+        self._by_id = {device.id: device for device in self._devices}
+        self._response = api_pb2.ListAndWatchResponse(
+            devices=[device_message(device) for device in self._devices]
+        )
+        changed, self._changed = self._changed, asyncio.Event()
+        changed.set()
+
+    @property
+    def devices(self) -> tuple[Device, ...]:
+        return self._devices
+
+    @property
+    def kubelet_stream_open(self) -> bool:
+        """True while the stream the kubelet opened for the current registration is open."""
+        return self._kubelet_stream is not None
+
+    def expect_kubelet(self) -> None:
+        """A Register call is about to go out: the next ListAndWatch stream to open is
+        the kubelet's (it dials back inside Register); forget any earlier one."""
+        self._awaiting_kubelet = True
+        self._kubelet_stream = None
+
+    def close(self) -> None:
+        """End every open ListAndWatch stream (status OK), e.g. before its server stops."""
+        self._generation += 1
+        self._awaiting_kubelet = False
+        self._kubelet_stream = None
+        changed, self._changed = self._changed, asyncio.Event()
+        changed.set()
+
+    # -- RPCs ------------------------------------------------------------------------------
+
+    async def GetDevicePluginOptions(
+        self, request: api_pb2.Empty, context: Context
+    ) -> api_pb2.DevicePluginOptions:
+        return api_pb2.DevicePluginOptions(
+            pre_start_required=False, get_preferred_allocation_available=True
+        )
+
+    async def ListAndWatch(
+        self, request: api_pb2.Empty, context: Context
+    ) -> AsyncIterator[api_pb2.ListAndWatchResponse]:
+        generation = self._generation
+        stream = object()
+        if self._awaiting_kubelet:
+            self._awaiting_kubelet = False
+            self._kubelet_stream = stream
+        self.open_streams += 1
+        kubelet = self._kubelet_stream is stream
+        log.debug("ListAndWatch opened", resource=self.resource_name, kubelet=kubelet)
+        try:
+            while generation == self._generation:
+                changed = self._changed
+                yield self._response
+                await changed.wait()
+        finally:
+            self.open_streams -= 1
+            if generation != self._generation:
+                log.debug("ListAndWatch ended by the plugin", resource=self.resource_name)
+            elif self._kubelet_stream is not stream:
+                log.debug("ListAndWatch closed", resource=self.resource_name, kubelet=False)
+            else:
+                self._kubelet_stream = None
+                log.info(
+                    "ListAndWatch stream lost: the kubelet went away", resource=self.resource_name
+                )
+                if self._on_stream_lost is not None:
+                    self._on_stream_lost(self.resource_name)
+
+    async def Allocate(
+        self, request: api_pb2.AllocateRequest, context: Context
+    ) -> api_pb2.AllocateResponse:
+        started = time.perf_counter()
+        try:
+            if not request.container_requests:
+                raise RequestError("Allocate request has no container requests")
+            responses = []
+            for position, container in enumerate(request.container_requests):
+                self._check_ids(list(container.devices_ids), f"container request {position}")
+                responses.append(
+                    api_pb2.ContainerAllocateResponse(envs={NUMA_NODE_ENV: str(self.node_id)})
+                )
+        except RequestError as exc:
+            self._recorder.allocated(self.resource_name, time.perf_counter() - started, False)
+            await self._refuse(context, "Allocate", exc)
+        self._recorder.allocated(self.resource_name, time.perf_counter() - started, True)
+        log.debug("Allocate", resource=self.resource_name, containers=len(responses))
+        if self._on_allocate is not None:
+            self._on_allocate(self.resource_name)
+        return api_pb2.AllocateResponse(container_responses=responses)
+
+    async def GetPreferredAllocation(
+        self, request: api_pb2.PreferredAllocationRequest, context: Context
+    ) -> api_pb2.PreferredAllocationResponse:
+        try:
+            if not request.container_requests:
+                raise RequestError("GetPreferredAllocation request has no container requests")
+            responses = [
+                api_pb2.ContainerPreferredAllocationResponse(
+                    deviceIDs=self._prefer(container, f"container request {position}")
+                )
+                for position, container in enumerate(request.container_requests)
+            ]
+        except RequestError as exc:
+            await self._refuse(context, "GetPreferredAllocation", exc)
+        return api_pb2.PreferredAllocationResponse(container_responses=responses)
+
+    async def PreStartContainer(
+        self, request: api_pb2.PreStartContainerRequest, context: Context
+    ) -> api_pb2.PreStartContainerResponse:
+        return api_pb2.PreStartContainerResponse()
+
+    # -- helpers ---------------------------------------------------------------------------
+
+    async def _refuse(self, context: Context, method: str, exc: Exception) -> NoReturn:
+        message = bounded(f"{self.resource_name}: {exc}")
+        log.warning(f"{method} refused", resource=self.resource_name, reason=message)
+        await context.abort(grpc.StatusCode.INVALID_ARGUMENT, message)
+        raise AssertionError("grpc.aio context.abort() returned instead of raising")
+
+    def _check_ids(self, ids: Sequence[str], where: str, *, allow_empty: bool = False) -> None:
+        if not ids and not allow_empty:
+            raise RequestError(f"{where} names no device ids")
+        unknown = [device_id for device_id in ids if device_id not in self._by_id]
+        if unknown:
+            raise RequestError(
+                f"{where}: device ids {_quote_ids(unknown)} are not devices of this resource"
+            )
+        repeated = [device_id for device_id, count in Counter(ids).items() if count > 1]
+        if repeated:
+            raise RequestError(f"{where}: device ids {_quote_ids(repeated)} are listed twice")
+
+    def _prefer(
+        self, container: api_pb2.ContainerPreferredAllocationRequest, where: str
+    ) -> list[str]:
+        available = list(container.available_deviceIDs)
+        must = list(container.must_include_deviceIDs)
+        size = container.allocation_size
+        self._check_ids(available, f"{where} available_deviceIDs", allow_empty=True)
+        self._check_ids(must, f"{where} must_include_deviceIDs", allow_empty=True)
+        offered = set(available)
+        missing = [device_id for device_id in must if device_id not in offered]
+        if missing:
+            raise RequestError(
+                f"{where}: must_include_deviceIDs {_quote_ids(missing)} are not in "
+                "available_deviceIDs"
+            )
+        if size < 1:
+            raise RequestError(f"{where}: allocation_size must be at least 1, got {size}")
+        if len(must) > size:
+            raise RequestError(
+                f"{where}: {len(must)} must-include devices do not fit allocation_size {size}"
+            )
+        chosen = sorted(must, key=lambda device_id: self._by_id[device_id].index)
+        rest = sorted(offered - set(must), key=lambda device_id: self._by_id[device_id].index)
+        if len(chosen) + len(rest) < size:
+            raise RequestError(
+                f"{where}: allocation_size {size} exceeds the {len(chosen) + len(rest)} "
+                "available and must-include devices"
+            )
+        return chosen + rest[: size - len(chosen)]

@@ -1,0 +1,196 @@
+"""One moment of the plugin's state as plain data, for the node page and ``/debug/state``.
+
+:meth:`PluginManager.snapshot` takes a :class:`PluginState` on the event loop: it
+only copies references to frozen objects (the discovery, the device lists, the last
+:class:`~numa_device_plugin.plugin.capacity.KubeletView`), so it costs microseconds and
+the page can be rendered from it in a worker thread while the loop goes on.
+:func:`debug_document` turns it into the JSON of ``/debug/state``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from numa_device_plugin.kubelet.view import Holder, KubeletView
+from numa_device_plugin.plugin.config import Config
+from numa_device_plugin.plugin.devices import HEALTHY, Device, Resource
+from numa_device_plugin.topology import sysfs
+from numa_device_plugin.topology.numa import NodePlan
+
+if TYPE_CHECKING:
+    from numa_device_plugin.plugin.catalog import Catalog
+    from numa_device_plugin.plugin.lockkeeper import LockKeeper
+    from numa_device_plugin.plugin.poller import CapacityPoller
+
+
+@dataclass(frozen=True)
+class Served:
+    """How one resource is served: ``devices`` (its live device list, as ListAndWatch
+    sends it), ``registered`` (with the current kubelet), ``streams`` (ListAndWatch
+    streams open now) and ``kubelet_stream`` (the kubelet's stream among them)."""
+
+    resource: Resource
+    devices: tuple[Device, ...]
+    registered: bool
+    streams: int
+    kubelet_stream: bool
+
+    @property
+    def healthy(self) -> int:
+        """Devices advertised Healthy: what the kubelet counts as allocatable."""
+        return sum(1 for device in self.devices if device.health == HEALTHY)
+
+
+@dataclass(frozen=True)
+class PluginState:
+    """The plugin at ``taken_at`` (``time.time()``, seconds).
+
+    ``config``: the Config served (None: none, per-node configuration serving
+    nothing); ``configuration``: the per-node configuration's name and why it was
+    chosen (None without ``--config-file``); ``plans``: the NUMA nodes of the last
+    discovery; ``served``: resource name -> :class:`Served`; ``view``: the last
+    answer of the kubelet's pod resources API (None: none yet);
+    ``pod_resources_up``: whether the last read succeeded (None: not read yet);
+    ``pod_resources_read_at``: ``time.time()`` of the last good read;
+    ``lock``: who holds the instance lock (``pid=12 host=node-a``) or why it is not
+    held; ``problems``: the readiness problems (empty: ready).
+    """
+
+    taken_at: float
+    config: Config | None
+    plans: tuple[NodePlan, ...] = ()
+    served: Mapping[str, Served] = field(default_factory=dict)
+    view: KubeletView | None = None
+    pod_resources_up: bool | None = None
+    pod_resources_read_at: float | None = None
+    lock: str = ""
+    problems: tuple[str, ...] = ()
+    configuration: Mapping[str, str] | None = None
+
+    @property
+    def pod_resources_age(self) -> float | None:
+        """Seconds since the last good pod resources read, None when there was none."""
+        if self.pod_resources_read_at is None:
+            return None
+        return max(0.0, self.taken_at - self.pod_resources_read_at)
+
+
+def take(
+    config: Config,
+    catalog: Catalog,
+    registered: Iterable[str],
+    poller: CapacityPoller,
+    keeper: LockKeeper,
+    problems: Iterable[str],
+) -> PluginState:
+    """The :class:`PluginState` of a manager's parts now: the catalog's discovery and
+    servicers, the names registered, the poller's last view and reads, the instance
+    lock; copies references only (loop thread)."""
+    discovery = catalog.discovery
+    names = set(registered)
+    return PluginState(
+        taken_at=time.time(),
+        config=config,
+        plans=discovery.plans if discovery is not None else (),
+        served={
+            name: Served(
+                resource=catalog.resources[name],
+                devices=servicer.devices,
+                registered=name in names,
+                streams=servicer.open_streams,
+                kubelet_stream=servicer.kubelet_stream_open,
+            )
+            for name, servicer in catalog.servicers.items()
+        },
+        view=poller.view,
+        pod_resources_up=poller.reachable,
+        pod_resources_read_at=poller.read_at,
+        lock=keeper.problem or f"held by this instance ({keeper.lock.path})",
+        problems=tuple(problems),
+    )
+
+
+def debug_document(state: PluginState) -> dict[str, Any]:
+    """The JSON document of ``/debug/state``; pure.
+
+    ``{"taken_at", "ready", "problems", "configuration", "config": {flag name:
+    value} | null, "lock", "numa_nodes": [{"id", "cpus", "advertised", "reason"}],
+    "resources": {name: {"numa_node", "memory_type", "devices", "healthy",
+    "registered", "streams", "kubelet_stream"}}, "pod_resources": {"up",
+    "read_at", "age_seconds", "holders", "others", "allocatable_cpus"}}``.
+    """
+    view = state.view
+    age = state.pod_resources_age
+    return {
+        "taken_at": state.taken_at,
+        "ready": not state.problems,
+        "problems": list(state.problems),
+        "configuration": dict(state.configuration) if state.configuration else None,
+        "config": None if state.config is None else config_document(state.config),
+        "lock": state.lock,
+        "numa_nodes": [
+            {
+                "id": plan.node.id,
+                "cpus": sysfs.format_cpulist(plan.node.cpus),
+                "advertised": plan.advertised,
+                "reason": plan.reason,
+            }
+            for plan in state.plans
+        ],
+        "resources": {
+            name: {
+                "numa_node": served.resource.node_id,
+                "memory_type": None
+                if served.resource.memory is None
+                else served.resource.memory.memory_type,
+                "devices": len(served.devices),
+                "healthy": served.healthy,
+                "registered": served.registered,
+                "streams": served.streams,
+                "kubelet_stream": served.kubelet_stream,
+            }
+            for name, served in state.served.items()
+        },
+        "pod_resources": {
+            "up": state.pod_resources_up,
+            "read_at": state.pod_resources_read_at,
+            "age_seconds": None if age is None else round(age, 3),
+            "holders": None if view is None else [_holder(h, devices=True) for h in view.holders],
+            "others": None if view is None else [_holder(h) for h in view.others],
+            "allocatable_cpus": None
+            if view is None
+            else sysfs.format_cpulist(view.allocatable_cpus),
+        },
+    }
+
+
+def _holder(holder: Holder, *, devices: bool = False) -> dict[str, Any]:
+    document: dict[str, Any] = {
+        "pod": f"{holder.namespace}/{holder.pod}",
+        "container": holder.container,
+        "cpus": sysfs.format_cpulist(holder.cpus),
+    }
+    if devices:
+        document["devices"] = {name: list(ids) for name, ids in holder.devices.items()}
+    return document
+
+
+def config_document(config: Config) -> dict[str, Any]:
+    """The settings of ``config`` that shape what is served, JSON-ready: paths as
+    text, CPU sets as cpulists, bytes as integers."""
+    return {
+        "sysfs_root": str(config.sysfs_root),
+        "socket_dir": str(config.socket_dir),
+        "resource_prefix": config.resource_prefix,
+        "capacity": config.capacity,
+        "include_cpuless_nodes": config.include_cpuless_nodes,
+        "reserved_cpus": sysfs.format_cpulist(config.reserved_cpus),
+        "allow_unaligned": config.allow_unaligned,
+        "memory_unit": config.memory_unit,
+        "reserved_memory": [list(entry) for entry in config.reserved_memory],
+        "pod_resources_socket": str(config.pod_resources_path),
+        "pod_resources_interval": config.pod_resources_interval,
+    }

@@ -1,0 +1,237 @@
+"""``numa-device-plugin status``: who holds which NUMA node, from the kubelet's view.
+
+Reads the kubelet's pod resources API (``v1.PodResourcesLister``: ``List`` and
+``GetAllocatableResources`` on ``pod-resources/kubelet.sock`` beside the
+device-plugin folder) and this node's topology from sysfs, and reports per
+advertised NUMA node: capacity, allocatable and allocated devices; the CPUs the
+kubelet may hand out exclusively there, how many are assigned to containers
+holding the node's resource (ours) or not (others), and how many are free; the
+memory the Memory Manager reports there; and each container holding the
+resource, with the exclusive CPUs the kubelet gave it and whether they lie on
+that NUMA node. A container whose CPUs are elsewhere, or that has no exclusive
+CPUs at all, is flagged: the Topology Manager did not align it. In ``cpus``
+mode a container holding a different number of devices than exclusive CPUs is
+flagged too: the live count assumes a pod asks as many devices as CPUs. With
+``--memory-unit``, each memory resource gets its line: devices, free units, the
+bytes allocatable and assigned, and its holders, MISCOUNTED when their devices are
+not their memory divided by the unit.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+from numa_device_plugin.api.podresources.v1 import api_pb2 as pr_pb2
+from numa_device_plugin.kubelet.view import KubeletView, view_from
+from numa_device_plugin.plugin.capacity import live_devices, misalignment, node_capacity
+from numa_device_plugin.plugin.config import Config
+from numa_device_plugin.plugin.devices import CPUS, Resource
+from numa_device_plugin.plugin.discovery import Discovery
+from numa_device_plugin.topology import sysfs
+from numa_device_plugin.topology.memory import format_quantity
+
+
+def build_status(
+    discovery: Discovery,
+    config: Config,
+    pods: pr_pb2.ListPodResourcesResponse,
+    allocatable: pr_pb2.AllocatableResourcesResponse,
+) -> dict[str, Any]:
+    """The status document; pure.
+
+    ``{"nodes": [{"id", "resource", "cpus", "capacity", "allocatable",
+    "allocated", "allocatable_cpus", "assigned_cpus": {"ours", "others"},
+    "free_cpus", "memory": {type: bytes} | null, "holders": [{"namespace",
+    "pod", "container", "devices", "cpus", "aligned", "problem"}]}], "memory":
+    [:func:`memory_status`], "misaligned": int, "miscounted": int,
+    "cpu_manager_static": bool, "memory_manager_static": bool}``.
+    ``capacity`` is the plugin's device count for the node (the slots, or in
+    ``cpus`` mode its allocatable CPUs); ``allocatable`` the healthy devices the
+    kubelet lists; ``allocated`` distinct held devices (an init container's device
+    handed on to an app container counts once).
+    """
+    view = view_from(pods, allocatable)
+    free = Counter(entry.resource_name for entry in allocatable.devices for _ in entry.device_ids)
+    nodes = []
+    misaligned = miscounted = 0
+    memory = []
+    for name, resource in discovery.resources.items():
+        if resource.memory is not None:
+            entry = memory_status(resource, view, free.get(name, 0))
+            miscounted += sum(1 for h in entry["holders"] if h["problem"] is not None)
+            memory.append(entry)
+            continue
+        node_cpus = next(p.node.cpus for p in discovery.plans if p.node.id == resource.node_id)
+        devices = live_devices(
+            config.capacity, resource.node_id, node_cpus, name, resource.devices, view,
+            reserved_cpus=config.reserved_cpus, allow_unaligned=True,
+        )  # fmt: skip
+        figures = node_capacity(name, resource.node_id, node_cpus, devices, view)
+        holders: list[dict[str, Any]] = []
+        for holder in view.holders:
+            ids = list(holder.devices.get(name, ()))
+            if not ids:
+                continue
+            problem = misalignment(holder, resource.node_id, node_cpus)
+            misaligned += problem is not None
+            aligned = problem is None
+            if config.capacity == CPUS and holder.cpus and len(ids) != len(holder.cpus):
+                miscounted += 1
+                count = (
+                    f"{len(ids)} device(s) for {len(holder.cpus)} exclusive CPUs: with "
+                    "--capacity cpus a container asks as many devices as CPUs"
+                )
+                problem = count if problem is None else f"{problem}; {count}"
+            holders.append(
+                {
+                    "namespace": holder.namespace,
+                    "pod": holder.pod,
+                    "container": holder.container,
+                    "devices": ids,
+                    "cpus": sysfs.format_cpulist(holder.cpus),
+                    "aligned": aligned,
+                    "problem": problem,
+                }
+            )
+        nodes.append(
+            {
+                "id": resource.node_id,
+                "resource": name,
+                "cpus": sysfs.format_cpulist(node_cpus),
+                "capacity": len(devices),
+                "allocatable": free.get(name, 0),
+                "allocated": len(figures.held),
+                "allocatable_cpus": len(figures.allocatable_cpus),
+                "assigned_cpus": {
+                    "ours": len(figures.assigned_ours),
+                    "others": len(figures.assigned_other),
+                },
+                "free_cpus": figures.free_cpus,
+                "memory": dict(view.memory[resource.node_id])
+                if resource.node_id in view.memory
+                else None,
+                "holders": holders,
+            }
+        )
+    return {
+        "nodes": nodes,
+        "memory": memory,
+        "misaligned": misaligned,
+        "miscounted": miscounted,
+        "cpu_manager_static": view.cpu_manager_static,
+        "memory_manager_static": bool(view.memory),
+    }
+
+
+def memory_status(resource: Resource, view: KubeletView, allocatable: int) -> dict[str, Any]:
+    """One memory resource's entry: ``{"id", "resource", "memory_type", "unit",
+    "capacity", "allocatable", "allocated", "allocatable_bytes", "assigned_bytes":
+    {"ours", "others"}, "free_units", "holders": [{"namespace", "pod", "container",
+    "devices", "bytes", "problem"}]}`` (bytes; ``free_units``: whole units no container
+    has, the count the plugin keeps Healthy beside the held ones). A holder whose
+    device count is not its memory blocks on the node divided by the unit (rounded
+    up) is MISCOUNTED: the live count assumes a pod asks as many units as it requests."""
+    pool = resource.memory
+    assert pool is not None
+    node, kind = resource.node_id, pool.memory_type
+    total = view.memory.get(node, {}).get(kind, 0)
+    assigned = view.assigned_memory.get(node, {}).get(kind, 0)
+    held: set[str] = set()
+    ours = 0
+    holders = []
+    for holder in view.holders:
+        ids = list(holder.devices.get(resource.name, ()))
+        if not ids:
+            continue
+        held.update(ids)
+        size = holder.memory.get((node, kind), 0)
+        ours += size
+        units = -(-size // pool.unit)
+        problem = None
+        if units != len(ids):
+            problem = (
+                f"{len(ids)} device(s) for {size} bytes of {kind} on NUMA node {node}: a "
+                f"container asks one device per {pool.unit} bytes ({units})"
+            )
+        holders.append(
+            {"namespace": holder.namespace, "pod": holder.pod, "container": holder.container,
+             "devices": ids, "bytes": size, "problem": problem}
+        )  # fmt: skip
+    return {
+        "id": node,
+        "resource": resource.name,
+        "memory_type": kind,
+        "unit": pool.unit,
+        "capacity": len(resource.devices),
+        "allocatable": allocatable,
+        "allocated": len(held),
+        "allocatable_bytes": total,
+        "assigned_bytes": {"ours": ours, "others": assigned - ours},
+        "free_units": max(0, total - assigned) // pool.unit,
+        "holders": holders,
+    }
+
+
+def render_table(document: dict[str, Any]) -> str:
+    """The status document as text: a line per NUMA node, its CPUs, then its holders."""
+    lines = []
+    if not document["cpu_manager_static"]:
+        lines.append(
+            "the kubelet lists no allocatable CPUs: its CPU manager policy is not static, "
+            "so nothing is aligned"
+        )
+    for node in document["nodes"]:
+        lines.append(
+            f"NUMA node {node['id']} ({node['resource']}, CPUs {node['cpus']}): "
+            f"capacity {node['capacity']}, allocatable {node['allocatable']}, "
+            f"allocated {node['allocated']}"
+        )
+        assigned = node["assigned_cpus"]
+        memory = ", ".join(f"{kind} {size}" for kind, size in (node["memory"] or {}).items())
+        lines.append(
+            f"  exclusive CPUs: allocatable {node['allocatable_cpus']}, assigned "
+            f"{assigned['ours'] + assigned['others']} (ours {assigned['ours']}, others "
+            f"{assigned['others']}), free {node['free_cpus']}"
+            + (f"; memory (bytes): {memory}" if memory else "")
+        )
+        for holder in node["holders"]:
+            if holder["aligned"] and holder["problem"] is None:
+                flag = "aligned"
+            elif holder["aligned"]:
+                flag = f"aligned, MISCOUNTED: {holder['problem']}"
+            else:
+                flag = f"MISALIGNED: {holder['problem']}"
+            lines.append(
+                f"  {holder['namespace']}/{holder['pod']} {holder['container']}: "
+                f"{len(holder['devices'])} device(s), CPUs {holder['cpus'] or '-'}, {flag}"
+            )
+        if not node["holders"]:
+            lines.append("  (no pod holds this NUMA node)")
+    if document["memory"] and not document["memory_manager_static"]:
+        lines.append(
+            "the kubelet lists no allocatable memory: its Memory Manager policy is not Static"
+        )
+    for entry in document["memory"]:
+        assigned = entry["assigned_bytes"]
+        lines.append(
+            f"NUMA node {entry['id']} {entry['memory_type']} ({entry['resource']}, unit "
+            f"{format_quantity(entry['unit'])}): capacity {entry['capacity']}, allocatable "
+            f"{entry['allocatable']}, allocated {entry['allocated']}, free units "
+            f"{entry['free_units']} (allocatable {format_quantity(entry['allocatable_bytes'])}"
+            f", assigned ours {format_quantity(assigned['ours'])}, others "
+            f"{format_quantity(assigned['others'])})"
+        )
+        for holder in entry["holders"]:
+            flag = "counted" if holder["problem"] is None else f"MISCOUNTED: {holder['problem']}"
+            lines.append(
+                f"  {holder['namespace']}/{holder['pod']} {holder['container']}: "
+                f"{len(holder['devices'])} device(s), {format_quantity(holder['bytes'])}, {flag}"
+            )
+    lines.append(f"misaligned containers: {document['misaligned']}")
+    if document["miscounted"]:
+        lines.append(
+            "containers whose device count differs from their CPUs or memory: "
+            f"{document['miscounted']}"
+        )
+    return "\n".join(lines)

@@ -1,0 +1,351 @@
+"""The NUMA topology of a machine as read from sysfs, and which NUMA nodes to advertise.
+
+:func:`read_topology` turns a sysfs root into a plain :class:`Topology`;
+:func:`plan_nodes` decides, purely, which NUMA nodes get an extended resource and
+why the others do not; :func:`topology_warnings` lists what an operator should
+hear about (too many nodes for the Topology Manager, overlapping CPU sets).
+
+The rules follow the kernel's sysfs ABI:
+
+- NUMA node ids come from ``devices/system/node/online``; where that file is
+  missing, from the ``nodeN`` folders. No ``devices/system/node`` folder at all
+  (a kernel without NUMA) means one node 0 holding every online CPU.
+- A node's CPUs come from ``nodeN/cpulist``, else ``nodeN/cpumap``, else its
+  ``cpuN`` links.
+- A CPU is online when it is in ``cpu/online`` (where that file exists and is
+  not empty) and its own ``cpu/cpuN/online`` does not read 0.
+- Memory is ``MemTotal`` of ``nodeN/meminfo``; distances are ``nodeN/distance``,
+  one value per online node in id order (some kernels and dumps give one per
+  *possible* node, ``node/possible``; that is read too).
+
+Only node ids and CPU sets decide what is advertised, so only their files
+(``node/online``, ``cpulist``, ``cpumap``, ``cpu/online``) stop discovery when
+malformed. Informative fields never refuse a real machine: a malformed
+``distance`` or ``meminfo`` leaves that field unknown (None) with a warning
+naming the file and its content, and an empty per-CPU ``online`` file reads as
+online (as hwloc reads it), with a warning. Warnings are collected in
+:attr:`Topology.warnings`; nothing here logs.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TypeVar
+
+from numa_device_plugin.topology import sysfs
+
+_NODE_DIR = re.compile(r"^node(\d+)$")
+_CPU_DIR = re.compile(r"^cpu(\d+)$")
+
+# The kubelet's Topology Manager refuses to start on machines with more NUMA
+# nodes than this unless its policy option max-allowable-numa-nodes is set.
+TOPOLOGY_MANAGER_MAX_NUMA_NODES = 8
+# Overlapping CPU sets are reported in at most this many lines (plus a summary),
+# each naming at most this many NUMA nodes.
+MAX_OVERLAP_LINES = 5
+MAX_OVERLAP_NODES = 16
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class NumaNode:
+    """One NUMA node.
+
+    ``cpus``: ids of its usable (online) CPUs; ``memory_bytes``: MemTotal in
+    bytes, None when sysfs has no usable meminfo for it; ``distances``: NUMA node
+    id to the kernel's relative distance (10 = local), None when unknown (no
+    ``distance`` file, or one in a form we cannot map);
+    ``all_cpus``: every CPU sysfs lists for it, online or not; ``missing_folder``:
+    the node is listed online but has no ``nodeN`` folder; ``hugepages``: its
+    hugepage pools, (page size in bytes, pages) sorted by size, from
+    ``nodeN/hugepages/hugepages-<kB>kB/nr_hugepages`` (pools with 0 pages included).
+    """
+
+    id: int
+    cpus: frozenset[int]
+    memory_bytes: int | None = None
+    distances: Mapping[int, int] | None = None
+    all_cpus: frozenset[int] = frozenset()
+    missing_folder: bool = False
+    hugepages: tuple[tuple[int, int], ...] = ()
+
+
+@dataclass(frozen=True)
+class Topology:
+    """All NUMA nodes of a machine, sorted by id. ``numa_in_sysfs`` is False on a
+    kernel without NUMA support, where one synthetic node 0 stands for the machine.
+    ``warnings``: odd but tolerated sysfs content, one line per file, naming it."""
+
+    nodes: tuple[NumaNode, ...]
+    numa_in_sysfs: bool = True
+    warnings: tuple[str, ...] = ()
+
+    def node(self, node_id: int) -> NumaNode:
+        """Return the node with that id; raises KeyError when there is none."""
+        for node in self.nodes:
+            if node.id == node_id:
+                return node
+        raise KeyError(node_id)
+
+
+@dataclass(frozen=True)
+class NodePlan:
+    """Whether a NUMA node is advertised as an extended resource, and why not if not."""
+
+    node: NumaNode
+    advertised: bool
+    reason: str | None = None
+
+
+def read_topology(sysfs_root: Path) -> Topology:
+    """Discover NUMA nodes under ``sysfs_root`` (a folder holding ``devices/system``).
+
+    Raises :class:`~numa_device_plugin.topology.sysfs.SysfsFormatError` naming the file
+    and its content when a file is malformed, and
+    :class:`~numa_device_plugin.topology.sysfs.SysfsError` when one cannot be read or the
+    root holds no ``devices/system/cpu`` folder.
+    """
+    system = sysfs_root / "devices" / "system"
+    cpu_dir = system / "cpu"
+    node_dir = system / "node"
+    if not cpu_dir.is_dir():
+        raise sysfs.SysfsError(f"{cpu_dir} does not exist: is {sysfs_root} a sysfs root?")
+    warnings: list[str] = []
+    online = _OnlineCpus(cpu_dir)
+
+    if not node_dir.is_dir():
+        every_cpu = online.listed or frozenset(_numbered(cpu_dir, _CPU_DIR))
+        nodes: tuple[NumaNode, ...] = (
+            NumaNode(id=0, cpus=online.filter(every_cpu), all_cpus=every_cpu),
+        )
+    else:
+        node_ids = _node_ids(node_dir)
+        possible = _possible_ids(node_dir)
+        nodes = tuple(
+            _read_node(node_dir, node_id, node_ids, possible, online, warnings)
+            for node_id in node_ids
+        )
+    if online.empty_flags:
+        cpus = sysfs.format_cpulist(online.empty_flags)
+        warnings.append(
+            f"{cpu_dir}/cpuN/online is empty for CPUs {cpus} (content: ''); taken as online"
+        )
+    return Topology(nodes=nodes, numa_in_sysfs=node_dir.is_dir(), warnings=tuple(warnings))
+
+
+def _possible_ids(node_dir: Path) -> tuple[int, ...] | None:
+    """``node/possible``, sorted; None when missing or unreadable (it only helps map
+    distance rows, so it never stops discovery)."""
+    try:
+        possible = sysfs.read_parsed(node_dir / "possible", sysfs.parse_cpulist)
+    except sysfs.SysfsError:
+        return None
+    return tuple(sorted(possible)) if possible else None
+
+
+def _node_ids(node_dir: Path) -> tuple[int, ...]:
+    online = sysfs.read_parsed(node_dir / "online", sysfs.parse_cpulist)
+    if online is not None:
+        if not online:
+            raise sysfs.SysfsFormatError(node_dir / "online", "", "no NUMA node is online")
+        return tuple(sorted(online))
+    found = sorted(_numbered(node_dir, _NODE_DIR))
+    if not found:
+        raise sysfs.SysfsError(f"{node_dir} has neither an 'online' file nor nodeN folders")
+    return tuple(found)
+
+
+def _numbered(folder: Path, pattern: re.Pattern[str]) -> list[int]:
+    """Ids of the entries of ``folder`` whose names match ``pattern`` (``cpu12`` -> 12)."""
+    return [
+        int(match.group(1)) for entry in folder.iterdir() if (match := pattern.match(entry.name))
+    ]
+
+
+class _OnlineCpus:
+    """Which CPUs are online: in ``cpu/online`` where that file exists and is not
+    empty, and not reading 0 in their own ``cpu/cpuN/online`` (an empty one reads
+    as online, with a warning)."""
+
+    def __init__(self, cpu_dir: Path) -> None:
+        self._cpu_dir = cpu_dir
+        self.empty_flags: set[int] = set()
+        self.listed = sysfs.read_parsed(cpu_dir / "online", sysfs.parse_cpulist) or None
+
+    def filter(self, cpus: frozenset[int]) -> frozenset[int]:
+        if self.listed is not None:
+            cpus = cpus & self.listed
+        return frozenset(cpu for cpu in sorted(cpus) if self._own_flag(cpu) is not False)
+
+    def _own_flag(self, cpu: int) -> bool | None:
+        path = self._cpu_dir / f"cpu{cpu}" / "online"
+        text = sysfs.read_text(path)
+        if text == "":
+            self.empty_flags.add(cpu)
+            return True
+        return None if text is None else sysfs.read_parsed(path, sysfs.parse_online_flag)
+
+
+def _node_cpus(folder: Path) -> frozenset[int]:
+    cpus = sysfs.read_parsed(folder / "cpulist", sysfs.parse_cpulist)
+    if cpus is None:
+        cpus = sysfs.read_parsed(folder / "cpumap", sysfs.parse_cpumap)
+    if cpus is None:
+        cpus = frozenset(_numbered(folder, _CPU_DIR))
+    return cpus
+
+
+def _informative(path: Path, parse: Callable[[str], T], warnings: list[str]) -> T | None:
+    """Read an informative field: None, with a warning naming the file and content,
+    when it is malformed (or not a regular file) instead of an error."""
+    try:
+        return sysfs.read_parsed(path, parse)
+    except sysfs.SysfsFormatError as exc:
+        warnings.append(f"{exc}; the field is left unknown")
+        return None
+
+
+def _distances(
+    path: Path,
+    node_ids: tuple[int, ...],
+    possible: tuple[int, ...] | None,
+    warnings: list[str],
+) -> dict[int, int] | None:
+    """The ``distance`` row mapped to NUMA node ids: one value per online node, or one
+    per possible node (``node/possible``) as some kernels and dumps give it."""
+    row = _informative(path, sysfs.parse_distance, warnings)
+    if row is None:
+        return None
+    if len(row) == len(node_ids):
+        return dict(zip(node_ids, row, strict=True))
+    if possible is not None and len(row) == len(possible):
+        online = set(node_ids)
+        return {node: value for node, value in zip(possible, row, strict=True) if node in online}
+    counts = f"{len(node_ids)} online" + (f", {len(possible)} possible" if possible else "")
+    content = " ".join(map(str, row))
+    warnings.append(
+        f"malformed sysfs file {path}: {len(row)} values for {counts} NUMA nodes "
+        f"(content: {content[:200]!r}); the field is left unknown"
+    )
+    return None
+
+
+def _read_node(
+    node_dir: Path,
+    node_id: int,
+    node_ids: tuple[int, ...],
+    possible: tuple[int, ...] | None,
+    online: _OnlineCpus,
+    warnings: list[str],
+) -> NumaNode:
+    folder = node_dir / f"node{node_id}"
+    if not folder.is_dir():
+        return NumaNode(id=node_id, cpus=frozenset(), missing_folder=True)
+    all_cpus = _node_cpus(folder)
+    return NumaNode(
+        id=node_id,
+        cpus=online.filter(all_cpus),
+        memory_bytes=_informative(folder / "meminfo", sysfs.parse_meminfo_total, warnings),
+        distances=_distances(folder / "distance", node_ids, possible, warnings),
+        all_cpus=all_cpus,
+        hugepages=_hugepages(folder / "hugepages", warnings),
+    )
+
+
+def _hugepages(folder: Path, warnings: list[str]) -> tuple[tuple[int, int], ...]:
+    """(page size in bytes, pages) per ``hugepages-<kB>kB`` pool under ``folder``; a
+    pool whose folder name or ``nr_hugepages`` is malformed is left out with a warning
+    naming the file. No folder (a kernel without hugepages): ()."""
+    try:
+        entries = sorted(folder.iterdir())
+    except OSError:
+        return ()
+    pools = []
+    for entry in entries:
+        match = _HUGEPAGES_DIR.fullmatch(entry.name)
+        if match is None:
+            warnings.append(f"unexpected hugepage pool folder {entry}; left out")
+            continue
+        count = _informative(entry / "nr_hugepages", sysfs.parse_count, warnings)
+        if count is not None:
+            pools.append((int(match.group(1)) * 1024, count))
+    return tuple(sorted(pools))
+
+
+_HUGEPAGES_DIR = re.compile(r"hugepages-([1-9][0-9]*)kB")
+
+
+def plan_nodes(topology: Topology, *, include_cpuless: bool = False) -> tuple[NodePlan, ...]:
+    """Decide per NUMA node whether it is advertised; same order as ``topology.nodes``.
+
+    A node with no usable CPU can never satisfy a ``single-numa-node`` alignment
+    that includes CPUs, so it is left out unless ``include_cpuless`` is set.
+    """
+    plans: list[NodePlan] = []
+    for node in topology.nodes:
+        reason = _why_unusable(node)
+        if reason is None:
+            plans.append(NodePlan(node, advertised=True))
+        elif include_cpuless:
+            plans.append(NodePlan(node, advertised=True, reason=f"{reason}; included on request"))
+        else:
+            plans.append(NodePlan(node, advertised=False, reason=reason))
+    return tuple(plans)
+
+
+def _why_unusable(node: NumaNode) -> str | None:
+    if node.cpus:
+        return None
+    if node.missing_folder:
+        return f"listed online but sysfs has no node{node.id} folder"
+    if node.all_cpus:
+        offline = sysfs.format_cpulist(node.all_cpus)
+        return f"no usable CPU: all of its CPUs ({offline}) are offline"
+    return "no CPU: a memory-only NUMA node (e.g. HBM, CXL or persistent memory)"
+
+
+def topology_warnings(plans: tuple[NodePlan, ...]) -> list[str]:
+    """Operator warnings for a plan: more advertised NUMA nodes than the Topology
+    Manager accepts by default, and CPUs that sysfs puts in two NUMA nodes."""
+    warnings: list[str] = []
+    advertised = [plan for plan in plans if plan.advertised]
+    if len(advertised) > TOPOLOGY_MANAGER_MAX_NUMA_NODES:
+        warnings.append(
+            f"{len(advertised)} NUMA nodes are advertised; the kubelet's Topology Manager "
+            f"refuses more than {TOPOLOGY_MANAGER_MAX_NUMA_NODES} unless its policy option "
+            "max-allowable-numa-nodes is set (Kubernetes 1.31+)"
+        )
+    warnings.extend(_overlap_warnings([plan.node for plan in plans]))
+    return warnings
+
+
+def _overlap_warnings(nodes: list[NumaNode]) -> list[str]:
+    """CPUs that sysfs puts in more than one NUMA node, grouped by the set of nodes
+    sharing them: at most MAX_OVERLAP_LINES lines and one summary line, in time
+    linear in the CPU count (not quadratic in the node count)."""
+    owners: dict[int, list[int]] = {}
+    for node in nodes:
+        for cpu in node.all_cpus:
+            owners.setdefault(cpu, []).append(node.id)
+    groups: dict[tuple[int, ...], list[int]] = {}
+    for cpu, listing in owners.items():
+        if len(listing) > 1:
+            groups.setdefault(tuple(sorted(listing)), []).append(cpu)
+    lines = []
+    for sharing, cpus in sorted(groups.items())[:MAX_OVERLAP_LINES]:
+        shown = ",".join(map(str, sharing[:MAX_OVERLAP_NODES]))
+        if len(sharing) > MAX_OVERLAP_NODES:
+            shown += f" and {len(sharing) - MAX_OVERLAP_NODES} more"
+        lines.append(
+            f"NUMA nodes {shown} all list CPUs {sysfs.format_cpulist(cpus)} (broken firmware "
+            "tables?); alignment to any of them may not be exclusive"
+        )
+    if len(groups) > MAX_OVERLAP_LINES:
+        lines.append(
+            f"... and {len(groups) - MAX_OVERLAP_LINES} more groups of NUMA nodes sharing CPUs"
+        )
+    return lines

@@ -1,0 +1,1 @@
+"""Tests of what is shipped: manifests, the chart, alerts, dashboard, image, harnesses."""

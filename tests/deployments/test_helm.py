@@ -1,0 +1,402 @@
+"""The Helm chart, offline: `helm lint --strict`, every rendering valid for the
+Kubernetes API (kubernetes-validate --strict, 1.28 and the newest schema), the schema
+refusing bad values, each kubelet flavour keeping hostPath, mount and --socket-dir in
+step, and the defaults rendering what `kubectl apply -k deployments/` applies.
+
+helm comes from PATH or `.venv/bin/helm` (`make helm` puts it there); without it the
+tests skip, or, under CI, fail."""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import kubernetes_validate
+import pytest
+import yaml
+
+from numa_device_plugin import __version__
+from numa_device_plugin.cli import options, serve
+from numa_device_plugin.nodeconfig.configs import parse_node_configs
+from tests.conftest import REPO, venv_tool
+from tests.deployments.test_deployments import KUBERNETES_VERSIONS, check_pod_monitor, render
+
+CHART = REPO / "deployments" / "helm" / "numa-device-plugin"
+RELEASE = "numa-device-plugin"
+FLAVOURS = {
+    "standard": "/var/lib/kubelet",
+    "k0s": "/var/lib/k0s/kubelet",
+    "microk8s": "/var/snap/microk8s/common/var/lib/kubelet",
+    "custom": "/data/kubelet",
+}
+# Renderings each test set covers: name -> --set arguments.
+RENDERINGS: dict[str, list[str]] = {
+    "defaults": [],
+    **{f"flavour-{name}": ["--set", f"kubelet.flavour={name}"] for name in FLAVOURS},
+    "nfd": ["--set", "nfd.enabled=true"],
+    "monitoring": ["--set", "podMonitor.enabled=true"],
+    "memory": [
+        *("--set", "config.memoryUnit=1Gi"),
+        *("--set", "config.reservedMemory=0:memory=1Gi;1:memory=2Gi"),
+    ],
+    "cpus": [
+        *("--set", "config.capacity=cpus", "--set", "config.reservedCpus=0-1"),
+        # --set reads floats as strings: --set-json gives the number.
+        *("--set-json", "config.podResourcesInterval=2.5", "--set", "config.allowUnaligned=true"),
+    ],
+    "no-metrics": ["--set", "config.metricsPort=0"],
+    "per-node": [
+        "--set-json",
+        'config.named={"exact": {"capacity": "cpus", "reservedCpus": "0-1",'
+        ' "podResourcesInterval": 0.5}, "small": {"capacity": 10}, "plain": {}}',
+        *("--set", "config.default=small"),
+    ],
+}
+RENDERINGS["flavour-custom"] += ["--set", "kubelet.root=/data/kubelet"]
+
+
+def helm() -> str:
+    return venv_tool("helm")
+
+
+def run_helm(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([helm(), *args], capture_output=True, text=True, timeout=60)
+
+
+def template(*args: str) -> list[dict[str, Any]]:
+    result = run_helm("template", RELEASE, str(CHART), "--namespace", "kube-system", *args)
+    assert result.returncode == 0, result.stderr
+    return [d for d in yaml.safe_load_all(result.stdout) if d]
+
+
+def of_kind(documents: list[dict[str, Any]], kind: str, name: str = RELEASE) -> dict[str, Any]:
+    """The one object of ``kind``; where there are several (ConfigMaps), the one ``name``."""
+    found = [d for d in documents if d["kind"] == kind]
+    if len(found) > 1:
+        found = [d for d in found if d["metadata"]["name"] == name]
+    (only,) = found
+    return only
+
+
+def container(documents: list[dict[str, Any]]) -> dict[str, Any]:
+    (only,) = of_kind(documents, "DaemonSet")["spec"]["template"]["spec"]["containers"]
+    found: dict[str, Any] = only
+    return found
+
+
+def test_helm_lint_strict() -> None:
+    result = run_helm("lint", "--strict", str(CHART))
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "1 chart(s) linted, 0 chart(s) failed" in result.stdout
+
+
+@pytest.mark.parametrize("version", KUBERNETES_VERSIONS)
+@pytest.mark.parametrize("name", list(RENDERINGS))
+def test_every_rendering_passes_kubernetes_validate_strict(name: str, version: str) -> None:
+    documents = template(*RENDERINGS[name])
+    assert {"DaemonSet", "ServiceAccount", "ConfigMap"} <= {d["kind"] for d in documents}
+    for document in documents:
+        if document["kind"] == "PodMonitor":
+            check_pod_monitor(document)
+            continue
+        kubernetes_validate.validate(document, version, strict=True)
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["--set", "config.capacity=lots"], "capacity"),
+        (["--set", "config.capacity=0"], "capacity"),
+        (["--set", "config.capacity=10001"], "capacity"),
+        (["--set", "surprise=1"], "surprise"),
+        (["--set", "config.bogus=1"], "bogus"),
+        (["--set", "kubelet.flavour=k3s"], "flavour"),
+        (["--set", "kubelet.flavour=custom"], "root"),
+        (["--set", "kubelet.flavour=custom", "--set", "kubelet.root=relative"], "root"),
+        (["--set", "config.reservedCpus=0-1"], "capacity"),
+        (["--set", "config.reservedCpus=zero"], "reservedCpus"),
+        (["--set-json", "config.podResourcesInterval=0.01"], "podResourcesInterval"),
+        (["--set-json", "config.nodeConfigInterval=0"], "nodeConfigInterval"),
+        (["--set", "config.nodeConfigInterval=soon"], "nodeConfigInterval"),
+        (["--set", "config.metricsPort=9202"], "metricsPort"),
+        (["--set", "config.logLevel=loud"], "logLevel"),
+        (["--set", "image.pullPolicy=Sometimes"], "pullPolicy"),
+        (["--set", "monitoring.alerts.enabled=yes"], "enabled"),
+        (["--set", "monitoring.alerts.sound=loud"], "sound"),
+        (["--set-json", 'monitoring.alerts.labels={"release": 1}'], "release"),
+        (["--set-json", 'config.named={"a": {"capacity": "all"}}'], "capacity"),
+        (["--set-json", 'config.named={"a": {"logLevel": "debug"}}'], "logLevel"),
+        (["--set-json", 'config.named={"-a": {}}'], "-a"),
+        (["--set-json", 'config.named={"a": {"capacity": 5, "reservedCpus": "0"}}'], "capacity"),
+        (["--set-json", 'config.named={"a": {"podResourcesInterval": 0}}'], "podResources"),
+        (["--set", "config.memoryUnit=1.5Gi"], "memoryUnit"),
+        (["--set", "config.reservedMemory=0:memory=1Gi"], "memoryUnit"),
+        (
+            ["--set", "config.memoryUnit=1Gi", "--set", "config.reservedMemory=memory"],
+            "reservedMemory",
+        ),
+        (["--set-json", 'config.named={"a": {"memoryUnit": ""}}'], "memoryUnit"),
+        # The plugin's floor is 1Mi (tests/plugin/test_memory_sizing.py compares every rule).
+        (["--set-string", "config.memoryUnit=0"], "memoryUnit"),
+        (["--set", "config.memoryUnit=512Ki"], "memoryUnit"),
+        (["--set", "config.memoryUnit=1M"], "memoryUnit"),
+        (["--set-json", 'config.named={"a": {"memoryUnit": "1048575"}}'], "memoryUnit"),
+    ],
+)
+def test_the_schema_refuses_bad_values(args: list[str], needle: str) -> None:
+    result = run_helm("template", RELEASE, str(CHART), *args)
+    assert result.returncode != 0, f"{args} was accepted"
+    assert "values don't meet the specifications of the schema" in result.stderr
+    assert needle in result.stderr
+
+
+@pytest.mark.parametrize("unit", ["1Mi", "1Pi", "1024Ki", "2M", "1048576", "1E"])
+def test_the_schema_accepts_the_sizes_the_plugin_accepts(unit: str) -> None:
+    result = run_helm("template", RELEASE, str(CHART), "--set-string", f"config.memoryUnit={unit}")
+    assert result.returncode == 0, result.stderr
+    assert f'NUMA_MEMORY_UNIT: "{unit}"' in result.stdout
+
+
+def test_nfd_and_own_node_affinity_cannot_be_mixed() -> None:
+    own = '{"nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": []}}'
+    result = run_helm(
+        "template",
+        RELEASE,
+        str(CHART),
+        "--set",
+        "nfd.enabled=true",
+        "--set-json",
+        f"affinity={own}",
+    )
+    assert result.returncode != 0
+    assert "leave affinity.nodeAffinity out" in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["--set", "config.default=a"], "config.default needs config.named"),
+        (
+            ["--set-json", 'config.named={"a": {}}', "--set", "config.default=b"],
+            'config.default "b" names no configuration',
+        ),
+        (
+            # reservedCpus inherited from the settings above, capacity made slots here
+            [*RENDERINGS["cpus"], "--set-json", 'config.named={"a": {"capacity": 5}}'],
+            'config.named.a: reservedCpus "0-1" need capacity "cpus"',
+        ),
+    ],
+)
+def test_per_node_values_that_cannot_work_fail_the_rendering(args: list[str], needle: str) -> None:
+    result = run_helm("template", RELEASE, str(CHART), *args)
+    assert result.returncode != 0, f"{args} was accepted"
+    assert needle in result.stderr
+
+
+def test_per_node_configuration_reaches_the_plugin(monkeypatch: pytest.MonkeyPatch) -> None:
+    documents = template(*RENDERINGS["per-node"])
+    params = serve_args(documents, monkeypatch)
+    path = Path("/etc/numa-device-plugin/configs.yaml")
+    assert params["config_file"] == path
+    text = of_kind(documents, "ConfigMap", f"{RELEASE}-node-configs")["data"]["configs.yaml"]
+    configs = parse_node_configs(path, text, params)
+    assert configs.default == "small"
+    assert configs.configs == {
+        "exact": {"capacity": "cpus", "reserved_cpus": {0, 1}, "pod_resources_interval": 0.5},
+        "small": {"capacity": 10},
+        "plain": {},
+    }
+    spec = of_kind(documents, "DaemonSet")["spec"]["template"]["spec"]
+    assert spec["automountServiceAccountToken"] is True
+    env = {e["name"]: e for e in container(documents)["env"]}
+    assert env["NUMA_NODE_NAME"]["valueFrom"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
+    (mount,) = [m for m in container(documents)["volumeMounts"] if m["name"] == "node-configs"]
+    assert (mount["mountPath"], mount["subPath"]) == (str(path), "configs.yaml")
+    (volume,) = [v for v in spec["volumes"] if v["name"] == "node-configs"]
+    assert volume["configMap"]["name"] == f"{RELEASE}-node-configs"
+    role = of_kind(documents, "ClusterRole")
+    assert role["rules"] == [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get"]}]
+    binding = of_kind(documents, "ClusterRoleBinding")
+    assert binding["roleRef"]["name"] == role["metadata"]["name"]
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": spec["serviceAccountName"], "namespace": "kube-system"}
+    ]
+    # Without named configurations: no token, no API access, no file.
+    plain = template()
+    assert (
+        of_kind(plain, "DaemonSet")["spec"]["template"]["spec"]["automountServiceAccountToken"]
+        is False
+    )
+    assert not {"ClusterRole", "ClusterRoleBinding"} & {d["kind"] for d in plain}
+    assert "NUMA_CONFIG_FILE" not in of_kind(plain, "ConfigMap")["data"]
+
+
+def test_the_node_label_interval_is_set_only_with_named_configurations() -> None:
+    named = ("--set-json", 'config.named={"a": {}}')
+    settings = of_kind(template(*named), "ConfigMap")["data"]
+    assert "NUMA_NODE_CONFIG_INTERVAL" not in settings, "the plugin's default: 60 s"
+    quick = template(*named, "--set-json", "config.nodeConfigInterval=1.5")
+    assert of_kind(quick, "ConfigMap")["data"]["NUMA_NODE_CONFIG_INTERVAL"] == "1.5"
+    alone = template("--set-json", "config.nodeConfigInterval=1.5")
+    assert "NUMA_NODE_CONFIG_INTERVAL" not in of_kind(alone, "ConfigMap")["data"]
+
+
+def test_a_named_configuration_change_rolls_the_pods() -> None:
+    def checksum(named: str) -> str:
+        documents = template("--set-json", f"config.named={named}")
+        metadata = of_kind(documents, "DaemonSet")["spec"]["template"]["metadata"]
+        value: str = metadata["annotations"]["checksum/node-configs"]
+        return value
+
+    assert checksum('{"a": {"capacity": 5}}') == checksum('{"a": {"capacity": 5}}')
+    assert checksum('{"a": {"capacity": 5}}') != checksum('{"a": {"capacity": 6}}')
+
+
+def serve_args(documents: list[dict[str, Any]], monkeypatch: pytest.MonkeyPatch) -> Any:
+    """The rendered DaemonSet's command line and ConfigMap, parsed by the CLI as the
+    image runs them (a bad value exits 2 here)."""
+    for variable in {p.envvar for p in serve.command.params if isinstance(p.envvar, str)}:
+        monkeypatch.delenv(variable, raising=False)
+    for key, value in of_kind(documents, "ConfigMap")["data"].items():
+        monkeypatch.setenv(key, value)
+    with serve.command.make_context("serve", list(container(documents)["args"])) as ctx:
+        return ctx.params
+
+
+@pytest.mark.parametrize("flavour", list(FLAVOURS))
+def test_each_flavour_moves_host_folder_mount_and_flag_together(
+    flavour: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    root = Path(FLAVOURS[flavour])
+    documents = template(*RENDERINGS[f"flavour-{flavour}"])
+    spec = of_kind(documents, "DaemonSet")["spec"]["template"]["spec"]
+    volumes = {v["name"]: v["hostPath"] for v in spec["volumes"] if "hostPath" in v}
+    assert volumes == {
+        "device-plugins": {"path": str(root / "device-plugins"), "type": "Directory"},
+        "pod-resources": {"path": str(root / "pod-resources"), "type": "Directory"},
+    }
+    mounts = {m["name"]: m["mountPath"] for m in container(documents)["volumeMounts"]}
+    assert mounts["device-plugins"] == str(root / "device-plugins")
+    assert mounts["pod-resources"] == str(root / "pod-resources")
+    config = options.config_from_params(serve_args(documents, monkeypatch))
+    assert config.socket_dir == root / "device-plugins"
+    assert config.pod_resources_path == root / "pod-resources" / "kubelet.sock"
+
+
+def test_every_setting_reaches_the_plugin(monkeypatch: pytest.MonkeyPatch) -> None:
+    documents = template(*RENDERINGS["cpus"], "--set", "config.logLevel=debug")
+    params = serve_args(documents, monkeypatch)
+    config = options.config_from_params(params)
+    assert config.capacity == "cpus"
+    assert config.reserved_cpus == {0, 1}
+    assert config.pod_resources_interval == 2.5
+    assert config.allow_unaligned is True
+    assert params["log_level"] == "debug"
+    assert params["metrics_address"] == ":9201"
+    no_metrics = template(*RENDERINGS["no-metrics"])
+    assert "NUMA_METRICS_ADDRESS" not in of_kind(no_metrics, "ConfigMap")["data"]
+    assert all(d["kind"] != "Service" for d in no_metrics)
+
+
+def test_memory_settings_reach_the_plugin(monkeypatch: pytest.MonkeyPatch) -> None:
+    documents = template(*RENDERINGS["memory"])
+    config = options.config_from_params(serve_args(documents, monkeypatch))
+    assert config.memory_unit == 2**30
+    assert config.reserved_memory == ((0, "memory", 2**30), (1, "memory", 2 * 2**30))
+    named = template(
+        "--set-json",
+        'config.named={"big": {"memoryUnit": "4Gi", "reservedMemory": "0:memory=1Gi"}}',
+    )
+    text = of_kind(named, "ConfigMap", f"{RELEASE}-node-configs")["data"]["configs.yaml"]
+    params = serve_args(named, monkeypatch)
+    configs = parse_node_configs(Path("/etc/numa-device-plugin/configs.yaml"), text, params)
+    assert configs.configs["big"] == {
+        "memory_unit": 4 * 2**30,
+        "reserved_memory": ((0, "memory", 2**30),),
+    }
+
+
+def test_a_settings_change_rolls_the_pods() -> None:
+    def checksum(*args: str) -> str:
+        metadata = of_kind(template(*args), "DaemonSet")["spec"]["template"]["metadata"]
+        value: str = metadata["annotations"]["checksum/config"]
+        return value
+
+    assert checksum() == checksum()
+    assert checksum() != checksum("--set", "config.capacity=50")
+
+
+def test_the_image_tag_defaults_to_the_apps_version() -> None:
+    chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
+    assert chart["appVersion"] == __version__
+    assert container(template())["image"] == f"registry.local:5000/numa-device-plugin:{__version__}"
+    assert container(template("--set", "image.tag=dev"))["image"].endswith(":dev")
+
+
+def test_nfd_and_monitoring() -> None:
+    nfd = of_kind(template("--set", "nfd.enabled=true"), "DaemonSet")
+    terms = nfd["spec"]["template"]["spec"]["affinity"]["nodeAffinity"]
+    expression = terms["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+    assert expression[0]["matchExpressions"][0]["key"] == "feature.node.kubernetes.io/memory-numa"
+    assert all(d["kind"] != "PodMonitor" for d in template())
+    monitor = of_kind(template("--set", "podMonitor.enabled=true"), "PodMonitor")
+    assert monitor["spec"]["podMetricsEndpoints"][0]["port"] == "metrics"
+
+
+def normalised(documents: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Kind -> object, without what differs by tool alone: labels and annotations,
+    the ConfigMap's hash suffix, helm's instance selector and config checksum."""
+    found = {}
+    for original in documents:
+        document = copy.deepcopy(original)
+        kind = document["kind"]
+        for metadata in (
+            document["metadata"],
+            document.get("spec", {}).get("template", {}).get("metadata", {}),
+        ):
+            metadata.pop("labels", None)
+            metadata.pop("annotations", None)
+        document["metadata"]["name"] = re.sub(r"-[a-z0-9]{10}$", "", document["metadata"]["name"])
+        text = json.dumps(document, sort_keys=True)
+        text = re.sub(r'"numa-device-plugin-[a-z0-9]{10}"', '"numa-device-plugin"', text)
+        text = text.replace(', "app.kubernetes.io/instance": "numa-device-plugin"', "")
+        text = text.replace('"app.kubernetes.io/instance": "numa-device-plugin", ', "")
+        found[kind] = json.loads(text)
+    return found
+
+
+def test_the_defaults_render_what_kustomize_applies() -> None:
+    kustomize = normalised(render("deployments"))
+    chart = normalised(template())
+    assert set(chart) == set(kustomize) == {"DaemonSet", "ServiceAccount", "Service", "ConfigMap"}
+    for kind in sorted(kustomize):
+        assert chart[kind] == kustomize[kind], kind
+
+
+def docs_hooks() -> Any:
+    """docs/hooks.py, which generates the docs' reference pages."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("docs_hooks", REPO / "docs" / "hooks.py")
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_values_reference_documents_every_value() -> None:
+    """The docs' Helm values page is generated from values.schema.json and values.yaml:
+    every top-level value has rows, each with its default."""
+    table = docs_hooks().helm_values_table()
+    rows = [line for line in table.splitlines()[2:]]
+    documented = {row.split("`")[1].split(".")[0] for row in rows}
+    defaults = yaml.safe_load((CHART / "values.yaml").read_text())
+    assert documented == set(defaults)
+    assert "| `config.capacity` | `100` |" in table
+    page = (REPO / "docs" / "reference" / "helm-values.md").read_text()
+    assert "<!-- generated: helm-values -->" in page

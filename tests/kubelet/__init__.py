@@ -1,0 +1,1 @@
+"""Tests of the kubelet's side: the gRPC server, the stubs, the kubelet stand-in."""

@@ -1,0 +1,1 @@
+"""Tests of per-node configuration and its supervisor."""

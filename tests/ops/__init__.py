@@ -1,0 +1,1 @@
+"""Tests of probes, signals, limits, the instance lock, heap trimming, scrape floods."""

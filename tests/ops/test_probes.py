@@ -1,0 +1,204 @@
+"""The HTTP listeners under a hostile client: slow and oversized request heads, more
+connections than the cap, a slowloris crowd against a real ``serve`` process (no
+thread per connection), and the probe the shipped DaemonSet runs."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+import pytest
+
+from numa_device_plugin.kubelet_standin import KubeletStandIn
+from numa_device_plugin.ops.probes import MAX_REQUEST, ProbeServer
+from numa_device_plugin.topology.fake import SysfsTree
+from tests.conftest import REPO
+from tests.standin_helpers import (
+    eventually,
+    free_port,
+    live_plugin,
+    serve_process,
+    wait_all_live,
+)
+
+NAMES = ["numa-align/numa-0", "numa-align/numa-1"]
+
+
+@asynccontextmanager
+async def listening(**kwargs: float) -> AsyncIterator[ProbeServer]:
+    server = ProbeServer(("127.0.0.1", 0), lambda: [], lambda: b"x 1\n", **kwargs)  # type: ignore[arg-type]
+    await server.start()
+    try:
+        yield server
+    finally:
+        await server.stop()
+
+
+async def ask(port: int, request: bytes = b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n") -> bytes:
+    """Send ``request`` on a new connection; everything the server answers before closing."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        writer.write(request)
+        await writer.drain()
+        async with asyncio.timeout(10):
+            return await reader.read()
+    finally:
+        writer.close()
+
+
+async def idle_connection(port: int) -> asyncio.StreamWriter:
+    _, writer = await asyncio.open_connection("127.0.0.1", port)
+    return writer
+
+
+async def test_a_slow_request_head_gets_408_and_is_closed() -> None:
+    async with listening(read_timeout=0.3) as server:
+        reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+        writer.write(b"GET /healthz HTTP/1.1\r\nHost:")  # and never the rest
+        async with asyncio.timeout(10):
+            answer = await reader.read()
+        writer.close()
+        assert answer.startswith(b"HTTP/1.1 408 ")
+        await eventually(lambda: server.connections == 0)
+
+
+@pytest.mark.parametrize(
+    ("request_bytes", "status"),
+    [
+        (b"GET /" + b"a" * MAX_REQUEST + b" HTTP/1.1\r\n\r\n", b"431"),
+        (b"GET /healthz HTTP/1.1\r\n" + b"X: y\r\n" * 2000 + b"\r\n", b"431"),
+        (b"POST /healthz HTTP/1.1\r\nContent-Length: 0\r\n\r\n", b"405"),
+        (b"\x16\x03\x01 hello\r\n\r\n", b"400"),
+        (b"GET /nothing HTTP/1.1\r\n\r\n", b"404"),
+        (b"GET /healthz?x=1 HTTP/1.0\r\n\r\n", b"200"),
+        (b"GET /metrics HTTP/1.1\r\n\r\n", b"200"),
+    ],
+    ids=["long-path", "many-headers", "post", "tls", "unknown-path", "query", "metrics"],
+)
+async def test_every_request_gets_one_bounded_answer(request_bytes: bytes, status: bytes) -> None:
+    async with listening() as server:
+        answer = await ask(server.port, request_bytes)
+        assert answer.split(b" ", 2)[1] == status
+        assert b"Connection: close" in answer
+        await eventually(lambda: server.connections == 0)
+
+
+async def test_connections_beyond_the_cap_are_refused_or_evict_the_oldest() -> None:
+    """Idle connections never pass the cap; once they are older than the eviction age,
+    a prober gets in and is answered at once."""
+    async with listening(max_connections=8) as server:
+        crowd = [await idle_connection(server.port) for _ in range(40)]
+        try:
+            await eventually(lambda: server.connections == 8 and server.refused > 0)
+            answers = []
+            for _ in range(5):
+                try:
+                    answers.append(await ask(server.port))
+                except ConnectionError:
+                    await asyncio.sleep(0.3)  # all 8 younger than 50 ms: refused, try again
+                    continue
+                if answers[-1]:
+                    break
+                await asyncio.sleep(0.3)
+            assert answers, "never answered"
+            assert answers[-1].startswith(b"HTTP/1.1 200 ")
+            assert server.evicted >= 1
+            assert server.connections <= 8
+        finally:
+            for writer in crowd:
+                writer.close()
+        await eventually(lambda: server.connections == 0)
+
+
+def threads_of(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("Threads:"):
+            return int(line.split()[1])
+    raise AssertionError("no Threads line")
+
+
+async def test_a_slowloris_crowd_makes_no_threads_and_the_probes_still_answer(
+    two_nodes: SysfsTree, sock_dir: Path
+) -> None:
+    """2,000 half-open connections once made 2,015 threads (one per connection)."""
+    async with live_plugin(two_nodes, sock_dir, NAMES) as (_, plugin, port):
+        before = threads_of(plugin.pid)
+        crowd = []
+        try:
+            for _ in range(600):
+                writer = await idle_connection(port)
+                writer.write(b"GET /healthz HTTP/1.1\r\n")  # a head that never ends
+                crowd.append(writer)
+            await asyncio.sleep(0.1)  # the crowd is older than the eviction age
+            answer = b""
+            for _ in range(5):
+                try:
+                    answer = await ask(port, b"GET /readyz HTTP/1.1\r\n\r\n")
+                    break
+                except ConnectionError:
+                    await asyncio.sleep(0.3)
+            assert answer.startswith(b"HTTP/1.1 200 "), answer
+            assert threads_of(plugin.pid) <= before + 1, "a thread per connection"
+        finally:
+            for writer in crowd:
+                writer.close()
+        assert await plugin.terminate() == 0
+
+
+async def test_the_shipped_daemonsets_probes_pass(
+    two_nodes: SysfsTree, sock_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The DaemonSet as rendered (args, ConfigMap, env), its host folders and ports
+    moved under the test's: its httpGet probes pass on port `health`, and the exec
+    probe the README documents (`numa-device-plugin health`, default: the metrics
+    port) passes on port `metrics`."""
+    from tests.deployments.test_deployments import by_kind, container
+
+    spec = container()
+    ports = {port["name"]: port["containerPort"] for port in spec["ports"]}
+    local = {number: free_port() for number in ports.values()}
+
+    def moved(text: str) -> str:
+        for number, port in local.items():
+            text = text.replace(f":{number}", f"127.0.0.1:{port}")
+        return text.replace("/var/lib/kubelet/device-plugins", str(sock_dir)).replace(
+            "=/sys", f"={two_nodes.root}"
+        )
+
+    env = {key: moved(value) for key, value in by_kind("ConfigMap")["data"].items()}
+    env.update({item["name"]: item["value"] for item in spec.get("env", [])})
+    env["NUMA_LOG_FORMAT"] = "json"  # the test reads the log
+    args = [moved(arg) for arg in spec["args"]]
+    for variable in [v for v in os.environ if v.startswith("NUMA_")]:
+        monkeypatch.delenv(variable)
+    async with (
+        KubeletStandIn(sock_dir) as kubelet,
+        serve_process(two_nodes, sock_dir, *args, env=env) as plugin,
+    ):
+        await wait_all_live(kubelet, NAMES, timeout=20)
+        for probe in ("livenessProbe", "readinessProbe"):
+            get = spec[probe]["httpGet"]
+            port = local[ports[get["port"]]]
+
+            async def passes(path: str = get["path"], port: int = port) -> bool:
+                answer = await ask(port, f"GET {path} HTTP/1.1\r\n\r\n".encode())
+                return answer.startswith(b"HTTP/1.1 200 ")
+
+            async with asyncio.timeout(10):
+                while not await passes():  # noqa: ASYNC110 - a probe is polled, as the kubelet does
+                    await asyncio.sleep(0.1)
+        metrics = f"127.0.0.1:{local[ports['metrics']]}"
+        for check in ("readyz", "healthz"):
+            result = await asyncio.to_thread(
+                subprocess.run,
+                [sys.executable, "-m", "numa_device_plugin", "health", "--address", metrics,
+                 "--check", check],
+                capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=str(REPO)),
+            )  # fmt: skip
+            assert (result.returncode, result.stdout.strip()) == (0, "ok"), result.stderr
+        assert await plugin.terminate() == 0

@@ -1,0 +1,453 @@
+"""Exact NUMA capacity (``--capacity cpus``) and the CPU manager check: the pure rules
+over in-memory views, then real ``serve`` processes against the kubelet stand-in and
+its pod resources API."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+import pytest
+
+from numa_device_plugin.cli import main
+from numa_device_plugin.kubelet.view import Holder, KubeletView
+from numa_device_plugin.kubelet_standin import KubeletStandIn
+from numa_device_plugin.plugin.capacity import live_devices, node_capacity
+from numa_device_plugin.plugin.devices import CPUS, HEALTHY, UNHEALTHY, build_resource
+from numa_device_plugin.topology.fake import SysfsTree
+from tests.standin_helpers import (
+    ServeProcess,
+    eventually,
+    never_serve,
+    serve_process,
+    wait_all_live,
+)
+
+NODE1 = frozenset(range(4, 8))
+R1 = "numa-align/numa-1"
+R0 = "numa-align/numa-0"
+
+
+def ours(*ids: str, cpus: tuple[int, ...] = (), name: str = "app") -> Holder:
+    return Holder("ns", name, "c", frozenset(cpus), {R1: tuple(ids)})
+
+
+def foreign(*cpus: int, name: str = "other") -> Holder:
+    return Holder("ns", name, "c", frozenset(cpus))
+
+
+def health(view: KubeletView | None, **kwargs: object) -> dict[str, str]:
+    devices = live_devices(CPUS, 1, NODE1, R1, (), view, **kwargs)  # type: ignore[arg-type]
+    return {device.id.removeprefix("numa1-"): device.health[0] for device in devices}
+
+
+@pytest.mark.parametrize(
+    ("view", "expected"),
+    [
+        # Every CPU allocatable, nobody holds any: every device Healthy.
+        (
+            KubeletView(frozenset(range(8))),
+            {"cpu0004": "H", "cpu0005": "H", "cpu0006": "H", "cpu0007": "H"},
+        ),
+        # CPU 4 reserved by the kubelet: no device for it.
+        (KubeletView(frozenset(range(5, 8))), {"cpu0005": "H", "cpu0006": "H", "cpu0007": "H"}),
+        # A foreign Guaranteed pod has 5 and 6: two free devices turn Unhealthy, the
+        # highest-numbered ones.
+        (
+            KubeletView(frozenset(range(8)), (foreign(5, 6),)),
+            {"cpu0004": "H", "cpu0005": "H", "cpu0006": "U", "cpu0007": "U"},
+        ),
+        # Our pod holds cpu0007 (device) and CPU 7: it stays Healthy, 3 free remain.
+        (
+            KubeletView(frozenset(range(8)), (ours("numa1-cpu0007", cpus=(7,)),)),
+            {"cpu0004": "H", "cpu0005": "H", "cpu0006": "H", "cpu0007": "H"},
+        ),
+        # Ours holds one device but got 3 CPUs; a foreign pod has the fourth: nothing
+        # is free, and only the held device is Healthy.
+        (
+            KubeletView(frozenset(range(8)), (ours("numa1-cpu0006", cpus=(4, 5, 6)), foreign(7))),
+            {"cpu0004": "U", "cpu0005": "U", "cpu0006": "H", "cpu0007": "U"},
+        ),
+        # Foreign CPUs on the other NUMA node change nothing here.
+        (
+            KubeletView(frozenset(range(8)), (foreign(0, 1, 2),)),
+            {f"cpu000{c}": "H" for c in range(4, 8)},
+        ),
+        # A held id from an earlier slots-mode run stays listed (and Healthy).
+        (
+            KubeletView(frozenset(range(8)), (ours("numa1-slot0003", cpus=(4,)),)),
+            {"cpu0004": "H", "cpu0005": "H", "cpu0006": "H", "cpu0007": "U", "slot0003": "H"},
+        ),
+        # CPU manager "none": no allocatable CPUs, nothing can be aligned.
+        (KubeletView(frozenset()), {f"cpu000{c}": "U" for c in range(4, 8)}),
+        # No pod resources API: usable CPUs of the node, all Healthy.
+        (None, {f"cpu000{c}": "H" for c in range(4, 8)}),
+    ],
+)
+def test_live_devices_in_cpus_mode(view: KubeletView | None, expected: dict[str, str]) -> None:
+    assert health(view) == expected
+
+
+def test_fallback_subtracts_reserved_cpus_and_unaligned_can_be_allowed() -> None:
+    assert health(None, reserved_cpus=frozenset({4, 0})) == {
+        "cpu0005": "H",
+        "cpu0006": "H",
+        "cpu0007": "H",
+    }
+    none_policy = KubeletView(frozenset())
+    assert set(health(none_policy, allow_unaligned=True).values()) == {"H"}
+    assert len(health(none_policy, allow_unaligned=True, reserved_cpus=frozenset({4}))) == 3
+
+
+def test_slots_mode_only_follows_the_cpu_manager_check() -> None:
+    base = build_resource("numa-align", 1, 3).devices
+    busy = KubeletView(frozenset(range(8)), (foreign(4, 5, 6, 7),))
+    assert {d.health for d in live_devices(3, 1, NODE1, R1, base, busy)} == {HEALTHY}
+    none_policy = KubeletView(frozenset())
+    assert {d.health for d in live_devices(3, 1, NODE1, R1, base, none_policy)} == {UNHEALTHY}
+    allowed = live_devices(3, 1, NODE1, R1, base, none_policy, allow_unaligned=True)
+    assert {d.health for d in allowed} == {HEALTHY}
+    assert [d.id for d in allowed] == [d.id for d in base]
+
+
+def test_node_capacity_figures() -> None:
+    view = KubeletView(
+        frozenset(range(1, 8)),
+        (
+            ours("numa1-cpu0004", cpus=(4, 5)),
+            foreign(6),
+            ours("numa1-cpu0007", cpus=(1,), name="x"),
+        ),
+    )
+    devices = live_devices(CPUS, 1, NODE1, R1, (), view)
+    figures = node_capacity(R1, 1, NODE1, devices, view)
+    assert figures.allocatable_cpus == NODE1
+    assert figures.assigned_ours == {4, 5}
+    assert figures.assigned_other == {6}
+    assert figures.held == {"numa1-cpu0004", "numa1-cpu0007"}
+    assert figures.free_cpus == 1
+    assert (figures.devices, figures.healthy, figures.misaligned) == (4, 3, 1)
+
+
+# -- a real serve process ---------------------------------------------------------------------
+
+
+@asynccontextmanager
+async def cpus_mode(
+    tree: SysfsTree,
+    folder: Path,
+    *flags: str,
+    allocatable: range = range(1, 8),
+    policy: str = "static",
+) -> AsyncIterator[tuple[KubeletStandIn, ServeProcess]]:
+    """The stand-in (CPU 0 reserved) with its pod resources API, and `serve --capacity
+    cpus` reading it every 0.2 s."""
+    standin = KubeletStandIn(
+        folder / "dp",
+        pod_resources_dir=folder / "pr",
+        allocatable_cpus=allocatable,
+        cpu_manager_policy=policy,
+    )
+    args = (
+        "--capacity", "cpus",
+        "--pod-resources-socket", str(folder / "pr" / "kubelet.sock"),
+        "--pod-resources-interval", "0.2",
+        *flags,
+    )  # fmt: skip
+    async with standin as kubelet, serve_process(tree, folder / "dp", *args) as plugin:
+        yield kubelet, plugin
+
+
+def healths(kubelet: KubeletStandIn, resource: str) -> dict[str, str]:
+    return {d.ID: d.health for d in kubelet.devices(resource)}
+
+
+async def test_healthy_devices_follow_the_free_exclusive_cpus(
+    two_nodes: SysfsTree, sock_dir: Path
+) -> None:
+    async with cpus_mode(two_nodes, sock_dir) as (kubelet, plugin):
+        await wait_all_live(kubelet, [R0, R1], timeout=20)
+        # CPU 0 is the kubelet's: node 0 has 3 devices, node 1 four.
+        await kubelet.wait_until(lambda: kubelet.allocatable(R0) == 3)
+        assert sorted(healths(kubelet, R0)) == ["numa0-cpu0001", "numa0-cpu0002", "numa0-cpu0003"]
+        assert kubelet.allocatable(R1) == 4
+
+        # A Guaranteed pod without our resource takes CPUs 5 and 6.
+        kubelet.add_pod("web", "nginx", [("nginx", {}, [5, 6])])
+        await kubelet.wait_until(lambda: kubelet.allocatable(R1) == 2, timeout=5)
+        assert healths(kubelet, R1) == {
+            "numa1-cpu0004": HEALTHY,
+            "numa1-cpu0005": HEALTHY,
+            "numa1-cpu0006": UNHEALTHY,
+            "numa1-cpu0007": UNHEALTHY,
+        }
+        assert kubelet.allocatable(R0) == 3, "node 0 is untouched"
+
+        # Ours takes cpu0004 with 1 CPU (7): the held device stays Healthy, one is free.
+        await kubelet.allocate(R1, ["numa1-cpu0004"])
+        kubelet.add_pod("db", "pg", [("pg", {R1: ["numa1-cpu0004"]}, [7])])
+        await kubelet.wait_until(lambda: kubelet.allocatable(R1) == 2, timeout=5)
+        await kubelet.wait_until(
+            lambda: (
+                healths(kubelet, R1)["numa1-cpu0005"] == HEALTHY
+                and healths(kubelet, R1)["numa1-cpu0004"] == HEALTHY
+            )
+        )
+        # Another foreign pod takes the last CPU: only the held device stays Healthy.
+        kubelet.add_pod("web", "cache", [("cache", {}, [4])])
+        await kubelet.wait_until(lambda: kubelet.allocatable(R1) == 1, timeout=5)
+        assert healths(kubelet, R1)["numa1-cpu0004"] == HEALTHY
+
+        # They leave: every device comes back.
+        kubelet.remove_pod("web", "nginx")
+        kubelet.remove_pod("web", "cache")
+        kubelet.remove_pod("db", "pg")
+        await kubelet.wait_until(lambda: kubelet.allocatable(R1) == 4, timeout=5)
+        assert await plugin.terminate() == 0
+    changes = [e for e in plugin.events() if e["event"] == "device list changed"]
+    assert changes, plugin.log()
+
+
+async def test_an_allocate_brings_a_read_before_the_interval(
+    two_nodes: SysfsTree, sock_dir: Path
+) -> None:
+    """The kubelet assigns a container's CPUs right after Allocate: the plugin reads
+    the API again a moment later, not only at its (here 1 hour) interval."""
+    async with cpus_mode(two_nodes, sock_dir, "--pod-resources-interval", "3600") as (
+        kubelet,
+        _,
+    ):
+        await wait_all_live(kubelet, [R0, R1], timeout=20)
+        await kubelet.wait_until(lambda: kubelet.allocatable(R1) == 4)
+        kubelet.add_pod("db", "pg", [("pg", {R1: ["numa1-cpu0004", "numa1-cpu0005"]}, [])])
+        await kubelet.allocate(R1, ["numa1-cpu0004", "numa1-cpu0005"])
+        # The CPU manager assigns its CPUs just after Allocate; a foreign pod has one too.
+        kubelet.pods[-1].containers[0].cpu_ids.extend([4, 5])
+        kubelet.add_pod("web", "nginx", [("nginx", {}, [6])])
+        await kubelet.wait_until(lambda: kubelet.allocatable(R1) == 3, timeout=5)
+        # Held devices, then the lowest-numbered free one (devices are not the CPUs).
+        assert healths(kubelet, R1) == {
+            "numa1-cpu0004": HEALTHY,
+            "numa1-cpu0005": HEALTHY,
+            "numa1-cpu0006": HEALTHY,
+            "numa1-cpu0007": UNHEALTHY,
+        }
+
+
+async def test_without_the_api_reserved_cpus_are_subtracted(
+    two_nodes: SysfsTree, sock_dir: Path
+) -> None:
+    flags = (
+        "--capacity", "cpus", "--reserved-cpus", "0,4",
+        "--pod-resources-socket", str(sock_dir / "nowhere.sock"),
+    )  # fmt: skip
+    async with (
+        KubeletStandIn(sock_dir / "dp") as kubelet,
+        serve_process(two_nodes, sock_dir / "dp", *flags) as plugin,
+    ):
+        await wait_all_live(kubelet, [R0, R1], timeout=20)
+        assert sorted(healths(kubelet, R0)) == [f"numa0-cpu000{c}" for c in (1, 2, 3)]
+        assert sorted(healths(kubelet, R1)) == [f"numa1-cpu000{c}" for c in (5, 6, 7)]
+        assert kubelet.allocatable(R1) == 3
+        response = await kubelet.allocate(R1, ["numa1-cpu0005"])
+        assert dict(response.container_responses[0].envs) == {"NUMA_NODE": "1"}
+        await kubelet.restart()  # registered again; still served from the fallback
+        await wait_all_live(kubelet, [R0, R1], timeout=10)
+        assert await plugin.terminate() == 0
+    said = [e for e in plugin.events() if "pod resources API cannot be read" in e["event"]]
+    assert len(said) == 1, "said once"
+
+
+@pytest.mark.parametrize("capacity", ["cpus", "3"])
+async def test_a_cpu_manager_without_static_policy_gets_no_healthy_device(
+    two_nodes: SysfsTree, sock_dir: Path, capacity: str
+) -> None:
+    async with cpus_mode(two_nodes, sock_dir, "--capacity", capacity, policy="none") as (
+        kubelet,
+        plugin,
+    ):
+        await wait_all_live(kubelet, [R0, R1], timeout=20)
+        await kubelet.wait_until(
+            lambda: kubelet.allocatable(R0) == 0 and kubelet.allocatable(R1) == 0
+        )
+        assert len(kubelet.devices(R1)) == (4 if capacity == "cpus" else 3)
+        await kubelet.restart()
+        await wait_all_live(kubelet, [R0, R1], timeout=10)
+        assert kubelet.allocatable(R1) == 0
+        assert await plugin.terminate() == 0
+    warnings = [e for e in plugin.events() if "CPU manager is not static" in e["event"]]
+    assert "--cpu-manager-policy=static" in warnings[0]["event"]
+    assert "--allow-unaligned" in warnings[0]["event"]
+    registrations = [e for e in plugin.events() if e["event"] == "registered with the kubelet"]
+    assert len(registrations) == 4
+    # A line at each registration made once the API has answered (both after the
+    # restart), and one when the first answer shows the policy: at least 3. Under load
+    # the first read can time out (0.2 s here) before the first registrations, which
+    # then cannot know the policy yet: 4 is not always reached.
+    after_restart = [
+        e
+        for e in plugin.events()[plugin.events().index(registrations[2]) :]
+        if "CPU manager is not static" in e["event"]
+    ]
+    assert len(after_restart) >= 2, "a line at each registration"
+    assert len(warnings) >= 3
+
+
+async def test_allow_unaligned_keeps_devices_healthy(two_nodes: SysfsTree, sock_dir: Path) -> None:
+    async with cpus_mode(two_nodes, sock_dir, "--allow-unaligned", policy="none") as (
+        kubelet,
+        plugin,
+    ):
+        await wait_all_live(kubelet, [R0, R1], timeout=20)
+        # No exclusive CPU list under "none": the node's usable CPUs, all Healthy.
+        await kubelet.wait_until(lambda: kubelet.allocatable(R1) == 4)
+        assert kubelet.allocatable(R0) == 4
+        assert await plugin.terminate() == 0
+    assert not [e for e in plugin.events() if "CPU manager is not static" in e["event"]]
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["--capacity", "cpus", "--reserved-cpus", "0-x"], "is not a cpulist"),
+        (["--pod-resources-interval", "0"], "positive number of seconds"),
+        (["--pod-resources-interval", "soon"], "not a number of seconds"),
+        (["--capacity", "cpus", "--include-cpuless-nodes"], "CPU-less node"),
+        (["--reserved-cpus", "0"], "only applies with --capacity cpus"),
+        (["--capacity", "cores"], "not a whole number or 'cpus'"),
+    ],
+)
+def test_bad_cpus_mode_flags_exit_2(
+    args: list[str],
+    needle: str,
+    capsys: pytest.CaptureFixture[str],
+    sock_dir: Path,
+    two_nodes: SysfsTree,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    never_serve(monkeypatch)
+    argv = ["serve", "--sysfs-root", str(two_nodes.root), "--socket-dir", str(sock_dir)]
+    assert main([*argv, *args]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("Usage: numa-device-plugin serve ")
+    assert needle in err
+
+
+def test_cpus_mode_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    from tests.cli.test_cli import serve_config
+
+    monkeypatch.setenv("NUMA_CAPACITY", "cpus")
+    monkeypatch.setenv("NUMA_RESERVED_CPUS", "0,8")
+    monkeypatch.setenv("NUMA_POD_RESOURCES_INTERVAL", "2.5")
+    monkeypatch.setenv("NUMA_POD_RESOURCES_SOCKET", "/run/pr.sock")
+    monkeypatch.setenv("NUMA_ALLOW_UNALIGNED", "true")
+    monkeypatch.setenv("NUMA_SOCKET_DIR", "/var/lib/k0s/kubelet/device-plugins")
+    config = serve_config([])
+    assert (config.capacity, config.reserved_cpus) == ("cpus", frozenset({0, 8}))
+    assert (config.pod_resources_interval, config.allow_unaligned) == (2.5, True)
+    assert config.pod_resources_path == Path("/run/pr.sock")
+    monkeypatch.delenv("NUMA_POD_RESOURCES_SOCKET")
+    assert serve_config([]).pod_resources_path == Path(
+        "/var/lib/k0s/kubelet/pod-resources/kubelet.sock"
+    )
+
+
+async def test_metrics_follow_the_live_count(two_nodes: SysfsTree, sock_dir: Path) -> None:
+    from tests.plugin.test_hardening import scrape
+    from tests.standin_helpers import free_port
+
+    port = free_port()
+    async with cpus_mode(two_nodes, sock_dir, "--metrics-address", f"127.0.0.1:{port}") as (
+        kubelet,
+        _,
+    ):
+        await wait_all_live(kubelet, [R0, R1], timeout=20)
+        kubelet.add_pod("web", "nginx", [("nginx", {}, [5, 6])])
+        kubelet.add_pod("db", "bad", [("pg", {R1: ["numa1-cpu0004"]}, [1])])
+        # Held cpu0004 + 2 free exclusive CPUs (5 and 6 are taken; 1 is on node 0).
+        await kubelet.wait_until(lambda: kubelet.allocatable(R1) == 3, timeout=5)
+
+        def settled() -> bool:
+            return 'numa_node_misaligned_containers{numa_node="1"} 1.0' in scrape(port)
+
+        await eventually(settled, timeout=5)
+        text = scrape(port)
+    assert 'numa_node_allocatable_cpus{numa_node="0"} 3.0' in text
+    assert 'numa_node_allocatable_cpus{numa_node="1"} 4.0' in text
+    assert 'numa_node_assigned_cpus{holder="other",numa_node="1"} 2.0' in text
+    assert 'numa_node_assigned_cpus{holder="numa-align",numa_node="1"} 0.0' in text
+    assert 'numa_node_assigned_cpus{holder="other",numa_node="0"} 1.0' in text
+    assert 'numa_device_plugin_devices{health="Healthy",resource="numa-align/numa-1"} 3.0' in text
+    assert 'numa_device_plugin_devices{health="Unhealthy",resource="numa-align/numa-1"} 1.0' in text
+
+
+async def test_the_poller_stops_when_cancelled_as_a_read_is_requested(sock_dir: Path) -> None:
+    """Regression: with asyncio.wait_for (Python 3.11) a cancel arriving as a read was
+    requested was swallowed, and stopping the plugin waited a whole interval more."""
+    from numa_device_plugin.plugin.catalog import Catalog
+    from numa_device_plugin.plugin.config import Config
+    from numa_device_plugin.plugin.poller import CapacityPoller
+    from numa_device_plugin.plugin.recorder import NullRecorder
+
+    config = Config(
+        socket_dir=sock_dir,
+        pod_resources_socket=sock_dir / "nowhere.sock",
+        pod_resources_interval=3600,
+    )
+    poller = CapacityPoller(config, Catalog(lambda resource: None), NullRecorder())  # type: ignore[arg-type, return-value]
+    try:
+        task = asyncio.create_task(poller.run())
+        await asyncio.sleep(0)  # the poller waits for its event now
+        poller.request()
+        task.cancel()
+        await asyncio.wait({task}, timeout=5)
+        assert task.cancelled()
+    finally:
+        await poller.close()
+
+
+async def test_an_outage_of_the_pod_resources_api_keeps_the_last_counts(
+    two_nodes: SysfsTree, sock_dir: Path
+) -> None:
+    """Once the API has answered, its last answer holds while it is away (a kubelet
+    restart): sysfs arithmetic would count the busy CPUs of node 1 as free. The
+    metrics say the API is down and how old the counts are."""
+    from tests.plugin.test_hardening import scrape
+    from tests.standin_helpers import free_port
+
+    port = free_port()
+    async with cpus_mode(two_nodes, sock_dir, "--metrics-address", f"127.0.0.1:{port}") as (
+        kubelet,
+        plugin,
+    ):
+        await wait_all_live(kubelet, [R0, R1], timeout=20)
+        kubelet.add_pod("web", "nginx", [("nginx", {}, [5, 6, 7])])
+        await kubelet.wait_until(lambda: kubelet.allocatable(R1) == 1, timeout=5)
+        await eventually(lambda: "numa_device_plugin_pod_resources_up 1.0" in scrape(port))
+        before = healths(kubelet, R1)
+
+        await kubelet.stop_pod_resources()
+        await eventually(lambda: "numa_device_plugin_pod_resources_up 0.0" in scrape(port))
+        await asyncio.sleep(1.0)  # five more failed reads at 0.2 s
+        assert kubelet.allocatable(R1) == 1, "the outage made busy CPUs look free"
+        assert healths(kubelet, R1) == before
+        ages = [
+            float(line.split()[-1])
+            for line in scrape(port).splitlines()
+            if line.startswith("numa_device_plugin_pod_resources_last_read_age_seconds ")
+        ]
+        assert ages, "no age series"
+        assert ages[0] >= 1.0
+
+        # It answers again, without the foreign pod: fresh counts.
+        kubelet.remove_pod("web", "nginx")
+        await kubelet.start_pod_resources()
+        await kubelet.wait_until(lambda: kubelet.allocatable(R1) == 4, timeout=5)
+        assert await plugin.terminate() == 0
+    said = [e["event"] for e in plugin.events() if "cannot be read" in e["event"]]
+    assert said == [
+        "the kubelet's pod resources API cannot be read; keeping the counts of its last "
+        "answer until it can"
+    ]

@@ -1,0 +1,92 @@
+"""Resource names as the kubelet validates them, and stable device ids."""
+
+from __future__ import annotations
+
+import pytest
+
+from numa_device_plugin.plugin.devices import (
+    MAX_DEVICE_ID_LENGTH,
+    build_resources,
+    socket_name,
+    validate_extended_resource_name,
+    validate_resource_prefix,
+)
+from numa_device_plugin.topology.numa import NodePlan, NumaNode
+
+
+def plans(*ids: int, skip: tuple[int, ...] = ()) -> tuple[NodePlan, ...]:
+    return tuple(
+        NodePlan(NumaNode(id=i, cpus=frozenset({i})), advertised=i not in skip) for i in ids
+    )
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["numa-align/numa-0", "example.com/numa-73", "a/b", "numa.example.io/Numa_1.x"],
+)
+def test_valid_extended_resource_names(name: str) -> None:
+    validate_extended_resource_name(name)
+
+
+@pytest.mark.parametrize(
+    ("name", "why"),
+    [
+        ("numa-0", "no domain"),
+        ("kubernetes.io/numa-0", "kubernetes.io"),
+        ("sub.kubernetes.io/numa-0", "kubernetes.io"),
+        ("requests.numa/numa-0", "requests."),
+        ("Numa-Align/numa-0", "DNS subdomain"),
+        ("numa_align/numa-0", "DNS subdomain"),
+        ("numa-align/numa-0/x", "more than one"),
+        ("numa-align/-numa", "name part"),
+        ("numa-align/" + "n" * 64, "name part"),
+        ("a" * 250 + "/x", "DNS subdomain"),
+        ("/numa-0", "DNS subdomain"),
+        ("numa-align/", "name part"),
+    ],
+)
+def test_invalid_extended_resource_names(name: str, why: str) -> None:
+    with pytest.raises(ValueError, match=why):
+        validate_extended_resource_name(name)
+
+
+def test_prefix_validation() -> None:
+    assert validate_resource_prefix("numa.example.com") == "numa.example.com"
+    with pytest.raises(ValueError, match="DNS subdomain"):
+        validate_resource_prefix("Bad_Prefix")
+
+
+def test_one_resource_per_advertised_node_in_id_order() -> None:
+    resources = build_resources(plans(33, 0, 4, skip=(4,)), capacity=3)
+    assert list(resources) == ["numa-align/numa-0", "numa-align/numa-33"]
+    resource = resources["numa-align/numa-33"]
+    assert resource.node_id == 33
+    assert [d.id for d in resource.devices] == [
+        "numa33-slot0000",
+        "numa33-slot0001",
+        "numa33-slot0002",
+    ]
+    assert {d.node_id for d in resource.devices} == {33}
+    assert {d.health for d in resource.devices} == {"Healthy"}
+    assert resource.socket_name == "numa-align_numa-33.sock"
+
+
+def test_device_ids_are_stable_unique_and_short() -> None:
+    first = build_resources(plans(0, 1023), capacity=10_000)
+    second = build_resources(plans(0, 1023), capacity=10_000)
+    assert first == second
+    ids = [d.id for r in first.values() for d in r.devices]
+    assert len(ids) == len(set(ids)) == 20_000
+    assert max(map(len, ids)) <= MAX_DEVICE_ID_LENGTH
+
+
+def test_custom_prefix() -> None:
+    resources = build_resources(plans(1), prefix="numa.example.com", capacity=1)
+    assert list(resources) == ["numa.example.com/numa-1"]
+    assert socket_name("numa.example.com/numa-1") == "numa.example.com_numa-1.sock"
+
+
+@pytest.mark.parametrize("capacity", [0, -1, 10_001])
+def test_capacity_bounds(capacity: int) -> None:
+    with pytest.raises(ValueError, match="capacity"):
+        build_resources(plans(0), capacity=capacity)

@@ -1,0 +1,383 @@
+"""The node page (``/``) and ``/debug/state``: what each CPU is, the memory bars, the
+resources, escaping of hostile names, and the page in a real browser against
+``demo --keep``."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+import urllib.request
+import xml.etree.ElementTree as ET
+from collections.abc import Iterator
+from contextlib import contextmanager
+from html.parser import HTMLParser
+from pathlib import Path
+
+import pytest
+
+from numa_device_plugin.kubelet.view import Holder, KubeletView
+from numa_device_plugin.plugin.config import Config
+from numa_device_plugin.plugin.devices import CPUS, UNHEALTHY, Device, Resource
+from numa_device_plugin.plugin.nodepage import (
+    OFFLINE,
+    OTHER,
+    OURS,
+    RESERVED,
+    SHARED,
+    UNKNOWN,
+    build_page,
+    render_page,
+)
+from numa_device_plugin.plugin.snapshot import PluginState, Served, debug_document
+from numa_device_plugin.topology.fake import SysfsTree
+from numa_device_plugin.topology.numa import NodePlan, NumaNode
+from tests.conftest import under_ci
+
+GiB = 1 << 30
+BROWSER_FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars")
+R0, R1 = "numa-align/numa-0", "numa-align/numa-1"
+NODES = (
+    NumaNode(0, frozenset({0, 1, 2, 3}), 4 * GiB, {0: 10, 1: 21}, frozenset({0, 1, 2, 3})),
+    NumaNode(
+        1,
+        frozenset({4, 5, 6}),
+        4 * GiB,
+        {0: 21, 1: 10},
+        frozenset({4, 5, 6, 7}),
+        hugepages=((2 << 20, 512),),
+    ),
+)
+PLANS = tuple(NodePlan(node, True) for node in NODES)
+
+
+def served(name: str, node: int, cpus: list[int], unhealthy: int = 0) -> Served:
+    devices = tuple(
+        Device(f"numa{node}-cpu{c:04d}", node, c, UNHEALTHY if i < unhealthy else "Healthy")
+        for i, c in enumerate(cpus)
+    )
+    return Served(Resource(name, node, devices), devices, True, 1, True)
+
+
+def state(view: KubeletView | None, **changes: object) -> PluginState:
+    values: dict[str, object] = {
+        "taken_at": 1000.0,
+        "config": Config(capacity=CPUS, reserved_cpus=frozenset({1})),
+        "plans": PLANS,
+        "served": {R0: served(R0, 0, [0, 2, 3], unhealthy=1), R1: served(R1, 1, [4, 5, 6])},
+        "view": view,
+        "pod_resources_up": view is not None,
+        "pod_resources_read_at": 997.0 if view is not None else None,
+        "lock": "held by this instance",
+    }
+    values.update(changes)
+    return PluginState(**values)  # type: ignore[arg-type]
+
+
+VIEW = KubeletView(
+    allocatable_cpus=frozenset({0, 2, 3, 4, 5}),  # 1 is --reserved-cpus, 6 kubelet-reserved
+    holders=(
+        Holder(
+            "shop", "db-0", "db", frozenset({0}), {R0: ("numa0-cpu0000",)}, {(0, "memory"): GiB}
+        ),
+        Holder("gpu", "train", "main", frozenset({4}), {"nvidia.com/gpu": ("GPU-1",)}),
+    ),
+    others=(Holder("ops", "cache", "redis", frozenset({3})),),
+    foreign_cpus=frozenset({3}),
+    memory={0: {"memory": 4 * GiB}, 1: {"memory": 4 * GiB, "hugepages-2Mi": GiB}},
+    assigned_memory={0: {"memory": 3 * GiB}},
+)
+
+
+def cells(view: KubeletView | None) -> dict[int, tuple[str, str | None]]:
+    page = build_page(state(view), node="n1")
+    return {c.cpu: (c.state, c.holder) for box in page.boxes for c in box.cpus}
+
+
+@pytest.mark.parametrize(
+    ("cpu", "expected"),
+    [
+        (0, (OURS, "shop/db-0/db")),  # holds numa-align/numa-0
+        (1, (RESERVED, None)),  # --reserved-cpus
+        (2, (SHARED, None)),  # allocatable, nobody's: the shared pool
+        (3, (OTHER, "ops/cache/redis")),  # exclusive, no device at all
+        (4, (OTHER, "gpu/train/main")),  # exclusive, another plugin's device
+        (5, (SHARED, None)),
+        (6, (RESERVED, None)),  # online, not allocatable: the kubelet keeps it
+        (7, (OFFLINE, None)),  # listed for node 1, not online
+    ],
+)
+def test_each_cpu_is_what_the_kubelet_and_sysfs_say(
+    cpu: int, expected: tuple[str, str | None]
+) -> None:
+    assert cells(VIEW)[cpu] == expected
+
+
+def test_without_a_pod_resources_read_nobodys_cpus_are_known() -> None:
+    got = cells(None)
+    assert got[1] == (RESERVED, None), "--reserved-cpus is known without the kubelet"
+    assert got[7] == (OFFLINE, None)
+    assert {got[c][0] for c in (0, 2, 3, 4, 5, 6)} == {UNKNOWN}
+    page = build_page(state(None), node="n1")
+    assert "cannot be read: nobody's CPUs are known" in page.pod_resources
+    page = build_page(state(None, pod_resources_up=None), node="n1")
+    assert "has not been read yet" in page.pod_resources
+
+
+def test_memory_bars_split_ours_from_others_under_the_memory_manager() -> None:
+    page = build_page(state(VIEW), node="n1")
+    node0 = {bar.memory_type: bar for bar in page.boxes[0].memory}
+    assert node0["memory"].allocatable == 4 * GiB
+    assert (node0["memory"].ours, node0["memory"].others) == (GiB, 2 * GiB)
+    assert node0["memory"].free == GiB
+    node1 = [bar.memory_type for bar in page.boxes[1].memory]
+    assert node1 == ["memory", "hugepages-2Mi"], "memory first, then hugepages by name"
+
+
+def test_memory_bars_fall_back_to_sysfs_without_the_memory_manager() -> None:
+    view = KubeletView(allocatable_cpus=VIEW.allocatable_cpus)
+    page = build_page(state(view), node="n1")
+    node1 = {bar.memory_type: bar for bar in page.boxes[1].memory}
+    assert node1["memory"].source == "sysfs"
+    assert node1["memory"].allocatable == 4 * GiB
+    assert node1["hugepages-2Mi"].allocatable == 512 * (2 << 20)
+    assert (node1["memory"].ours, node1["memory"].others) == (0, 0)
+
+
+def test_resources_rows_count_healthy_and_held_devices() -> None:
+    page = build_page(state(VIEW), node="n1")
+    row = page.boxes[0].resources[0]
+    assert (row.name, row.devices, row.healthy, row.held, row.registered) == (R0, 3, 2, 1, True)
+
+
+def test_the_distances_come_from_sysfs_and_unknown_ones_show_as_such() -> None:
+    plans = (*PLANS, NodePlan(NumaNode(2, frozenset(), GiB), False, "no CPUs"))
+    page = build_page(state(VIEW, plans=plans), node="n1")
+    assert page.distances == ((10, 21, None), (21, 10, None), (None, None, None))
+    body = render_page(page).decode()
+    assert ">not advertised: no CPUs<" in body
+
+
+class _Collector(HTMLParser):
+    """Every start tag with its attributes, and whether any script appeared."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.tags: list[tuple[str, dict[str, str | None]]] = []
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        self.tags.append((tag, dict(attrs)))
+
+
+def parsed(body: bytes) -> _Collector:
+    collector = _Collector()
+    collector.feed(body.decode())
+    return collector
+
+
+def test_the_page_has_a_group_per_numa_node_and_each_cpu_once() -> None:
+    body = render_page(build_page(state(VIEW), node="n1"))
+    tags = parsed(body).tags
+    boxes = [a["data-numa-node"] for t, a in tags if a.get("class") == "numa-node"]
+    assert boxes == ["0", "1"]
+    cpus = [int(a["data-cpu"] or "") for t, a in tags if a.get("class") == "cpu-cell"]
+    assert sorted(cpus) == list(range(8)), "each CPU exactly once"
+    held = {a["data-cpu"]: a.get("data-holder") for t, a in tags if a.get("class") == "cpu-cell"}
+    assert held["0"] == "shop/db-0/db"
+    assert held["2"] is None
+    assert not any(t == "script" for t, _ in tags), "no script: the page is drawn by the server"
+    assert b'http-equiv="refresh"' in body
+
+
+def test_each_numa_node_svg_is_well_formed_xml() -> None:
+    body = render_page(build_page(state(VIEW), node="n1")).decode()
+    svgs = [body[i : body.index("</svg>", i) + 6] for i in _starts(body, '<svg class="numa-node"')]
+    assert len(svgs) == 2
+    for svg in svgs:
+        root = ET.fromstring(svg)
+        assert root.tag == "{http://www.w3.org/2000/svg}svg"
+
+
+def _starts(text: str, needle: str) -> Iterator[int]:
+    at = text.find(needle)
+    while at != -1:
+        yield at
+        at = text.find(needle, at + 1)
+
+
+def test_hostile_names_from_the_kubelet_are_escaped() -> None:
+    evil = '"><script>alert(1)</script>'
+    view = KubeletView(
+        allocatable_cpus=frozenset({0, 2, 3}),
+        holders=(Holder(evil, evil, evil, frozenset({0}), {R0: (evil,)}),),
+    )
+    body = render_page(build_page(state(view), node=evil))
+    assert b"<script>" not in body
+    assert not any(t == "script" for t, _ in parsed(body).tags)
+    assert body.count(b"&lt;script&gt;") >= 3
+
+
+def test_debug_state_says_what_is_served_and_what_the_kubelet_said() -> None:
+    document = debug_document(state(VIEW, problems=("numa-align/numa-1: not registered",)))
+    json.dumps(document)  # JSON-ready
+    assert document["ready"] is False
+    assert document["config"]["capacity"] == "cpus"
+    assert document["config"]["reserved_cpus"] == "1"
+    assert document["resources"][R0] == {
+        "numa_node": 0,
+        "memory_type": None,
+        "devices": 3,
+        "healthy": 2,
+        "registered": True,
+        "streams": 1,
+        "kubelet_stream": True,
+    }
+    pod_resources = document["pod_resources"]
+    assert pod_resources["age_seconds"] == 3.0
+    assert pod_resources["holders"][0]["pod"] == "shop/db-0"
+    assert pod_resources["others"] == [{"pod": "ops/cache", "container": "redis", "cpus": "3"}]
+    assert [n["id"] for n in document["numa_nodes"]] == [0, 1]
+
+
+def test_debug_state_without_a_configuration_served() -> None:
+    document = debug_document(
+        PluginState(
+            taken_at=1.0,
+            config=None,
+            problems=("no configuration served: bad label",),
+            configuration={"name": "", "why": "bad label"},
+        )
+    )
+    assert document["config"] is None
+    assert document["configuration"] == {"name": "", "why": "bad label"}
+    assert document["pod_resources"]["holders"] is None
+
+
+# -- the page in a browser, against demo --keep -----------------------------------------------
+
+
+def chromium() -> str:
+    """Debian's chromium; skipped without it, a failure under CI (`make chromium`)."""
+    found = next(
+        (shutil.which(n) for n in ("chromium", "chromium-browser") if shutil.which(n)), None
+    )
+    if found is None:
+        message = "chromium is not installed: `make chromium` installs Debian's package"
+        if under_ci(os.environ.get("CI")):
+            pytest.fail(message)
+        pytest.skip(message)
+    return found
+
+
+def two_numa_machine(root: Path) -> Path:
+    """Two NUMA nodes of 4 CPUs (CPU 7 offline), 4 GiB each, 512 2 MiB pages on node 0."""
+    tree = SysfsTree(root).cpus(8, online="0-6")
+    tree.write("node/online", "0-1\n")
+    tree.node(0, "0-3", distance="10 21", mem_kb=4 << 20, hugepages={2048: 512})
+    tree.node(1, "4-7", distance="21 10", mem_kb=4 << 20)
+    return root
+
+
+@contextmanager
+def demo_keep(root: Path, *flags: str, shows: str) -> Iterator[str]:
+    """``demo --keep`` on sysfs ``root`` with ``flags``; its node page's URL once the page
+    shows ``shows`` (the stand-in's pods are read every few seconds)."""
+    process = subprocess.Popen(
+        [
+            sys.executable, "-m", "numa_device_plugin", "demo", "--keep", "--sysfs-root",
+            str(root), "--metrics-address", "127.0.0.1:0", "--log-level", "warning", *flags,
+        ],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    try:
+        assert process.stdout is not None
+        url = None
+        for line in process.stdout:
+            if "the node page: " in line:
+                url = line.split("the node page: ", 1)[1].split()[0]
+                break
+        assert url is not None, "demo --keep printed no node page"
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            with urllib.request.urlopen(url, timeout=5) as answer:
+                if shows.encode() in answer.read():
+                    break
+            time.sleep(0.2)
+        else:
+            pytest.fail(f"the node page never showed {shows!r}")
+        yield url
+    finally:
+        process.terminate()
+        assert process.wait(timeout=30) == 0
+
+
+@pytest.fixture
+def demo_page(tmp_path: Path) -> Iterator[str]:
+    """``demo --keep`` with ``--capacity cpus --memory-unit 256Mi`` on two NUMA nodes;
+    yields its node page's URL once the page shows the demo pods."""
+    root = two_numa_machine(tmp_path / "sys")
+    with demo_keep(
+        root, "--capacity", "cpus", "--memory-unit", "256Mi", shows="demo/app-1/app"
+    ) as url:
+        yield url
+
+
+def screenshot(browser: str, url: str, path: Path, size: str = "1100,800") -> None:
+    """A PNG of the page at ``url`` as chromium draws it (no sandbox: tests run as root)."""
+    subprocess.run(
+        [browser, *BROWSER_FLAGS, f"--window-size={size}", f"--screenshot={path}", url],
+        capture_output=True, timeout=120, check=True,
+    )  # fmt: skip
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert path.stat().st_size > 10_000, "a blank page is a few kB"
+
+
+def test_the_page_in_chromium_shows_each_numa_node_cpu_and_holder(
+    demo_page: str, tmp_path: Path
+) -> None:
+    browser = chromium()
+    dom = subprocess.run(
+        [browser, *BROWSER_FLAGS, "--dump-dom", demo_page],
+        capture_output=True, text=True, timeout=120, check=True,
+    ).stdout  # fmt: skip
+    tags = parsed(dom.encode()).tags
+    assert [a["data-numa-node"] for _, a in tags if a.get("class") == "numa-node"] == ["0", "1"]
+    listed = [a for _, a in tags if a.get("class") == "cpu-cell"]
+    assert sorted(int(a["data-cpu"] or "") for a in listed) == list(range(8)), "each CPU once"
+    cpus = {a["data-cpu"] or "": a for a in listed}
+    assert (cpus["0"]["data-state"], cpus["0"]["data-holder"]) == (OURS, "demo/app-0/app")
+    assert (cpus["4"]["data-state"], cpus["4"]["data-holder"]) == (OURS, "demo/app-1/app")
+    assert (cpus["3"]["data-state"], cpus["3"]["data-holder"]) == (OTHER, "other/db/db")
+    assert cpus["7"]["data-state"] == OFFLINE
+    assert {cpus[c]["data-state"] for c in ("1", "2", "5", "6")} == {SHARED}
+    memory = [a for _, a in tags if a.get("class") == "memory"]
+    ours = {(m["data-memory-type"], m["data-ours"]) for m in memory}
+    assert ("memory", str(256 << 20)) in ours, "each demo pod holds one 256Mi memory device"
+    # `make screenshots` keeps it for the README (SCREENSHOTS: the folder).
+    folder = Path(os.environ.get("SCREENSHOTS") or tmp_path)
+    screenshot(browser, demo_page, folder / "node-page.png")
+
+
+def test_the_page_of_a_machine_with_memory_tiers_in_chromium(
+    snapshots_root: Path, tmp_path: Path
+) -> None:
+    """A real snapshot (../shared): sparse NUMA node ids, CPU-less memory nodes (HBM,
+    NVM). Each gets its box, the memory-only ones unadvertised with their memory."""
+    browser = chromium()
+    root = snapshots_root / "fakeheteromemtiers"
+    with demo_keep(root, "--memory-unit", "1Gi", shows="demo/app-2/app") as url:
+        dom = subprocess.run(
+            [browser, *BROWSER_FLAGS, "--dump-dom", url],
+            capture_output=True, text=True, timeout=120, check=True,
+        ).stdout  # fmt: skip
+        folder = Path(os.environ.get("SCREENSHOTS") or tmp_path)
+        screenshot(browser, url, folder / "node-page-memory-tiers.png", "1100,1000")
+    tags = parsed(dom.encode()).tags
+    boxes = [a["data-numa-node"] for _, a in tags if a.get("class") == "numa-node"]
+    assert boxes == ["0", "1", "2", "4", "6", "8", "9"]
+    memory_only = [a for _, a in tags if a.get("class") == "memory"]
+    assert len(memory_only) >= len(boxes), "every NUMA node, CPU-less ones too, has memory"
+    assert "not advertised: no CPU" in dom

@@ -1,0 +1,236 @@
+"""`numa-device-plugin status` against the stand-in's pod resources API."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+
+import grpc
+import pytest
+
+from numa_device_plugin.api.podresources.v1 import api_pb2 as pr_pb2
+from numa_device_plugin.api.podresources.v1 import api_pb2_grpc as pr_grpc
+from numa_device_plugin.cli import main
+from numa_device_plugin.kubelet_standin import KubeletStandIn
+from numa_device_plugin.topology.fake import SysfsTree
+from tests.plugin.test_manager import NAMES, make_config
+from tests.standin_helpers import running, wait_all_live
+
+
+def status_args(tree: SysfsTree, socket: Path, *extra: str) -> list[str]:
+    return [
+        "status", "--pod-resources-socket", str(socket), "--sysfs-root", str(tree.root),
+        "--capacity", "5", *extra,
+    ]  # fmt: skip
+
+
+async def test_status_lists_holders_and_flags_misalignment(
+    two_nodes: SysfsTree, sock_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    standin = KubeletStandIn(
+        sock_dir / "dp",
+        pod_resources_dir=sock_dir / "pr",
+        allocatable_cpus=range(1, 8),
+        allocatable_memory={1: 4 * 2**30},  # the Memory Manager's Static policy, node 1
+    )
+    async with standin as kubelet, running(make_config(two_nodes, sock_dir / "dp")):
+        await wait_all_live(kubelet, NAMES)
+        kubelet.add_pod(
+            "search",
+            "shard-1",
+            [
+                ("warm", {"numa-align/numa-1": ["numa1-slot0000"]}, [4]),
+                ("engine", {"numa-align/numa-1": ["numa1-slot0000"]}, [4, 5, 6]),
+            ],
+        )
+        kubelet.add_pod("db", "bad", [("pg", {"numa-align/numa-1": ["numa1-slot0001"]}, [1, 2])])
+        kubelet.add_pod("db", "shared", [("pg", {"numa-align/numa-0": ["numa0-slot0003"]}, [])])
+        kubelet.add_pod("other", "gpu", [("x", {}, [7])])
+        socket = kubelet.pod_resources_socket
+        assert socket is not None
+        args = status_args(two_nodes, socket, "--output", "json")
+        assert await asyncio.to_thread(main, args) == 0
+        document = json.loads(capsys.readouterr().out)
+        assert await asyncio.to_thread(main, status_args(two_nodes, socket)) == 0
+        table = capsys.readouterr().out
+    node0, node1 = document["nodes"]
+    assert (node0["id"], node0["resource"], node0["cpus"]) == (0, "numa-align/numa-0", "0-3")
+    assert (node1["capacity"], node1["allocatable"], node1["allocated"]) == (5, 5, 2)
+    holders = {(h["pod"], h["container"]): h for h in node1["holders"]}
+    assert set(holders) == {("shard-1", "warm"), ("shard-1", "engine"), ("bad", "pg")}
+    assert holders[("shard-1", "engine")]["aligned"] is True
+    assert holders[("shard-1", "engine")]["cpus"] == "4-6"
+    assert holders[("bad", "pg")]["aligned"] is False
+    assert holders[("bad", "pg")]["problem"] == "CPUs 1-2 are not on NUMA node 1"
+    (shared,) = node0["holders"]
+    assert shared["aligned"] is False
+    assert "no exclusive CPUs" in shared["problem"]
+    assert document["misaligned"] == 2
+    assert (
+        "NUMA node 1 (numa-align/numa-1, CPUs 4-7): capacity 5, allocatable 5, allocated 2" in table
+    )
+    assert "db/bad pg: 1 device(s), CPUs 1-2, MISALIGNED: CPUs 1-2 are not on NUMA node 1" in table
+    assert "search/shard-1 engine: 1 device(s), CPUs 4-6, aligned" in table
+    # CPUs 1-7 allocatable; node 0 (0-3): 1-2 held by db/bad (a holder of numa-1: "other"
+    # for node 0); node 1 (4-7): 4-6 ours, 7 another pod's.
+    assert (node0["allocatable_cpus"], node0["assigned_cpus"], node0["free_cpus"]) == (
+        3,
+        {"ours": 0, "others": 2},
+        1,
+    )
+    assert (node1["allocatable_cpus"], node1["assigned_cpus"], node1["free_cpus"]) == (
+        4,
+        {"ours": 3, "others": 1},
+        0,
+    )
+    assert node1["memory"] == {"memory": 4 * 2**30}
+    assert node0["memory"] is None
+    assert (
+        "exclusive CPUs: allocatable 4, assigned 4 (ours 3, others 1), free 0; "
+        "memory (bytes): memory 4294967296" in table
+    )
+    assert table.rstrip().endswith("misaligned containers: 2")
+
+
+@pytest.mark.parametrize(
+    ("kind", "reason"),
+    [
+        ("absent", "no such socket (is the kubelet running"),
+        ("a file", "is a regular file, not a socket"),
+        ("a folder", "is a folder, not a socket"),
+        ("refused", "nothing answers on it (connection refused)"),
+        ("silent", "no answer within 0.5 s"),
+        ("unimplemented", "it does not serve the pod resources API v1"),
+    ],
+)
+async def test_status_failures_are_one_short_line(
+    kind: str,
+    reason: str,
+    two_nodes: SysfsTree,
+    sock_dir: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Once a 300-character gRPC text, and "Connection refused" for a file or a folder."""
+    import socket
+
+    from numa_device_plugin.cli import status
+    from numa_device_plugin.kubelet.grpcserver import UnixSocketServer
+
+    monkeypatch.setattr(status, "FETCH_TIMEOUT", 0.5)
+    path = sock_dir / "kubelet.sock"
+    listener = socket.socket(socket.AF_UNIX)
+    server = UnixSocketServer(path, lambda _: None)  # no service at all
+    if kind == "a file":
+        path.write_text("")
+    elif kind == "a folder":
+        path.mkdir()
+    elif kind in ("refused", "silent"):
+        listener.bind(str(path))
+        if kind == "silent":
+            listener.listen()  # accepts, never speaks HTTP/2
+    elif kind == "unimplemented":
+        await server.start()
+    try:
+        code = await asyncio.to_thread(main, status_args(two_nodes, path))
+    finally:
+        listener.close()
+        await server.stop()
+    err = capsys.readouterr().err
+    assert code == 1
+    assert err == f"numa-device-plugin status: {path}: {err.split(': ', 2)[2]}"
+    assert reason in err
+    assert err.count("\n") == 1, "one line"
+    assert len(err) < 200
+
+
+async def test_one_shot_commands_log_only_warnings_unless_asked(
+    two_nodes: SysfsTree, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """discover once logged a line per NUMA node to stderr (1,024 on a 1,024-node box)."""
+    code = await asyncio.to_thread(main, ["discover", "--sysfs-root", str(two_nodes.root)])
+    assert code == 0
+    assert capsys.readouterr().err == ""
+    args = ["discover", "--sysfs-root", str(two_nodes.root), "--log-level", "info"]
+    assert await asyncio.to_thread(main, args) == 0
+    assert "advertising NUMA node" in capsys.readouterr().err
+
+
+async def test_standin_pod_resources_get_and_allocatable(
+    two_nodes: SysfsTree, sock_dir: Path
+) -> None:
+    standin = KubeletStandIn(
+        sock_dir / "dp", pod_resources_dir=sock_dir / "pr", allocatable_cpus=[2]
+    )
+    async with standin as kubelet, running(make_config(two_nodes, sock_dir / "dp")):
+        await wait_all_live(kubelet, NAMES)
+        kubelet.add_pod("ns", "p", [("c", {"numa-align/numa-0": ["numa0-slot0001"]}, [2])])
+        async with grpc.aio.insecure_channel(f"unix://{kubelet.pod_resources_socket}") as channel:
+            stub = pr_grpc.PodResourcesListerStub(channel)
+            got = await stub.Get(pr_pb2.GetPodResourcesRequest(pod_name="p", pod_namespace="ns"))
+            device = got.pod_resources.containers[0].devices[0]
+            assert [n.ID for n in device.topology.nodes] == [0]
+            with pytest.raises(grpc.aio.AioRpcError) as missing:
+                await stub.Get(pr_pb2.GetPodResourcesRequest(pod_name="q", pod_namespace="ns"))
+            assert missing.value.code() == grpc.StatusCode.NOT_FOUND
+            allocatable = await stub.GetAllocatableResources(pr_pb2.AllocatableResourcesRequest())
+            assert list(allocatable.cpu_ids) == [2]
+            assert len(allocatable.devices) == 10
+
+
+def test_podresources_wire_names_and_numbers() -> None:
+    def fields(message: str) -> list[tuple[str, int]]:
+        descriptor = pr_pb2.DESCRIPTOR.message_types_by_name[message]
+        return [(f.name, f.number) for f in descriptor.fields]
+
+    assert pr_pb2.DESCRIPTOR.package == "v1"
+    assert fields("ContainerResources") == [
+        ("name", 1), ("devices", 2), ("cpu_ids", 3), ("memory", 4), ("dynamic_resources", 5),
+    ]  # fmt: skip
+    assert fields("AllocatableResourcesResponse") == [("devices", 1), ("cpu_ids", 2), ("memory", 3)]
+    assert fields("ContainerDevices") == [("resource_name", 1), ("device_ids", 2), ("topology", 3)]
+    assert fields("ContainerMemory") == [("memory_type", 1), ("size", 2), ("topology", 3)]
+    assert fields("DynamicResource") == [
+        ("claim_name", 2), ("claim_namespace", 3), ("claim_resources", 4),
+    ]  # fmt: skip
+    assert fields("GetPodResourcesRequest") == [("pod_name", 1), ("pod_namespace", 2)]
+    service = pr_pb2.DESCRIPTOR.services_by_name["PodResourcesLister"]
+    assert [m.name for m in service.methods] == ["List", "GetAllocatableResources", "Get"]
+
+
+async def test_demo_keep_serves_until_sigint_and_status_reads_it(two_nodes: SysfsTree) -> None:
+    """`demo --keep` prints a status command line that works, then stops on Ctrl-C and
+    leaves no temp folder."""
+    import os
+    import shlex
+    import signal
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO
+
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    demo = subprocess.Popen(
+        [sys.executable, "-m", "numa_device_plugin", "demo", "--keep",
+         "--sysfs-root", str(two_nodes.root)],
+        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env,
+    )  # fmt: skip
+    try:
+        assert demo.stdout is not None
+        line = ""
+        async with asyncio.timeout(60):
+            while not line.strip().startswith("numa-device-plugin status "):
+                line = await asyncio.to_thread(demo.stdout.readline)
+                assert line, "the demo ended before printing the status command"
+        argv = shlex.split(line)[1:]
+        result = await asyncio.to_thread(main, argv)
+        assert result == 0
+        folder = Path(argv[argv.index("--socket-dir") + 1]).parent
+        demo.send_signal(signal.SIGINT)
+        assert await asyncio.to_thread(demo.wait, 30) == 0
+        assert not folder.exists()
+    finally:
+        if demo.poll() is None:
+            demo.kill()
+            demo.wait()
