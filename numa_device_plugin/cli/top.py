@@ -212,11 +212,13 @@ def top_document(usage: list[NodeUse], prefix: str) -> dict[str, Any]:
 def render_top(document: dict[str, Any]) -> str:
     """The table of :func:`top_document`."""
     rows = [("NODE", "NUMA", "RESOURCE", "CAPACITY", "ALLOCATABLE", "REQUESTED", "FREE")]
-    bare = []
+    bare, not_ready = [], []
     for node in document["nodes"]:
-        name = node["name"] + ("" if node["ready"] else " (NotReady)")
+        name = node["name"]
+        if not node["ready"]:
+            not_ready.append(name)
         if not node["numa_nodes"]:
-            bare.append(node["name"])
+            bare.append(name)
         for numa in node["numa_nodes"]:
             for resource, figures in numa["resources"].items():
                 rows.append(
@@ -230,6 +232,8 @@ def render_top(document: dict[str, Any]) -> str:
         lines = ["no node advertises a NUMA resource (is the plugin's DaemonSet running?)"]
     if bare:
         lines.append(f"without NUMA resources: {', '.join(bare)}")
+    if not_ready:
+        lines.append(f"not Ready: {', '.join(not_ready)}")
     return "\n".join(lines) + "\n"
 
 

@@ -221,6 +221,18 @@ def test_top_pages_through_the_lists_and_prints_each_numa_resource(
     assert set(api.tokens) == {"stub-token"}
 
 
+def test_a_node_that_is_not_ready_is_named_below_the_table(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    down = node("c", {R1: "2"}, ready=False)
+    with cluster_api(tmp_path, [*NODES, down], PODS) as (_, kubeconfig):
+        code, out, _ = run(["--kubeconfig", str(kubeconfig)], capsys)
+    assert code == 0
+    lines = out.splitlines()
+    assert ["c", "1", R1, "2", "2", "0", "2"] in [line.split() for line in lines]
+    assert lines[-1] == "not Ready: c"
+
+
 def test_top_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     with cluster_api(tmp_path, NODES, PODS) as (_, kubeconfig):
         code, out, _ = run(["--kubeconfig", str(kubeconfig), "--output", "json"], capsys)
