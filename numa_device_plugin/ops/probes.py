@@ -135,7 +135,8 @@ class ProbeServer:
     event loop. ``pages``, given to the metrics listener only: ``(snapshot,
     render_page, debug_state)``: ``snapshot()`` takes the state on the loop,
     ``render_page(state)`` (in a worker thread, shared and bounded like a scrape)
-    gives the HTML of ``/``, ``debug_state(state)`` the JSON of ``/debug/state``.
+    gives the HTML of ``/``, ``debug_state(state)`` the JSON of ``/debug/state`` (both
+    in worker threads, shared and bounded like a scrape).
     :meth:`start` raises OSError when the address cannot be bound or resolved
     (``socket.gaierror``).
     """
@@ -154,11 +155,12 @@ class ProbeServer:
         self._readiness = readiness
         self._metrics = None if metrics is None else MetricsCache(metrics)
         self._page: MetricsCache | None = None
-        self._debug: Callable[[], bytes] | None = None
+        self._debug: MetricsCache | None = None
         if pages is not None:
             snapshot, render_page, debug_state = pages
             self._page = MetricsCache(render_page, prepare=snapshot)
-            self._debug = lambda: debug_state(snapshot())
+            # /debug/state lists every holder: rendered off the loop and bounded like /.
+            self._debug = MetricsCache(debug_state, prepare=snapshot)
         self._scrapes = 0
         self._max_connections = max_connections
         self._read_timeout = read_timeout
@@ -253,7 +255,7 @@ class ProbeServer:
             await self._scrape(writer, self._page, head_only, HTML)
             return
         if path == "/debug/state" and self._debug is not None:
-            await self._reply(writer, 200, "OK", self._debug(), JSON, head_only=head_only)
+            await self._scrape(writer, self._debug, head_only, JSON)
             return
         status, reason, body, content_type = self._answer(path)
         await self._reply(writer, status, reason, body, content_type, head_only=head_only)

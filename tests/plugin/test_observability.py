@@ -9,9 +9,11 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 import urllib.error
 import urllib.request
 from collections.abc import AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from pathlib import Path
 
@@ -21,7 +23,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from numa_device_plugin.cli import main
 from numa_device_plugin.kubelet_standin import KubeletStandIn
-from numa_device_plugin.ops.probes import ProbeServer, parse_address
+from numa_device_plugin.ops.probes import MAX_SCRAPES, ProbeServer, parse_address
 from numa_device_plugin.plugin.manager import PluginManager
 from numa_device_plugin.plugin.prometheus import PrometheusRecorder
 from numa_device_plugin.topology.fake import SysfsTree
@@ -363,3 +365,38 @@ def test_the_documented_families_are_every_family_each_with_a_series() -> None:
         if line.startswith("# TYPE ")
     }
     assert served <= names | {f"{n}_total" for n in names}
+
+
+async def test_debug_state_is_rendered_off_the_loop_and_shared_like_a_scrape() -> None:
+    """Ten clients at once get one rendering of /debug/state, made in a worker thread
+    (it lists every holder: on the loop it would hold up the probes); beyond
+    MAX_SCRAPES answers under way, the rest are refused at once, as scrapes are."""
+    import threading
+
+    threads: list[str] = []
+
+    def debug_state(state: object) -> bytes:
+        threads.append(threading.current_thread().name)
+        time.sleep(0.2)  # a slow rendering: the other requests arrive meanwhile
+        return b'{"ok": true}'
+
+    pages = (dict, lambda _: b"<html></html>", debug_state)
+    probes = ProbeServer(("127.0.0.1", 0), list, lambda: b"x 1\n", pages=pages)
+    await probes.start()
+    loop = asyncio.get_running_loop()
+    # Clients on their own threads: the server renders on the default executor's.
+    with ThreadPoolExecutor(10) as clients:
+        try:
+            answers = await asyncio.gather(
+                *(
+                    loop.run_in_executor(clients, get, probes.port, "/debug/state")
+                    for _ in range(10)
+                )
+            )
+        finally:
+            await probes.stop()
+    served = answers.count((200, '{"ok": true}'))
+    assert served >= MAX_SCRAPES
+    assert answers.count((503, "too many scrapes at once\n")) == 10 - served, "bounded"
+    assert len(threads) == 1, "one rendering shared"
+    assert threads[0] != threading.main_thread().name
