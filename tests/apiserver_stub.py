@@ -20,6 +20,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs
 
+from numa_device_plugin.kubelet_standin.apiserver import json_api
+
 
 @dataclass(frozen=True)
 class Raw:
@@ -223,33 +225,14 @@ class ClusterApi:
 def cluster_api(
     folder: Path, nodes: list[dict[str, Any]], pods: list[dict[str, Any]]
 ) -> Iterator[tuple[ClusterApi, Path]]:
-    """Serve a :class:`ClusterApi` over HTTP on 127.0.0.1 for the block: ``(api,
-    kubeconfig)``, the kubeconfig (token ``stub-token``) written in ``folder``."""
+    """Serve a :class:`ClusterApi` over HTTP on 127.0.0.1 (the kubelet stand-in's
+    :func:`json_api`) for the block: ``(api, kubeconfig)``, the kubeconfig (token
+    ``stand-in``) written in ``folder``."""
     api = ClusterApi(nodes, pods)
 
-    class Handler(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            api.tokens.append(self.headers.get("Authorization", "").removeprefix("Bearer "))
-            status, body = api.answer(self.path)
-            data = json.dumps(body).encode()
-            self.send_response(status)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
+    def answer(path: str, token: str) -> tuple[int, dict[str, object]]:
+        api.tokens.append(token)
+        return api.answer(path)
 
-        def log_message(self, format: str, *args: object) -> None:
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    server.daemon_threads = True
-    thread = threading.Thread(target=server.serve_forever, name="cluster api", daemon=True)
-    thread.start()
-    kubeconfig = folder / "kubeconfig"
-    kubeconfig.write_text(kubeconfig_text(f"http://127.0.0.1:{server.server_address[1]}"))
-    try:
+    with json_api(answer, folder) as kubeconfig:
         yield api, kubeconfig
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(10)

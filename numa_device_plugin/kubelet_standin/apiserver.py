@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -44,17 +44,20 @@ def kubeconfig_for(server: str) -> str:
     })  # fmt: skip
 
 
+# What a stand-in answers: (path, bearer token) -> (status, JSON body).
+Answer = Callable[[str, str], tuple[int, dict[str, object]]]
+
+
 @contextmanager
-def node_api_standin(
-    name: str, labels: Mapping[str, str], folder: Path
-) -> Iterator[tuple[NodeApiStandIn, Path]]:
-    """Serve a :class:`NodeApiStandIn` on 127.0.0.1 (a free port) for the block; yields
-    it and the kubeconfig written to ``folder/kubeconfig``."""
-    api = NodeApiStandIn(name, labels)
+def json_api(answer: Answer, folder: Path) -> Iterator[Path]:
+    """Serve ``answer`` over HTTP on 127.0.0.1 (a free port) for the block: every GET
+    gets its status and JSON body. Yields the kubeconfig written to
+    ``folder/kubeconfig`` (token ``stand-in``)."""
 
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:
-            status, body = api.answer(self.path)
+            token = self.headers.get("Authorization", "").removeprefix("Bearer ")
+            status, body = answer(self.path, token)
             data = json.dumps(body).encode()
             self.send_response(status)
             self.send_header("Content-Type", "application/json")
@@ -72,8 +75,19 @@ def node_api_standin(
     kubeconfig = folder / "kubeconfig"
     kubeconfig.write_text(kubeconfig_for(f"http://127.0.0.1:{server.server_address[1]}"))
     try:
-        yield api, kubeconfig
+        yield kubeconfig
     finally:
         server.shutdown()
         server.server_close()
         thread.join(10)
+
+
+@contextmanager
+def node_api_standin(
+    name: str, labels: Mapping[str, str], folder: Path
+) -> Iterator[tuple[NodeApiStandIn, Path]]:
+    """Serve a :class:`NodeApiStandIn` (:func:`json_api`) for the block; yields it and
+    the kubeconfig written to ``folder/kubeconfig``."""
+    api = NodeApiStandIn(name, labels)
+    with json_api(lambda path, _: api.answer(path), folder) as kubeconfig:
+        yield api, kubeconfig

@@ -218,7 +218,7 @@ def test_top_pages_through_the_lists_and_prints_each_numa_resource(
     assert len(lines) == 1 + 4 + 60
     assert sum(1 for p in api.paths if p.startswith("/api/v1/nodes")) == 3
     assert sum(1 for p in api.paths if p.startswith("/api/v1/pods")) == 3
-    assert set(api.tokens) == {"stub-token"}
+    assert set(api.tokens) == {"stand-in"}
 
 
 def test_a_node_that_is_not_ready_is_named_below_the_table(

@@ -440,6 +440,8 @@ async def test_serve_follows_the_nodes_label(two_nodes: SysfsTree, sock_dir: Pat
         await eventually(lambda: readyz(port)[0] == 503)
         text = readyz(port)[1]
         assert f"label {CONFIG_LABEL}='nope' names no configuration" in text
+        # /debug/state is rendered at most once a second, like /metrics.
+        await eventually(lambda: debug_state(port)["config"] is None)
         state = debug_state(port)
         assert (state["config"], state["configuration"]["name"]) == (None, "")
         assert "'nope' names no configuration" in state["configuration"]["why"]
