@@ -104,6 +104,10 @@ def command(ctx: click.Context, /, **params: Any) -> int:
     except (TopError, ValueError) as exc:
         print(f"numa-device-plugin top: {exc}", file=sys.stderr)
         return 1
+    except (AttributeError, TypeError) as exc:  # a field of the wrong JSON type
+        print(f"numa-device-plugin top: the API server's objects are not usable: {exc}",
+              file=sys.stderr)  # fmt: skip
+        return 1
     if params["output"] == "json":
         print(json.dumps(document, indent=2))
     else:

@@ -375,3 +375,20 @@ def test_kubectl_runs_it_as_the_numa_plugin(tmp_path: Path) -> None:
         )  # fmt: skip
     assert result.returncode == 0, result.stderr
     assert f"b: {R1}: needs 2, free 0 (2 short)" in result.stdout
+
+
+@pytest.mark.parametrize(
+    "hostile",
+    [
+        {"metadata": {"name": "x"}, "status": ["not", "an", "object"]},
+        {"metadata": {"name": "x"}, "status": {"conditions": "Ready"}},
+        {"metadata": {"name": "x"}, "spec": {"taints": [42]}},
+    ],
+)
+def test_objects_of_the_wrong_shape_exit_1_saying_so(
+    hostile: dict[str, Any], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with cluster_api(tmp_path, [*NODES, hostile], PODS) as (_, kubeconfig):
+        code, _, err = run(["--kubeconfig", str(kubeconfig)], capsys)
+    assert code == 1
+    assert "the API server's objects are not usable" in err
