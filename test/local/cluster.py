@@ -42,10 +42,13 @@ import urllib.request
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 import hoststate
 import render
 import shipped
+import workers
+from workers import Worker
 
 REPO = Path(__file__).resolve().parents[2]
 KUBE_BINARIES = ("kubelet", "kube-apiserver", "kube-scheduler", "etcd")
@@ -100,6 +103,21 @@ class Spec:
     helm: str = ""
     # The guest kernel's modules (depmod run), bound at /lib/modules/<version> in the guest.
     guest_modules: str = ""
+    # WORKERS=N (:mod:`workers`): the cluster has N worker guests. ``role`` says which
+    # part this process is: "control-plane" (on the host, in the namespace) or "worker"
+    # (in a guest; ``worker`` is its node name). The workers join ``apiserver`` with
+    # ``token``; both are filled in by the control plane before it boots them.
+    workers: int = 0
+    role: str = ""
+    worker: str = ""
+    apiserver: str = ""
+    token: str = ""
+
+    @property
+    def me(self) -> Worker | None:
+        """This guest's worker (None outside a worker guest)."""
+        found = [w for w in workers.workers(self.workers) if w.name == self.worker]
+        return found[0] if found and self.role == "worker" else None
 
     @property
     def shipped(self) -> bool:
@@ -273,7 +291,7 @@ class Cluster:
         self.work = spec.path
         self.bins = Path(spec.bin_dir)
         self.processes = Processes(self.work)
-        self.token = secrets.token_hex(16)
+        self.token = spec.token or secrets.token_hex(16)
         self.ports = {
             name: free_port()
             for name in ("etcd", "etcd_peer", "apiserver", "kubelet", "metrics", "health")
@@ -292,12 +310,29 @@ class Cluster:
             target.mkdir(parents=True, exist_ok=True)
             subprocess.run(["mount", "--bind", str(source), str(target)], check=True)
 
+    @property
+    def api_base(self) -> str:
+        """The API server's URL as this process reaches it (a worker: over the bridge)."""
+        if self.spec.role == "worker":
+            return self.spec.apiserver
+        return f"https://127.0.0.1:{self.ports['apiserver']}"
+
     def up(self) -> None:
-        if self.spec.shipped:
-            self.private_network()
-        self.bind_fixed_paths()
+        if self.spec.role == "control-plane":
+            self.control_plane_network()
+        elif self.spec.role == "worker":
+            self.worker_network()
+            self.bind_fixed_paths()
+        else:
+            if self.spec.shipped:
+                self.private_network()
+            self.bind_fixed_paths()
         started = time.monotonic()
-        steps = (
+        steps = {
+            "control-plane": [self._etcd, self._apiserver, self._controller_manager,
+                              self._scheduler, self._registry],
+            "worker": [self._containerd, self._kubelet],
+        }.get(self.spec.role) or (
             [self._etcd, self._apiserver, self._controller_manager, self._scheduler,
              self._registry, self._containerd, self._kubelet, self._install]
             if self.spec.shipped
@@ -359,20 +394,61 @@ class Cluster:
         if not self.spec.shipped:
             return ["--bind-address", "127.0.0.1", "--advertise-address", "127.0.0.1",
                     "--disable-admission-plugins", "ServiceAccount"]  # fmt: skip
-        return ["--bind-address", "0.0.0.0", "--advertise-address", shipped.NODE_IP,
+        advertised = (
+            workers.CONTROL_PLANE_IP if self.spec.role == "control-plane" else shipped.NODE_IP
+        )
+        return ["--bind-address", "0.0.0.0", "--advertise-address", advertised,
                 "--kubelet-preferred-address-types", "InternalIP"]  # fmt: skip
+
+    def control_plane_network(self) -> None:
+        """WORKERS=N, on the host in the namespace: overlays on /etc and /var/lib, the
+        namespace's /etc/hosts, the bridge with the control plane's address and a tap
+        device per worker (:func:`workers.host_network_commands`)."""
+        found = workers.workers(self.spec.workers)
+        shipped.private_overlays(self.work)
+        Path("/etc/hosts").write_text(workers.etc_hosts(found))
+        for command in workers.host_network_commands(found):
+            subprocess.run(command, check=True, capture_output=True)
+
+    def worker_network(self) -> None:
+        """WORKERS=N, in a worker guest: the kernel's modules (the NIC's driver, bridge,
+        veth, nat), /etc/hosts, the NIC found by its MAC, the pod bridge, routes and the
+        Service's DNAT (:func:`workers.guest_network_commands`), and the kubeconfig that
+        joins the control plane."""
+        me = self.spec.me
+        assert me is not None, f"no worker named {self.spec.worker!r}"
+        found = workers.workers(self.spec.workers)
+        self.load_guest_modules("virtio_net")
+        Path("/etc/hosts").write_text(workers.etc_hosts(found))
+        interface = workers.interface_by_mac(
+            {p.name: (p / "address").read_text() for p in Path("/sys/class/net").iterdir()},
+            me.mac,
+        )
+        port = int(self.spec.apiserver.rpartition(":")[2])
+        for command in workers.guest_network_commands(me, found, interface, port):
+            done = subprocess.run(command, capture_output=True, text=True)
+            if done.returncode:
+                raise RuntimeError(f"{' '.join(command)}: {done.stderr.strip()}")
+        (self.work / "kubeconfig").write_text(
+            json.dumps(render.kubeconfig(self.spec.apiserver, self.token))
+        )
+
+    def load_guest_modules(self, *more: str) -> None:
+        """In a guest: bind its kernel's modules at /lib/modules/<release> and load the
+        pod network's (and ``more``)."""
+        modules = Path("/lib/modules") / os.uname().release
+        modules.mkdir(parents=True, exist_ok=True)
+        subprocess.run(["mount", "--bind", self.spec.guest_modules, str(modules)], check=True)
+        for name in (*more, "bridge", "veth", "nf_tables", "nft_chain_nat", "nft_compat",
+                     "xt_nat", "xt_tcpudp"):  # fmt: skip
+            subprocess.run(["modprobe", name], check=False, capture_output=True)
 
     def private_network(self) -> None:
         """Image modes: overlays on /etc and /var/lib (on the host: the CNI plugins and
         the registry write there), the namespace's /etc/hosts, the bridge with the node's
         address, and in the guest the kernel's own modules (bridge, veth, nat)."""
         if self.spec.disposable_kernel:
-            modules = Path("/lib/modules") / os.uname().release
-            modules.mkdir(parents=True, exist_ok=True)
-            subprocess.run(["mount", "--bind", self.spec.guest_modules, str(modules)], check=True)
-            for name in ("bridge", "veth", "nf_tables", "nft_chain_nat", "nft_compat", "xt_nat",
-                         "xt_tcpudp"):  # fmt: skip
-                subprocess.run(["modprobe", name], check=False, capture_output=True)
+            self.load_guest_modules()
         else:
             shipped.private_overlays(self.work)
         Path("/etc/hosts").write_text(shipped.etc_hosts(self.spec.node))
@@ -389,14 +465,17 @@ class Cluster:
             "--root-ca-file", str(pki / "apiserver.crt"),
             # Else it creates /usr/libexec/kubernetes on the host.
             "--flex-volume-plugin-dir", str(self.work / "flexvolume"),
-            "--node-monitor-grace-period", "40s", "--v", "1",
+            # Scaled: a worker guest under TCG posts its status late when the host is busy.
+            "--node-monitor-grace-period", f"{int(40 * max(1.0, self.spec.time_scale / 2))}s",
+            "--v", "1",
         ])  # fmt: skip
 
     def _registry(self) -> None:
         # Recorded with the cluster's processes: down() stops it, the reaper spares it.
         self.processes.started["docker-registry"] = shipped.start_registry(
-            self.work, Path(self.spec.registry_storage)
-        )
+            self.work, Path(self.spec.registry_storage),
+            f"0.0.0.0:{workers.REGISTRY_PORT}" if self.spec.role else "127.0.0.1:5000",
+        )  # fmt: skip
 
     def _install(self) -> None:
         """The README's install command for the mode, then the plugin's pod Ready through
@@ -410,15 +489,23 @@ class Cluster:
         url = (f"https://127.0.0.1:{self.ports['apiserver']}/api/v1/namespaces/kube-system/"
                "pods?labelSelector=app.kubernetes.io%2Fname%3Dnuma-device-plugin")  # fmt: skip
 
+        nodes = max(1, self.spec.workers)
+
         def ready() -> bool:
             pods = json.loads(http_get(url, self.token)[1])["items"]
-            return any(
-                c["type"] == "Ready" and c["status"] == "True"
-                for p in pods for c in p.get("status", {}).get("conditions", [])
-            )  # fmt: skip
+            return len(ready_nodes(pods)) >= nodes
 
-        wait_for("the plugin's pod to be Ready", ready, 180 * self.spec.time_scale,
-                 self.processes, "kubelet")  # fmt: skip
+        wait_for(f"the plugin's pod to be Ready on {nodes} node(s)", ready,
+                 180 * self.spec.time_scale, self.processes,
+                 "kube-apiserver" if self.spec.role else "kubelet")  # fmt: skip
+
+    def wait_nodes(self, names: list[str], timeout: float, alive: str) -> None:
+        """The control plane: wait until every node in ``names`` registered (each worker
+        takes away its own node's not-ready taint, as the one-node harness does)."""
+        for name in names:
+            url = f"{self.api_base}/api/v1/nodes/{name}"
+            wait_for(f"node {name} to register", lambda u=url: http_get(u, self.token)[0] == 200,
+                     timeout, self.processes, alive)  # fmt: skip
 
     def _scheduler(self) -> None:
         self.processes.start("kube-scheduler", [
@@ -435,7 +522,9 @@ class Cluster:
             (certs / "hosts.toml").write_text(shipped.hosts_toml(shipped.REGISTRY))
             networks = self.work / "cni" / "net.d"
             networks.mkdir(parents=True, exist_ok=True)
-            (networks / "10-numa-e2e.conflist").write_text(json.dumps(shipped.cni_network()))
+            me = self.spec.me
+            network = shipped.cni_network() if me is None else workers.cni_network(me)
+            (networks / "10-numa-e2e.conflist").write_text(json.dumps(network))
             config.write_text(render.containerd_config(
                 self.work, cni_bin_dir=shipped.CNI_BIN_DIR,
                 registry_config=self.work / "containerd" / "certs.d",
@@ -460,7 +549,11 @@ class Cluster:
 
     @property
     def node_ip(self) -> str:
-        """Process mode: loopback; image modes: the bridge's address in the namespace."""
+        """Process mode: loopback; image modes: the bridge's address in the namespace;
+        a worker guest: its address on the control plane's bridge."""
+        me = self.spec.me
+        if me is not None:
+            return me.ip
         return shipped.NODE_IP if self.spec.shipped else "127.0.0.1"
 
     def kubelet_settings(self, cpu_manager: str = "static") -> render.KubeletSettings:
@@ -488,7 +581,7 @@ class Cluster:
             "--kubeconfig", str(self.work / "kubeconfig"),
             "--hostname-override", self.spec.node, "--node-ip", self.node_ip, "--v", "2",
         ])  # fmt: skip
-        url = f"https://127.0.0.1:{self.ports['apiserver']}/api/v1/nodes/{self.spec.node}"
+        url = f"{self.api_base}/api/v1/nodes/{self.spec.node}"
         wait_for("the node to register", lambda: http_get(url, self.token)[0] == 200,
                  120 * self.spec.time_scale, self.processes, "kubelet")  # fmt: skip
         # The kubelet registers the node with the not-ready taint, which the node lifecycle
@@ -543,6 +636,10 @@ class Cluster:
             "registry": shipped.REGISTRY,
             "node_ip": self.node_ip,
             "processes": {k: asdict(v) for k, v in self.processes.described.items()},
+            # WORKERS=N: every worker of the cluster (this guest's is the one named "node").
+            "workers": [w.public() for w in workers.workers(self.spec.workers)]
+            if self.spec.workers
+            else [],
         }
 
     def run_tests(self) -> int:
@@ -584,6 +681,16 @@ class Cluster:
         registry = self.processes.started.get("docker-registry")
         if registry is not None:
             stop(registry.pid, registry, grace)
+
+
+def ready_nodes(pods: list[dict[str, Any]]) -> set[str]:
+    """The nodes where one of ``pods`` (the API server's JSON) is Ready."""
+    found = set()
+    for pod in pods:
+        conditions = (pod.get("status") or {}).get("conditions") or []
+        if any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions):
+            found.add(str((pod.get("spec") or {}).get("nodeName", "")))
+    return found
 
 
 def running(pid: int) -> bool:
@@ -641,6 +748,8 @@ def inside(spec: Spec) -> int:
         started = time.monotonic()
         cluster.up()
         log(f"cluster up in {time.monotonic() - started:.0f} s; node {spec.node}")
+        if spec.role == "worker":
+            return worker_duty(cluster)
         return cluster.run_tests()
     except RuntimeError as error:
         log(f"the cluster did not come up: {error}")
@@ -650,7 +759,167 @@ def inside(spec: Spec) -> int:
         return 130
     finally:
         cluster.down()
+        if spec.role == "worker":
+            keep_logs(cluster.work / "logs", Path(spec.results) / "logs")
         stop.set()
+        if os.getpid() == 1:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(-1, signal.SIGKILL)
+
+
+def worker_duty(cluster: Cluster) -> int:
+    """In a worker guest, once its node joined: say so (``up``), then run the tests when
+    the control plane says ``go`` (the tests' worker), or wait for ``stop`` (the
+    others). Returns pytest's status, 0 for a worker without tests, 1 when stopped
+    before ``go``."""
+    spec = cluster.spec
+    results = Path(spec.results)
+    (results / "up").write_text(f"{spec.node}\n")
+    me = spec.me
+    assert me is not None
+    wanted = results / ("go" if me.tests else "stop")
+    while not wanted.exists():
+        if (results / "stop").exists():
+            log("stopped before the tests could start")
+            return 1
+        time.sleep(1)
+    return cluster.run_tests() if me.tests else 0
+
+
+def keep_logs(logs: Path, results: Path) -> None:
+    """Copy a guest's process logs into its results share (they come back to the host)."""
+    with contextlib.suppress(OSError):
+        shutil.copytree(logs, results, dirs_exist_ok=True)
+
+
+class Guests:
+    """The control plane's side of the worker guests (WORKERS=N): boots each (its qemu
+    argv and spec made on the host, :func:`run_workers`), tells them ``go`` and
+    ``stop`` through their results shares, and waits for them."""
+
+    def __init__(self, spec: Spec, cluster: Cluster) -> None:
+        self.spec = spec
+        self.cluster = cluster
+        plan = json.loads((spec.path / "guests.json").read_text())
+        self.plan: list[dict[str, Any]] = plan["guests"]
+        self.running: dict[str, subprocess.Popen[bytes]] = {}
+
+    def results(self, entry: dict[str, Any]) -> Path:
+        return Path(str(entry["results"]))
+
+    def boot(self) -> None:
+        """Fill in the API server and token, then start every guest's qemu (recorded with
+        the cluster's processes, so the reaper spares them). The tests' worker writes to
+        our stdout, the others to ``output.log`` in their results folder."""
+        for entry in self.plan:
+            guest_spec = dict(entry["spec"])
+            port = self.cluster.ports["apiserver"]
+            guest_spec.update(apiserver=f"https://{workers.CONTROL_PLANE_IP}:{port}",
+                              token=self.cluster.token)  # fmt: skip
+            results = self.results(entry)
+            (results / "spec.json").write_text(json.dumps(guest_spec))
+            out = None if entry["tests"] else open(results / "output.log", "ab")  # noqa: SIM115
+            child = subprocess.Popen(
+                [str(a) for a in entry["argv"]],
+                stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT if out else None,
+            )  # fmt: skip
+            name = f"guest {entry['name']}"
+            self.running[name] = child
+            self.cluster.processes.started[name] = child
+            log(f"booted {name} (qemu pid {child.pid})")
+
+    def check_alive(self) -> None:
+        """Raise RuntimeError naming a guest that already powered off."""
+        for name, child in self.running.items():
+            if child.poll() is not None:
+                raise RuntimeError(f"{name} powered off early (status {child.returncode}); "
+                                   f"see its results folder")  # fmt: skip
+
+    def wait_nodes(self, timeout: float) -> None:
+        """Every worker's node registered with the API server."""
+        deadline = time.monotonic() + timeout
+        for entry in self.plan:
+            url = f"{self.cluster.api_base}/api/v1/nodes/{entry['name']}"
+            while http_get(url, self.cluster.token)[0] != 200:
+                self.check_alive()
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"timed out after {timeout:.0f} s waiting for node "
+                                       f"{entry['name']} to register")  # fmt: skip
+                time.sleep(2)
+            log(f"node {entry['name']} joined")
+
+    def go(self) -> None:
+        for entry in self.plan:
+            if entry["tests"]:
+                (self.results(entry) / "go").write_text("go\n")
+
+    def wait_tests(self, timeout: float) -> int:
+        """Wait until the tests' worker powers off; pytest's status from its share (1
+        when it wrote none or overran ``timeout`` seconds)."""
+        (entry,) = [e for e in self.plan if e["tests"]]
+        child = self.running[f"guest {entry['name']}"]
+        try:
+            child.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            log(f"the tests' worker did not finish in {timeout:.0f} s")
+            return 1
+        exit_file = self.results(entry) / "exit-code"
+        if not exit_file.is_file():
+            log("the tests' worker wrote no exit status")
+            return 1
+        return int(exit_file.read_text().strip() or 1)
+
+    def stop(self, grace: float) -> None:
+        """``stop`` to every guest; each stops its kubelet and containerd, keeps its logs
+        and powers off. One still running after ``grace`` seconds is killed."""
+        for entry in self.plan:
+            with contextlib.suppress(OSError):
+                (self.results(entry) / "stop").write_text("stop\n")
+        deadline = time.monotonic() + grace
+        for name, child in self.running.items():
+            try:
+                child.wait(timeout=max(1.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                log(f"{name} did not power off in {grace:.0f} s: killed")
+                child.kill()
+                child.wait()
+
+
+def control_plane(spec: Spec) -> int:
+    """WORKERS=N, PID 1 of the namespace on the host: the control plane and the registry
+    up, the worker guests booted and joined, the plugin installed with the README's
+    command and Ready on every worker, the tests run in the tests' worker; then, in
+    :data:`workers.STOP_ORDER`, the guests off and the control plane down. Returns
+    pytest's status (1 if it never ran)."""
+    cluster = Cluster(spec)
+    guests = Guests(spec, cluster)
+    stop_reaper = threading.Event()
+    reaper = threading.Thread(
+        target=reap_orphans, args=(cluster.processes.started, stop_reaper), daemon=True
+    )
+    reaper.start()
+    signal.signal(signal.SIGTERM, interrupt)
+    scale = spec.time_scale
+    try:
+        started = time.monotonic()
+        cluster.up()
+        guests.boot()
+        guests.wait_nodes(300 * scale)
+        log(f"{len(guests.plan)} workers joined at {time.monotonic() - started:.0f} s")
+        cluster._install()
+        log(f"the plugin is Ready on every worker at {time.monotonic() - started:.0f} s")
+        guests.go()
+        return guests.wait_tests(1800 * scale)
+    except RuntimeError as error:
+        log(f"the cluster did not come up: {error}")
+        return 1
+    except KeyboardInterrupt:
+        log("interrupted")
+        return 130
+    finally:
+        guests.stop(120 * scale)
+        cluster.down()
+        stop_reaper.set()
         if os.getpid() == 1:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(-1, signal.SIGKILL)
@@ -855,6 +1124,89 @@ def run_vm(spec: Spec, shape: render.GuestShape, timeout: float) -> int:
     return report(status, differs)
 
 
+def tcg_scale(workers_count: int) -> float:
+    """How much slower than KVM the guests run under TCG: 5 for one guest, half as much
+    again for each further guest sharing the host's cores."""
+    return 5.0 * (1 + 0.5 * max(0, workers_count - 1))
+
+
+@dataclass(frozen=True)
+class GuestBoot:
+    """What every worker guest boots: the kernel, the initramfs, the kernel's modules
+    folder, and whether KVM runs it (else TCG)."""
+
+    kernel: Path
+    initrd: Path
+    modules: Path
+    kvm: bool
+
+
+def guest_plan(
+    spec: Spec, worker: Worker, boot: GuestBoot, scale: float, cpus_per_node: int
+) -> dict[str, Any]:
+    """One worker's entry of ``guests.json``: its name, whether it runs the tests, its
+    results folder (``<work>/results-<letter>``), its qemu command line (two NUMA nodes of
+    ``cpus_per_node`` CPUs and 3 GiB, the memory-only node where the worker has one, its
+    NIC) and the spec its guest runs (role ``worker``, the Memory Manager Static, every
+    timeout times ``scale``); the control plane adds the API server and token."""
+    results = spec.path / f"results-{worker.letter}"
+    shape = render.GuestShape(
+        cpus_per_node=cpus_per_node, memory_mib_per_cpu_node=3072,
+        memory_only_mib=1024 if worker.memory_only_node else 0,
+    )  # fmt: skip
+    guest_spec = Spec(**dict(
+        asdict(spec), work="/tmp/ndp-e2e", results="/ndp-results", time_scale=scale,
+        disposable_kernel=True, memory_manager="Static", guest_modules=str(boot.modules),
+        role="worker", worker=worker.name, node=worker.name, registry_storage="",
+    ))  # fmt: skip
+    argv = render.qemu_argv(
+        qemu="qemu-system-x86_64", kvm=boot.kvm, shape=shape, kernel=boot.kernel,
+        initrd=boot.initrd, console_log=results / "console.log", results=results,
+        extra=workers.qemu_nic(worker),
+    )  # fmt: skip
+    return {"name": worker.name, "tests": worker.tests, "results": str(results),
+            "argv": argv, "spec": asdict(guest_spec)}  # fmt: skip
+
+
+def run_workers(spec: Spec, cpus_per_node: int) -> int:
+    """WORKERS=N on the host: the guests' kernel and initramfs, one results folder, spec
+    and qemu command line per worker (``guests.json``), then the control plane
+    (:func:`control_plane`) in a new mount, PID and network namespace; the host is
+    checked afterwards. Returns pytest's status."""
+    kernel, modules, version = guest_kernel(CACHE)
+    kvm = has_kvm()
+    scale = (1.0 if kvm else tcg_scale(spec.workers)) * spec.time_scale
+    kept = render.kept_tmp_paths([Path(spec.bin_dir), REPO, Path(spec.python).parents[1]])
+    script = Path(__file__).resolve().parent / "guest-init.sh"
+    command = " ".join(
+        ["/bin/bash", str(script), spec.python, str(Path(__file__).resolve()), "/ndp-results",
+         *kept]
+    )  # fmt: skip
+    initrd = spec.path / "initrd.cpio"
+    initrd.write_bytes(initramfs(modules, command))
+    plan = []
+    for worker in workers.workers(spec.workers):
+        entry = guest_plan(spec, worker, GuestBoot(kernel, initrd, modules, kvm), scale,
+                           cpus_per_node)  # fmt: skip
+        Path(entry["results"]).mkdir()
+        plan.append(entry)
+        log(f"worker {worker.name}: 2 NUMA nodes of {cpus_per_node} CPUs"
+            + (" and a memory-only node" if worker.memory_only_node else "")
+            + f", {worker.ip}, pods {worker.pod_subnet}")  # fmt: skip
+    (spec.path / "guests.json").write_text(json.dumps({"guests": plan}, indent=1))
+    control = Spec(**dict(asdict(spec), role="control-plane", time_scale=scale))
+    spec_file = spec.path / "spec.json"
+    spec_file.write_text(json.dumps(asdict(control)))
+    log(f"Debian's kernel {version} under {'KVM' if kvm else 'TCG'} (timeouts x{scale:g}); "
+        "the control plane and the registry on this machine")  # fmt: skip
+    with host_kept(spec.path) as differs:
+        status = in_namespace(spec, "control-plane", str(spec_file), network=True)
+    for entry in plan:
+        results = Path(str(entry["results"]))
+        log(f"{entry['name']}: console {results / 'console.log'}, logs {results / 'logs'}")
+    return report(status, differs)
+
+
 def guest_main(results: Path) -> int:
     """In the guest, after guest-init.sh mounted the basics: run the cluster."""
     spec = Spec(**json.loads((results / "spec.json").read_text()))
@@ -874,6 +1226,17 @@ def vm_wanted(value: str) -> bool:
     if lowered in ("1", "true", "yes"):
         return True
     raise ValueError(f"NUMA_VM={value!r}: use 1 (in a qemu guest) or 0 (on this machine)")
+
+
+def workers_wanted(value: str) -> int:
+    """``WORKERS``: empty or 0 → the one-node harness; N → a control plane here and N
+    worker guests. Raises ValueError for anything but a whole number."""
+    text = value.strip()
+    if not text:
+        return 0
+    if not text.isdigit():
+        raise ValueError(f"WORKERS={value!r}: use a number of worker guests (2), or 0")
+    return int(text)
 
 
 def interrupt(signum: int, frame: object) -> None:
@@ -900,7 +1263,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                      help="process (the checkout), kustomize or helm (the image from a local "
                      "registry, installed with the README's command); also PLUGIN=")  # fmt: skip
     run.add_argument("--time-scale", type=float, default=1.0, help="multiply every timeout")
-    run.add_argument("--cpus-per-node", type=int, default=3, help="guest CPUs per NUMA node")
+    run.add_argument("--workers", type=int, default=None,
+                     help="a control plane here and this many worker guests with two NUMA "
+                     "nodes each (also WORKERS=; needs PLUGIN=helm or kustomize)")  # fmt: skip
+    run.add_argument("--cpus-per-node", type=int, default=None,
+                     help="guest CPUs per NUMA node (3; 2 with --workers)")  # fmt: skip
     run.add_argument("--vm-timeout", type=float, default=1800.0,
                      help="seconds the guest may run, before the TCG scale")  # fmt: skip
     run.add_argument("pytest_args", nargs="*", help="more pytest arguments (after --)")
@@ -908,12 +1275,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         commands.add_parser(hidden, help=argparse.SUPPRESS).add_argument("work", type=Path)
     inside_cmd = commands.add_parser("inside", help=argparse.SUPPRESS)
     inside_cmd.add_argument("spec", type=Path)
+    control_cmd = commands.add_parser("control-plane", help=argparse.SUPPRESS)
+    control_cmd.add_argument("spec", type=Path)
     guest = commands.add_parser("guest", help=argparse.SUPPRESS)
     guest.add_argument("results", type=Path)
     args = parser.parse_args(argv)
 
     if args.command == "inside":
         return inside(Spec(**json.loads(args.spec.read_text())))
+    if args.command == "control-plane":
+        return control_plane(Spec(**json.loads(args.spec.read_text())))
     if args.command == "guest":
         return guest_main(args.results)
     if args.command == "build":
@@ -922,16 +1293,32 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "push":
         shipped.push_image(REPO, args.work)
         return 0
-    if args.time_scale <= 0 or args.cpus_per_node < 2:
-        parser.error("--time-scale must be > 0 and --cpus-per-node at least 2")
     try:
         args.vm = args.vm or vm_wanted(os.environ.get("NUMA_VM", ""))
         mode = shipped.mode_wanted(args.plugin or os.environ.get("PLUGIN", ""))
+        count = (
+            args.workers
+            if args.workers is not None
+            else workers_wanted(os.environ.get("WORKERS", ""))
+        )
+        if count:
+            workers.workers(count)
     except ValueError as error:
         parser.error(str(error))
+    if count and mode == "process":
+        parser.error(f"WORKERS={count} runs the image on every worker: use PLUGIN=helm or "
+                     "PLUGIN=kustomize")  # fmt: skip
+    if count and args.vm:
+        parser.error("WORKERS= already runs every worker in a qemu guest: leave NUMA_VM unset")
+    if args.cpus_per_node is None:
+        args.cpus_per_node = 2 if count else 3
+    if args.time_scale <= 0 or args.cpus_per_node < 2:
+        parser.error("--time-scale must be > 0 and --cpus-per-node at least 2")
     venv_helm = REPO / ".venv" / "bin" / "helm"
     helm = shutil.which("helm") or (str(venv_helm) if os.access(venv_helm, os.X_OK) else None)
-    missing = missing_requirements(args.bin_dir, args.vm, os.geteuid() == 0)
+    missing = missing_requirements(args.bin_dir, args.vm or bool(count), os.geteuid() == 0)
+    if count and not Path("/dev/net/tun").exists():
+        missing.append("/dev/net/tun: the workers' NICs are tap devices (modprobe tun)")
     if mode != "process":
         missing += shipped.missing_tools(Path(helm) if helm else None)
         if args.bin_dir is not None and not os.access(args.bin_dir / "kube-controller-manager",
@@ -954,6 +1341,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         plugin=mode,
         registry_storage=str(work.resolve() / "registry") if mode != "process" else "",
         helm=helm or "",
+        workers=count,
     )
     started = time.monotonic()
     # SIGTERM (and SIGHUP) end the run as Ctrl-C does: through the clean-up.
@@ -962,6 +1350,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if spec.shipped and prepare_image(spec) != 0:
             status = 1
+        elif count:
+            status = run_workers(spec, args.cpus_per_node)
         elif args.vm:
             status = run_vm(spec, render.GuestShape(cpus_per_node=args.cpus_per_node),
                             args.vm_timeout)  # fmt: skip

@@ -326,7 +326,7 @@ def oci_archive(layer: bytes, images: Sequence[tuple[str, Sequence[str]]]) -> by
 class GuestShape:
     """The guest's NUMA layout: ``cpu_nodes`` NUMA nodes of ``cpus_per_node`` CPUs and
     ``memory_mib_per_cpu_node`` MiB each, then one memory-only node of
-    ``memory_only_mib``. Distances: 10 local, 21 between CPU nodes, 31 to the
+    ``memory_only_mib`` (none when 0). Distances: 10 local, 21 between CPU nodes, 31 to the
     memory-only node (a SLIT as on a two-socket machine with far memory)."""
 
     cpu_nodes: int = 2
@@ -340,7 +340,7 @@ class GuestShape:
 
     @property
     def nodes(self) -> int:
-        return self.cpu_nodes + 1
+        return self.cpu_nodes + (1 if self.memory_only_mib else 0)
 
     @property
     def memory_mib(self) -> int:
@@ -361,11 +361,13 @@ def qemu_argv(
     initrd: Path,
     console_log: Path,
     results: Path,
+    extra: Sequence[str] = (),
 ) -> list[str]:
     """The qemu command line: ``kvm`` picks ``-accel kvm -cpu host``, else TCG on every
     host core. ttyS0 (the kernel's console) goes to ``console_log``; ttyS1, where the
     guest writes the run's output, to qemu's stdout. The host's ``/`` is shared read-only
-    (tag ``hostroot``), ``results`` writable (tag ``results``)."""
+    (tag ``hostroot``), ``results`` writable (tag ``results``). ``extra`` ends the line
+    (a worker's NIC, :func:`workers.qemu_nic`)."""
     accel = (
         ["-accel", "kvm", "-cpu", "host"] if kvm else ["-accel", "tcg,thread=multi", "-cpu", "max"]
     )
@@ -399,7 +401,7 @@ def qemu_argv(
         for b in range(shape.nodes):
             if a != b:
                 argv += ["-numa", f"dist,src={a},dst={b},val={shape.distance(a, b)}"]
-    return argv
+    return [*argv, *extra]
 
 
 def kept_tmp_paths(paths: Iterable[Path]) -> list[str]:

@@ -276,12 +276,15 @@ def image_tag(work: Path) -> str:
     return (work / "image-tag").read_text().strip()
 
 
-def start_registry(work: Path, storage: Path) -> subprocess.Popen[bytes]:
-    """Debian's docker-registry on 127.0.0.1:5000 (this namespace's), storing under
-    ``storage``, logging to ``work/registry.log``; returns once it answers ``/v2/``.
-    Raises RuntimeError."""
+def start_registry(
+    work: Path, storage: Path, address: str = "127.0.0.1:5000"
+) -> subprocess.Popen[bytes]:
+    """Debian's docker-registry on ``address`` (this namespace's; ``0.0.0.0:5000`` serves
+    the worker guests on the bridge too), storing under ``storage``, logging to
+    ``work/registry.log``; returns once it answers ``/v2/`` on loopback. Raises
+    RuntimeError."""
     config = work / "registry.json"
-    config.write_text(registry_config(storage))
+    config.write_text(registry_config(storage, address))
     out = open(work / "registry.log", "ab")  # noqa: SIM115 (kept by the child)
     child = subprocess.Popen(["docker-registry", "serve", str(config)], stdout=out,
                              stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)  # fmt: skip

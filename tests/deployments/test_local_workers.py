@@ -1,0 +1,353 @@
+"""Offline tests of the test cluster of ``make test-e2e-local WORKERS=2`` (test/local/
+workers.py and its part of cluster.py): the workers' addresses, the bridge and taps on
+the host, each guest's network and configuration, the join through the results shares,
+and the order things stop in. The live run needs Kubernetes binaries and qemu; CI runs
+these."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import REPO
+
+sys.path.insert(0, str(REPO / "test" / "local"))
+import cluster
+import render
+import workers
+
+
+def spec(tmp_path: Path, **changes: Any) -> cluster.Spec:
+    values: dict[str, Any] = {
+        "bin_dir": "/k8s/bin",
+        "work": str(tmp_path),
+        "python": "/venv/bin/python",
+        "pytest_args": [],
+        "plugin": "helm",
+        "workers": 2,
+    }
+    values.update(changes)
+    return cluster.Spec(**values)
+
+
+def test_two_workers_have_their_own_names_addresses_nics_and_pod_subnets() -> None:
+    a, b = workers.workers(2)
+    assert (a.name, b.name) == ("numa-e2e-a", "numa-e2e-b")
+    assert len({a.ip, b.ip, workers.CONTROL_PLANE_IP}) == 3
+    assert len({a.mac, b.mac}) == len({a.tap, b.tap}) == len({a.pod_subnet, b.pod_subnet}) == 2
+    assert a.pod_gateway.startswith(a.pod_subnet.rpartition(".")[0])
+    assert (a.memory_only_node, b.memory_only_node) == (True, False)
+    assert (a.tests, b.tests) == (True, False)
+    for worker in (a, b):
+        assert len(worker.tap) < 16, "IFNAMSIZ"
+
+
+@pytest.mark.parametrize("count", [0, -1, workers.MAX_WORKERS + 1])
+def test_a_worker_count_out_of_range_is_refused(count: int) -> None:
+    with pytest.raises(ValueError, match=f"WORKERS={count}"):
+        workers.workers(count)
+
+
+def test_the_host_makes_the_bridge_before_the_taps_and_routes_each_pod_subnet() -> None:
+    found = workers.workers(2)
+    commands = [" ".join(c) for c in workers.host_network_commands(found)]
+    bridge = commands.index(f"ip link add {workers.BRIDGE} type bridge")
+    assert f"ip addr add {workers.CONTROL_PLANE_IP}/24 dev {workers.BRIDGE}" in commands
+    for worker in found:
+        made = commands.index(f"ip tuntap add dev {worker.tap} mode tap")
+        enslaved = commands.index(f"ip link set {worker.tap} master {workers.BRIDGE}")
+        assert bridge < made < enslaved < commands.index(f"ip link set {worker.tap} up")
+        assert f"ip route add {worker.pod_subnet} via {worker.ip}" in commands
+
+
+def test_a_guest_joins_the_bridge_routes_the_other_pods_and_reaches_the_api_server() -> None:
+    a, b = workers.workers(2)
+    commands = [" ".join(c) for c in workers.guest_network_commands(b, [a, b], "eth0", 6443)]
+    assert f"ip addr add {b.ip}/24 dev eth0" in commands
+    assert f"ip route add default via {workers.CONTROL_PLANE_IP}" in commands
+    assert f"ip addr add {b.pod_gateway}/24 dev cni0" in commands
+    assert f"ip route add {a.pod_subnet} via {a.ip}" in commands
+    assert not any(b.pod_subnet in c and "route" in c for c in commands), "not its own"
+    assert "sysctl -w net.ipv4.ip_forward=1" in commands
+    dnat = [c for c in commands if "DNAT" in c]
+    assert len(dnat) == 2
+    assert all(f"--to-destination {workers.CONTROL_PLANE_IP}:6443" in c for c in dnat)
+    assert {c.split()[4] for c in dnat} == {"PREROUTING", "OUTPUT"}
+
+
+def test_every_guest_resolves_the_registry_and_each_worker_alike() -> None:
+    found = workers.workers(2)
+    lines = dict(
+        (name, line.split()[0])
+        for line in workers.etc_hosts(found).splitlines()
+        for name in line.split()[1:]
+    )
+    assert lines[workers.REGISTRY_HOST] == workers.CONTROL_PLANE_IP
+    assert lines["numa-e2e-a"] == found[0].ip
+    assert lines["numa-e2e-b"] == found[1].ip
+    assert lines["localhost"] == "127.0.0.1"
+
+
+def test_each_worker_hands_out_pod_addresses_of_its_own_subnet() -> None:
+    a, b = workers.workers(2)
+    ranges = [workers.cni_network(w)["plugins"][0]["ipam"]["ranges"][0][0] for w in (a, b)]
+    assert ranges == [
+        {"subnet": a.pod_subnet, "gateway": a.pod_gateway},
+        {"subnet": b.pod_subnet, "gateway": b.pod_gateway},
+    ]
+    assert workers.cni_network(a)["plugins"][0]["bridge"] == "cni0"
+
+
+def test_the_nic_is_found_by_its_mac_and_a_missing_one_is_named() -> None:
+    a, _ = workers.workers(2)
+    found = {"lo": "00:00:00:00:00:00\n", "eth0": a.mac.upper() + "\n"}
+    assert workers.interface_by_mac(found, a.mac) == "eth0"
+    with pytest.raises(LookupError, match=r"no network interface has MAC .*'lo'"):
+        workers.interface_by_mac({"lo": "00:00:00:00:00:00"}, a.mac)
+
+
+def test_the_guest_plan_gives_worker_a_the_memory_only_node_and_each_its_nic(
+    tmp_path: Path,
+) -> None:
+    boot = cluster.GuestBoot(Path("/k/vmlinuz"), tmp_path / "initrd", Path("/k/modules"), False)
+    plans = [cluster.guest_plan(spec(tmp_path), w, boot, 7.5, 2) for w in workers.workers(2)]
+    for plan, worker in zip(plans, workers.workers(2), strict=True):
+        argv = " ".join(plan["argv"])
+        assert f"ifname={worker.tap}," in argv
+        assert f"mac={worker.mac}" in argv
+        assert "-smp 4," in argv
+        assert plan["results"] == str(tmp_path / f"results-{worker.letter}")
+        guest = cluster.Spec(**plan["spec"])
+        assert (guest.role, guest.worker, guest.node) == ("worker", worker.name, worker.name)
+        assert guest.me == worker
+        assert guest.time_scale == 7.5
+        assert guest.memory_manager == "Static"
+        assert guest.disposable_kernel
+        assert not guest.apiserver, "the control plane fills it in"
+    a, b = (" ".join(p["argv"]) for p in plans)
+    assert "nodeid=2" in a
+    assert "dst=2" in a
+    assert "nodeid=2" not in b
+    assert "dst=2" not in b
+    assert [p["tests"] for p in plans] == [True, False]
+
+
+def test_a_shape_without_a_memory_only_node_has_only_its_cpu_nodes() -> None:
+    shape = render.GuestShape(cpus_per_node=2, memory_only_mib=0)
+    assert shape.nodes == 2
+    assert shape.memory_mib == 2 * shape.memory_mib_per_cpu_node
+
+
+def test_tcg_timeouts_grow_with_the_guests_sharing_the_cores() -> None:
+    assert cluster.tcg_scale(1) == 5.0
+    assert cluster.tcg_scale(2) == 7.5
+
+
+def fake_plan(tmp_path: Path, argv: list[str]) -> cluster.Spec:
+    """A work folder whose guests.json names two 'guests' running ``argv``."""
+    plan = []
+    for worker in workers.workers(2):
+        results = tmp_path / f"results-{worker.letter}"
+        results.mkdir()
+        plan.append({"name": worker.name, "tests": worker.tests, "results": str(results),
+                     "argv": argv, "spec": {"node": worker.name}})  # fmt: skip
+    (tmp_path / "guests.json").write_text(json.dumps({"guests": plan}))
+    return spec(tmp_path, role="control-plane")
+
+
+class FakeCluster:
+    """What :class:`cluster.Guests` uses of the cluster, recording calls."""
+
+    def __init__(self, tmp_path: Path, calls: list[str]) -> None:
+        self.ports = {"apiserver": 6443}
+        self.token = "t0ken"
+        self.processes = cluster.Processes(tmp_path)
+        self.calls = calls
+
+
+def test_boot_gives_each_guest_the_api_server_and_token(tmp_path: Path) -> None:
+    the_spec = fake_plan(tmp_path, ["sleep", "30"])
+    guests = cluster.Guests(the_spec, FakeCluster(tmp_path, []))  # type: ignore[arg-type]
+    guests.boot()
+    try:
+        for letter in "ab":
+            written = json.loads((tmp_path / f"results-{letter}" / "spec.json").read_text())
+            assert written["apiserver"] == f"https://{workers.CONTROL_PLANE_IP}:6443"
+            assert written["token"] == "t0ken"
+        assert set(guests.cluster.processes.started) == {"guest numa-e2e-a", "guest numa-e2e-b"}
+    finally:
+        guests.stop(0.1)
+
+
+def test_stop_tells_every_guest_then_kills_one_that_does_not_power_off(tmp_path: Path) -> None:
+    the_spec = fake_plan(tmp_path, ["sleep", "30"])
+    guests = cluster.Guests(the_spec, FakeCluster(tmp_path, []))  # type: ignore[arg-type]
+    guests.boot()
+    started = time.monotonic()
+    guests.stop(0.5)
+    assert time.monotonic() - started < 10
+    for letter in "ab":
+        assert (tmp_path / f"results-{letter}" / "stop").read_text() == "stop\n"
+    assert all(child.poll() is not None for child in guests.running.values())
+
+
+def test_a_guest_that_powers_off_early_is_named(tmp_path: Path) -> None:
+    the_spec = fake_plan(tmp_path, ["true"])
+    guests = cluster.Guests(the_spec, FakeCluster(tmp_path, []))  # type: ignore[arg-type]
+    guests.boot()
+    for child in guests.running.values():
+        child.wait()
+    with pytest.raises(RuntimeError, match="guest numa-e2e-a powered off early"):
+        guests.check_alive()
+
+
+def test_the_tests_status_is_read_from_the_tests_workers_share(tmp_path: Path) -> None:
+    the_spec = fake_plan(tmp_path, ["true"])
+    guests = cluster.Guests(the_spec, FakeCluster(tmp_path, []))  # type: ignore[arg-type]
+    guests.boot()
+    assert guests.wait_tests(30) == 1, "no exit-code written: a failure"
+    (tmp_path / "results-a" / "exit-code").write_text("0\n")
+    assert guests.wait_tests(30) == 0
+    guests.go()
+    assert (tmp_path / "results-a" / "go").exists()
+    assert not (tmp_path / "results-b" / "go").exists(), "only the tests' worker runs pytest"
+
+
+def test_the_control_plane_stops_the_guests_before_itself(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Whatever way the run ends (here: the cluster fails to come up), the guests are told
+    to stop and waited for before the control plane goes down."""
+    the_spec = fake_plan(tmp_path, ["true"])
+    calls: list[str] = []
+
+    def up(self: cluster.Cluster) -> None:
+        calls.append("up")
+        raise RuntimeError("etcd exited")
+
+    monkeypatch.setattr(cluster.Cluster, "up", up)
+    monkeypatch.setattr(cluster.Cluster, "down", lambda self, grace=10.0: calls.append("down"))
+    monkeypatch.setattr(cluster.Guests, "stop", lambda self, grace: calls.append("stop guests"))
+    monkeypatch.setattr("os.getpid", lambda: 4242)  # not PID 1: kill nothing
+    monkeypatch.setattr("signal.signal", lambda *args: None)
+    assert cluster.control_plane(the_spec) == 1
+    assert calls == ["up", "stop guests", "down"]
+    assert workers.STOP_ORDER[0] == "guests"
+    assert workers.STOP_ORDER[-2:] == ("etcd", "docker-registry")
+
+
+def test_down_stops_the_control_plane_in_the_documented_order(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    the_spec = spec(tmp_path, role="control-plane")
+    control = cluster.Cluster(the_spec)
+    stopped: list[str] = []
+    for name in reversed(workers.STOP_ORDER[1:]):
+        pidfile = tmp_path / f"{name}.pid"
+        child = subprocess.Popen(["sleep", "30"])
+        pidfile.write_text(f"{child.pid}\n")
+        control.processes.started[name] = child
+        if name != "docker-registry":
+            control.processes.described[name] = cluster.Process(name, [], "", str(pidfile))
+
+    def record(pid: int, child: subprocess.Popen[bytes], grace: float) -> None:
+        stopped.append(next(n for n, c in control.processes.started.items() if c is child))
+        child.kill()
+        child.wait()
+
+    monkeypatch.setattr(cluster, "stop", record)
+    control.down()
+    assert tuple(stopped) == workers.STOP_ORDER[1:]
+
+
+def test_a_worker_runs_the_tests_only_after_go(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    results = tmp_path / "results"
+    results.mkdir()
+    the_spec = spec(tmp_path, role="worker", worker="numa-e2e-a", node="numa-e2e-a",
+                    results=str(results))  # fmt: skip
+    worker = cluster.Cluster(the_spec)
+    monkeypatch.setattr(cluster.Cluster, "run_tests", lambda self: 7)
+    (results / "go").write_text("go\n")
+    assert cluster.worker_duty(worker) == 7
+    assert (results / "up").read_text() == "numa-e2e-a\n"
+
+
+def test_a_worker_stopped_before_go_runs_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    results = tmp_path / "results"
+    results.mkdir()
+    the_spec = spec(tmp_path, role="worker", worker="numa-e2e-a", node="numa-e2e-a",
+                    results=str(results))  # fmt: skip
+    monkeypatch.setattr(cluster.Cluster, "run_tests", lambda self: pytest.fail("ran"))
+    (results / "stop").write_text("stop\n")
+    assert cluster.worker_duty(cluster.Cluster(the_spec)) == 1
+
+
+def test_worker_b_waits_for_stop_and_runs_no_tests(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    results = tmp_path / "results"
+    results.mkdir()
+    the_spec = spec(tmp_path, role="worker", worker="numa-e2e-b", node="numa-e2e-b",
+                    results=str(results))  # fmt: skip
+    monkeypatch.setattr(cluster.Cluster, "run_tests", lambda self: pytest.fail("ran"))
+    (results / "go").write_text("go\n")
+    (results / "stop").write_text("stop\n")
+    assert cluster.worker_duty(cluster.Cluster(the_spec)) == 0
+
+
+def test_ready_nodes_counts_only_ready_pods() -> None:
+    pods: list[dict[str, Any]] = [
+        {"spec": {"nodeName": "a"}, "status": {"conditions": [{"type": "Ready",
+                                                                "status": "True"}]}},
+        {"spec": {"nodeName": "b"}, "status": {"conditions": [{"type": "Ready",
+                                                                "status": "False"}]}},
+        {"spec": {"nodeName": "c"}, "status": {}},
+    ]  # fmt: skip
+    assert cluster.ready_nodes(pods) == {"a"}
+
+
+@pytest.mark.parametrize(
+    ("environment", "message"),
+    [
+        ({"WORKERS": "2", "PLUGIN": "process"}, "WORKERS=2 runs the image"),
+        ({"WORKERS": "two", "PLUGIN": "helm"}, "WORKERS='two'"),
+        ({"WORKERS": "9", "PLUGIN": "helm"}, "WORKERS=9: use 1 to 8"),
+        ({"WORKERS": "2", "PLUGIN": "helm", "NUMA_VM": "1"}, "leave NUMA_VM unset"),
+    ],
+)
+def test_bad_worker_settings_exit_2_with_usage(
+    environment: dict[str, str], message: str, monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:  # fmt: skip
+    for name in ("WORKERS", "PLUGIN", "NUMA_VM"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in environment.items():
+        monkeypatch.setenv(name, value)
+    with pytest.raises(SystemExit) as exited:
+        cluster.main(["run", "--bin-dir", "/nowhere"])
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    assert "usage:" in err
+    assert message in err
+
+
+def test_workers_need_qemu_and_name_it(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("WORKERS", "2")
+    monkeypatch.setenv("PLUGIN", "helm")
+    monkeypatch.delenv("NUMA_VM", raising=False)
+    monkeypatch.setattr("shutil.which", lambda name: None)
+    assert cluster.main(["run", "--bin-dir", "/nowhere"]) == 2
+    err = capsys.readouterr().err
+    assert "qemu-system-x86_64: not on PATH (Debian package qemu-system-x86)" in err
