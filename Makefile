@@ -49,8 +49,9 @@ test-e2e: install
 ## test-e2e-local: tests/e2e on a one-node cluster of real binaries on this machine
 ## (KUBE_BIN_DIR=DIR with kubelet, kube-apiserver, kube-scheduler, etcd; root, containerd,
 ## runc, busybox-static); NUMA_VM=1 runs it in a qemu guest with two NUMA nodes of CPUs
-## and a memory-only node. E2E_ARGS go to pytest. Exits with pytest's status; 2 when
-## something is missing.
+## and a memory-only node; WORKERS=2 (with PLUGIN=helm or kustomize) runs the control
+## plane and registry here and two 2-NUMA qemu workers (docs/development.md). E2E_ARGS go
+## to pytest. Exits with pytest's status; 2 when something is missing.
 test-e2e-local: install helm
 	NUMA_VM="$(NUMA_VM)" PLUGIN="$(PLUGIN)" WORKERS="$(WORKERS)" $(PY) test/local/cluster.py run $(if $(KUBE_BIN_DIR),--bin-dir "$(KUBE_BIN_DIR)") -- $(E2E_ARGS)
 

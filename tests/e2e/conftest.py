@@ -4,6 +4,9 @@
   ``NUMA_E2E_LOCAL`` to its description: the plugin is a process the tests can restart and
   re-configure, the kubelet one they can SIGKILL and start again, the node's sysfs and the
   kubelet's pod resources API are at hand;
+  with ``WORKERS=2`` the same harness runs the control plane here and two worker guests,
+  the tests in worker A (the platform's node, as above) and ``workers`` in the
+  description naming both (``test_workers.py``);
 - the KVM cluster of ``test/infra/`` (``make test-e2e`` with ``KUBECONFIG``): the plugin is
   the DaemonSet, the kubelet an RKE2 agent reached over ssh.
 

@@ -92,7 +92,8 @@ def test_kubectl_exec_status_and_kubectl_logs(
 def retag(registry: str, tag: str, new: str, timeout: float) -> None:
     """Give the image ``tag`` a second tag ``new`` in the registry (its HTTP API); each
     request may take ``timeout`` seconds."""
-    base = f"http://127.0.0.1:{registry.rpartition(':')[2]}/v2/numa-device-plugin/manifests"
+    # By name: the namespace's (or guest's) /etc/hosts has it on loopback or the bridge.
+    base = f"http://{registry}/v2/numa-device-plugin/manifests"
     request = urllib.request.Request(f"{base}/{tag}", headers={"Accept": MANIFEST_TYPES})
     with urllib.request.urlopen(request, timeout=timeout) as answer:
         manifest, kind = answer.read(), answer.headers["Content-Type"]
