@@ -969,12 +969,15 @@ def in_namespace(spec: Spec, *command: str, network: bool) -> int:
     try:
         return child.wait()
     except KeyboardInterrupt:
-        # unshare --fork ignores SIGTERM itself: the namespace's first process gets it.
+        # unshare --fork ignores SIGTERM itself: the namespace's first process gets it
+        # (PID 1 there: every command of ours handles SIGTERM, the kernel would drop it
+        # otherwise). 130 whatever it returns: no step after this one may run.
         children = Path(f"/proc/{child.pid}/task/{child.pid}/children")
         with contextlib.suppress(OSError, ValueError):
             for pid in children.read_text().split():
                 os.kill(int(pid), signal.SIGTERM)
-        return child.wait()
+        child.wait()
+        return 130
 
 
 def prepare_image(spec: Spec) -> int:
@@ -1281,6 +1284,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     guest.add_argument("results", type=Path)
     args = parser.parse_args(argv)
 
+    if args.command != "run":
+        # PID 1 of a namespace: without a handler the kernel drops SIGTERM.
+        signal.signal(signal.SIGTERM, interrupt)
     if args.command == "inside":
         return inside(Spec(**json.loads(args.spec.read_text())))
     if args.command == "control-plane":
@@ -1360,6 +1366,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Missing as missing_thing:
         print(f"test-e2e-local cannot run; missing: {missing_thing}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        log("interrupted")
+        status = 130
     finally:
         log(f"finished in {time.monotonic() - started:.0f} s; work folder {work}"
             + (" (kept)" if args.keep else " (removed)"))  # fmt: skip

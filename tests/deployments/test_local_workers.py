@@ -351,3 +351,43 @@ def test_workers_need_qemu_and_name_it(
     assert cluster.main(["run", "--bin-dir", "/nowhere"]) == 2
     err = capsys.readouterr().err
     assert "qemu-system-x86_64: not on PATH (Debian package qemu-system-x86)" in err
+
+
+def test_an_interrupted_step_in_a_namespace_is_130_whatever_its_child_returns(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Ctrl-C during ``make image`` once let the push and the cluster go on: the build
+    (PID 1 of its namespace, SIGTERM dropped) finished and said 0."""
+
+    class Child:
+        pid = 999_999_999
+        waits = 0
+
+        def wait(self) -> int:
+            Child.waits += 1
+            if Child.waits == 1:
+                raise KeyboardInterrupt
+            return 0
+
+    monkeypatch.setattr("subprocess.Popen", lambda *args, **kwargs: Child())
+    assert cluster.in_namespace(spec(tmp_path), "build", str(tmp_path), network=False) == 130
+    assert Child.waits == 2, "the namespace's end is waited for"
+
+
+def test_the_namespace_commands_handle_sigterm(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import signal
+
+    seen = []
+    monkeypatch.setattr("shipped.python_standin", lambda cache: tmp_path)
+    monkeypatch.setattr(
+        "shipped.build_image",
+        lambda *args: seen.append(signal.getsignal(signal.SIGTERM)),
+    )  # fmt: skip
+    previous = signal.getsignal(signal.SIGTERM)
+    try:
+        assert cluster.main(["build", str(tmp_path)]) == 0
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert seen == [cluster.interrupt]
