@@ -900,6 +900,7 @@ def control_plane(spec: Spec) -> int:
     reaper.start()
     signal.signal(signal.SIGTERM, interrupt)
     scale = spec.time_scale
+    grace = 120 * scale
     try:
         started = time.monotonic()
         cluster.up()
@@ -914,10 +915,11 @@ def control_plane(spec: Spec) -> int:
         log(f"the cluster did not come up: {error}")
         return 1
     except KeyboardInterrupt:
-        log("interrupted")
+        log("interrupted: the guests get 30 s to power off")
+        grace = 30.0
         return 130
     finally:
-        guests.stop(120 * scale)
+        guests.stop(grace)
         cluster.down()
         stop_reaper.set()
         if os.getpid() == 1:
@@ -1270,7 +1272,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                      help="a control plane here and this many worker guests with two NUMA "
                      "nodes each (also WORKERS=; needs PLUGIN=helm or kustomize)")  # fmt: skip
     run.add_argument("--cpus-per-node", type=int, default=None,
-                     help="guest CPUs per NUMA node (3; 2 with --workers)")  # fmt: skip
+                     help="guest CPUs per NUMA node (3)")  # fmt: skip
     run.add_argument("--vm-timeout", type=float, default=1800.0,
                      help="seconds the guest may run, before the TCG scale")  # fmt: skip
     run.add_argument("pytest_args", nargs="*", help="more pytest arguments (after --)")
@@ -1317,7 +1319,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if count and args.vm:
         parser.error("WORKERS= already runs every worker in a qemu guest: leave NUMA_VM unset")
     if args.cpus_per_node is None:
-        args.cpus_per_node = 2 if count else 3
+        # 3: NUMA node 0 keeps 2 exclusive CPUs beside the reserved CPU 0, as the
+        # deployments/examples pod asks.
+        args.cpus_per_node = 3
     if args.time_scale <= 0 or args.cpus_per_node < 2:
         parser.error("--time-scale must be > 0 and --cpus-per-node at least 2")
     venv_helm = REPO / ".venv" / "bin" / "helm"

@@ -515,15 +515,23 @@ def test_a_kubelet_sigkill_on_worker_a_leaves_worker_b_untouched(
 def test_a_deployment_of_numa_1_replicas_spreads_without_one_topology_affinity_error(
     cpus_everywhere: Workers, cluster: ClusterConfig, namespace: str
 ) -> None:
-    """``capacity=cpus``: a Deployment of one replica per exclusive CPU of node 1 on the
-    two workers (4) asking numa-1 spreads over both, each replica on node 1's CPUs, with
-    no TopologyAffinityError; one replica more waits Pending, Insufficient numa-1."""
+    """``capacity=cpus``, each worker's node 1 with room for 2 one-CPU pods (foreign pods
+    take node 0 and the rest of node 1): a Deployment of 4 replicas asking numa-1 spreads
+    2 and 2 over the workers, each replica on node 1's CPUs, with no
+    TopologyAffinityError; a fifth replica waits Pending, Insufficient numa-1."""
     two, platform = cpus_everywhere, cpus_everywhere.platform
-    e1 = cluster.exclusive_cpus(1)
-    replicas = 2 * e1
+    e0, e1 = cluster.exclusive_cpus(0), cluster.exclusive_cpus(1)
+    assert e1 >= 2, "node 1 needs 2 exclusive CPUs"
+    replicas, room = 4, 2
     for node in two.names:
         platform.eventually(lambda n=node: two.ours(n).get(NUMA1) == str(e1), 120,
                             f"{node}: numa-1={e1}")  # fmt: skip
+        runs(platform, namespace, on(platform, node, f"fill0-{node[-1]}", "sleep 3600", e0))
+        if e1 > room:
+            runs(platform, namespace, on(platform, node, f"fill1-{node[-1]}", "sleep 3600",
+                                         e1 - room))  # fmt: skip
+        platform.eventually(lambda n=node: two.ours(n).get(NUMA1) == str(room), 120,
+                            f"{node}: numa-1={room}")  # fmt: skip
     template = on(platform, None, "replica", WHERE + "; sleep 3600", 1, NUMA1)
     apps = client.AppsV1Api(platform.core.api_client)
     labels = {"app": "numa-1-replicas"}
@@ -542,7 +550,8 @@ def test_a_deployment_of_numa_1_replicas_spreads_without_one_topology_affinity_e
     try:
 
         def running() -> list[client.V1Pod]:
-            return [p for p in platform.core.list_namespaced_pod(namespace).items
+            return [p for p in platform.core.list_namespaced_pod(
+                        namespace, label_selector="app=numa-1-replicas").items
                     if p.status.phase == "Running"]  # fmt: skip
 
         pods = platform.eventually(lambda: len(found := running()) == replicas and found, 300,
@@ -553,7 +562,7 @@ def test_a_deployment_of_numa_1_replicas_spreads_without_one_topology_affinity_e
             seen = where(platform, pod.metadata.name, namespace)
             assert on_node_1(seen), f"{pod.metadata.name}: {seen}"
         print(f"{replicas} replicas: {spread}")
-        assert spread == {two.a: e1, two.b: e1}
+        assert spread == {two.a: room, two.b: room}
         more = {"spec": {"replicas": replicas + 1}}
         apps.patch_namespaced_deployment_scale("numa-1-replicas", namespace, more)
 
