@@ -116,8 +116,10 @@ class Spec:
     @property
     def me(self) -> Worker | None:
         """This guest's worker (None outside a worker guest)."""
+        if self.role != "worker" or not self.workers:
+            return None
         found = [w for w in workers.workers(self.workers) if w.name == self.worker]
-        return found[0] if found and self.role == "worker" else None
+        return found[0] if found else None
 
     @property
     def shipped(self) -> bool:

@@ -391,3 +391,11 @@ def test_the_namespace_commands_handle_sigterm(
     finally:
         signal.signal(signal.SIGTERM, previous)
     assert seen == [cluster.interrupt]
+
+
+def test_outside_a_worker_guest_there_is_no_worker(tmp_path: Path) -> None:
+    """The one-node modes (workers 0) and the control plane have none: the one-node
+    harness asks for it to pick the node's address."""
+    assert spec(tmp_path, workers=0).me is None
+    assert spec(tmp_path, role="control-plane").me is None
+    assert cluster.Cluster(spec(tmp_path, workers=0, plugin="process")).node_ip == "127.0.0.1"
