@@ -125,7 +125,10 @@ def test_a_rolling_update_to_a_new_tag_leaves_workload_pods_untouched(
             ),
             120, "the DaemonSet's pod on the new tag, Ready", 0.5,
         )  # fmt: skip
-        platform.kubectl("-n", NAMESPACE, "rollout", "status", f"ds/{PLUGIN}", "--timeout=120s")
+        # Every node's pod (the test cluster's rollout goes one worker at a time).
+        wait = int(300 * platform.time_scale)
+        platform.kubectl("-n", NAMESPACE, "rollout", "status", f"ds/{PLUGIN}",
+                         f"--timeout={wait}s", timeout=wait / platform.time_scale + 60)  # fmt: skip
         platform.eventually(lambda: platform.registered(resources), 60, "registered")
         _untouched(platform, namespace, before, pids)
     finally:
@@ -177,8 +180,9 @@ def test_a_plugin_pod_deleted_right_after_it_starts_is_gone_within_2_s(
 
     def started() -> client.V1Pod | None:
         pods = platform.core.list_namespaced_pod(
-            NAMESPACE, label_selector=f"app.kubernetes.io/name={PLUGIN}"
-        ).items
+            NAMESPACE, label_selector=f"app.kubernetes.io/name={PLUGIN}",
+            field_selector=f"spec.nodeName={platform.node}",  # the test cluster has two
+        ).items  # fmt: skip
         for pod in pods:
             if pod.metadata.uid == old.metadata.uid or pod.metadata.deletion_timestamp:
                 continue
