@@ -107,9 +107,10 @@ def hosts_toml(registry: str) -> str:
     )
 
 
-def cni_network() -> dict[str, Any]:
+def cni_network(subnet: str = POD_SUBNET, gateway: str = NODE_IP) -> dict[str, Any]:
     """The pod network: one bridge (:data:`BRIDGE`, which the harness makes and gives the
-    node's address) with host-local addresses from :data:`POD_SUBNET`."""
+    gateway's address) with host-local addresses from ``subnet`` (a worker of the test
+    cluster passes its own)."""
     return {
         "cniVersion": "0.4.0",
         "name": "numa-e2e",
@@ -122,7 +123,7 @@ def cni_network() -> dict[str, Any]:
                 "hairpinMode": True,
                 "ipam": {
                     "type": "host-local",
-                    "ranges": [[{"subnet": POD_SUBNET, "gateway": NODE_IP}]],
+                    "ranges": [[{"subnet": subnet, "gateway": gateway}]],
                     "routes": [{"dst": "0.0.0.0/0"}],
                 },
             },

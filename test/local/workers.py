@@ -27,6 +27,8 @@ import string
 from dataclasses import asdict, dataclass
 from typing import Any
 
+import shipped
+
 BRIDGE = "ndp0"
 CONTROL_PLANE_IP = "10.99.0.1"
 PREFIX = 24
@@ -153,29 +155,10 @@ def etc_hosts(found: list[Worker]) -> str:
 
 
 def cni_network(me: Worker) -> dict[str, Any]:
-    """Worker ``me``'s pod network: the bridge ``cni0`` with host-local addresses from its
-    pod subnet; traffic leaving the subnet for anything but another pod is masqueraded
-    to the worker's address (the control plane has no route back to pod addresses
-    otherwise needed)."""
-    return {
-        "cniVersion": "0.4.0",
-        "name": "numa-e2e",
-        "plugins": [
-            {
-                "type": "bridge",
-                "bridge": "cni0",
-                "isGateway": True,
-                "ipMasq": False,
-                "hairpinMode": True,
-                "ipam": {
-                    "type": "host-local",
-                    "ranges": [[{"subnet": me.pod_subnet, "gateway": me.pod_gateway}]],
-                    "routes": [{"dst": "0.0.0.0/0"}],
-                },
-            },
-            {"type": "portmap", "capabilities": {"portMappings": True}},
-        ],
-    }
+    """Worker ``me``'s pod network: the one-node harness's bridge network
+    (:func:`shipped.cni_network`, bridge ``cni0``) with the worker's pod subnet and
+    gateway."""
+    return shipped.cni_network(me.pod_subnet, me.pod_gateway)
 
 
 def qemu_nic(me: Worker) -> list[str]:

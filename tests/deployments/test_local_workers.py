@@ -266,43 +266,33 @@ def test_down_stops_the_control_plane_in_the_documented_order(
     assert tuple(stopped) == workers.STOP_ORDER[1:]
 
 
-def test_a_worker_runs_the_tests_only_after_go(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+@pytest.mark.parametrize(
+    ("worker", "files", "expected", "ran"),
+    [
+        ("numa-e2e-a", ["go"], 7, True),  # the tests' worker: pytest's status
+        ("numa-e2e-a", ["stop"], 1, False),  # stopped before go: nothing ran
+        ("numa-e2e-b", ["go", "stop"], 0, False),  # another worker waits for stop only
+    ],
+)
+def test_a_worker_joins_then_runs_the_tests_only_when_told(
+    worker: str, files: list[str], expected: int, ran: bool, tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
     results = tmp_path / "results"
     results.mkdir()
-    the_spec = spec(tmp_path, role="worker", worker="numa-e2e-a", node="numa-e2e-a",
-                    results=str(results))  # fmt: skip
-    worker = cluster.Cluster(the_spec)
-    monkeypatch.setattr(cluster.Cluster, "run_tests", lambda self: 7)
-    (results / "go").write_text("go\n")
-    assert cluster.worker_duty(worker) == 7
-    assert (results / "up").read_text() == "numa-e2e-a\n"
+    the_spec = spec(tmp_path, role="worker", worker=worker, node=worker, results=str(results))
+    runs: list[bool] = []
 
+    def run_tests(self: cluster.Cluster) -> int:
+        runs.append(True)
+        return 7
 
-def test_a_worker_stopped_before_go_runs_nothing(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    results = tmp_path / "results"
-    results.mkdir()
-    the_spec = spec(tmp_path, role="worker", worker="numa-e2e-a", node="numa-e2e-a",
-                    results=str(results))  # fmt: skip
-    monkeypatch.setattr(cluster.Cluster, "run_tests", lambda self: pytest.fail("ran"))
-    (results / "stop").write_text("stop\n")
-    assert cluster.worker_duty(cluster.Cluster(the_spec)) == 1
-
-
-def test_worker_b_waits_for_stop_and_runs_no_tests(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    results = tmp_path / "results"
-    results.mkdir()
-    the_spec = spec(tmp_path, role="worker", worker="numa-e2e-b", node="numa-e2e-b",
-                    results=str(results))  # fmt: skip
-    monkeypatch.setattr(cluster.Cluster, "run_tests", lambda self: pytest.fail("ran"))
-    (results / "go").write_text("go\n")
-    (results / "stop").write_text("stop\n")
-    assert cluster.worker_duty(cluster.Cluster(the_spec)) == 0
+    monkeypatch.setattr(cluster.Cluster, "run_tests", run_tests)
+    for name in files:
+        (results / name).write_text(f"{name}\n")
+    assert cluster.worker_duty(cluster.Cluster(the_spec)) == expected
+    assert bool(runs) == ran
+    assert (results / "up").read_text() == f"{worker}\n"
 
 
 def test_ready_nodes_counts_only_ready_pods() -> None:

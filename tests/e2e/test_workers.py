@@ -95,14 +95,16 @@ class Workers:
         """The plugin's flags on every worker (``helm upgrade``/the ConfigMap), then the
         rollout on both."""
         self.platform.configure(settings)
-        if self.platform.mode != "helm":
-            pod = self.plugin_pod(self.b)
-            if pod is not None:
-                self.platform.core.delete_namespaced_pod(pod.metadata.name, NAMESPACE)
-        self.rolled_out()
+        self.everywhere()
 
     def restore(self, saved: Any) -> None:
+        """The settings :meth:`ShippedPlatform.plugin_settings` read, on every worker."""
         self.platform.restore_plugin(saved)
+        self.everywhere()
+
+    def everywhere(self) -> None:
+        """After the platform changed worker A's settings: kustomize's ConfigMap reaches
+        B only with a new pod (helm's config checksum rolls both); wait for both."""
         if self.platform.mode != "helm":
             pod = self.plugin_pod(self.b)
             if pod is not None:
