@@ -225,10 +225,16 @@ class ShippedPlatform(LocalPlatform):
         self.wait_new_pod(None if old is None else old.metadata.uid)
 
     def helm_upgrade(self, *args: str) -> None:
-        subprocess.run(
+        """``helm upgrade`` of the release with ``args``; a failure names helm's own
+        message (its output was captured). Raises AssertionError."""
+        done = subprocess.run(
             [self.helm, "upgrade", RELEASE, str(CHART), "--namespace", NAMESPACE, *args],
-            env=self.kubectl_env, check=True, capture_output=True, timeout=120,
+            env=self.kubectl_env, capture_output=True, text=True,
+            timeout=120 * self.time_scale,
         )  # fmt: skip
+        assert done.returncode == 0, (
+            f"helm upgrade {' '.join(args)}: exit {done.returncode}: {done.stderr.strip()}"
+        )
 
     def configmap(self) -> str:
         """The name of the ConfigMap the DaemonSet's container reads its env from."""
@@ -242,7 +248,8 @@ class ShippedPlatform(LocalPlatform):
         if self.mode == "helm":
             done = subprocess.run(
                 [self.helm, "get", "values", RELEASE, "--namespace", NAMESPACE, "-o", "json"],
-                env=self.kubectl_env, check=True, capture_output=True, text=True, timeout=60,
+                env=self.kubectl_env, check=True, capture_output=True, text=True,
+                timeout=60 * self.time_scale,
             )  # fmt: skip
             return json.loads(done.stdout) or {}
         return dict(self.core.read_namespaced_config_map(self.configmap(), NAMESPACE).data)
