@@ -501,14 +501,6 @@ class Cluster:
                  180 * self.spec.time_scale, self.processes,
                  "kube-apiserver" if self.spec.role else "kubelet")  # fmt: skip
 
-    def wait_nodes(self, names: list[str], timeout: float, alive: str) -> None:
-        """The control plane: wait until every node in ``names`` registered (each worker
-        takes away its own node's not-ready taint, as the one-node harness does)."""
-        for name in names:
-            url = f"{self.api_base}/api/v1/nodes/{name}"
-            wait_for(f"node {name} to register", lambda u=url: http_get(u, self.token)[0] == 200,
-                     timeout, self.processes, alive)  # fmt: skip
-
     def _scheduler(self) -> None:
         self.processes.start("kube-scheduler", [
             str(self.bins / "kube-scheduler"), "--kubeconfig", str(self.work / "kubeconfig"),

@@ -37,6 +37,16 @@ CHART_VALUES = {
 }
 
 
+def parse_metrics(text: str) -> dict[str, float]:
+    """Prometheus text exposition as ``{"name{labels}": value}`` (comments skipped)."""
+    values = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            name, _, value = line.rpartition(" ")
+            values[name] = float(value)
+    return values
+
+
 class ShippedPlatform(LocalPlatform):
     """The node of the one-machine cluster with the plugin installed as a DaemonSet
     (``mode``: ``kustomize`` or ``helm``). Settings are the plugin's flag names without
@@ -128,12 +138,7 @@ class ShippedPlatform(LocalPlatform):
         return self._pod_get(METRICS_PORT, path)
 
     def metrics(self) -> dict[str, float]:
-        values = {}
-        for line in self._pod_get(METRICS_PORT, "/metrics")[1].splitlines():
-            if line and not line.startswith("#"):
-                name, _, value = line.rpartition(" ")
-                values[name] = float(value)
-        return values
+        return parse_metrics(self._pod_get(METRICS_PORT, "/metrics")[1])
 
     def kubectl(self, *args: str, timeout: float = 60) -> str:
         """``kubectl ARGS`` against the cluster; its stdout. Raises CalledProcessError."""

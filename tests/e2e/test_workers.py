@@ -20,7 +20,7 @@ from kubernetes import client
 
 from numa_device_plugin.topology.sysfs import parse_cpulist
 from tests.e2e.conftest import NAMESPACE, PLUGIN, ClusterConfig, Platform, pod_ready
-from tests.e2e.shipped import METRICS_PORT, ShippedPlatform
+from tests.e2e.shipped import METRICS_PORT, ShippedPlatform, parse_metrics
 from tests.e2e.test_cluster import (
     WHERE,
     container_processes,
@@ -72,13 +72,7 @@ class Workers:
         assert pod.status.pod_ip, f"the plugin pod on {node} has no IP yet"
         url = f"http://{pod.status.pod_ip}:{METRICS_PORT}/metrics"
         with urllib.request.urlopen(url, timeout=10) as answer:
-            text = answer.read().decode()
-        values = {}
-        for line in text.splitlines():
-            if line and not line.startswith("#"):
-                name, _, value = line.rpartition(" ")
-                values[name] = float(value)
-        return values
+            return parse_metrics(answer.read().decode())
 
     def rolled_out(self) -> None:
         """Wait until the DaemonSet's rollout is complete on every worker (each node's
