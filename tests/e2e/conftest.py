@@ -46,6 +46,18 @@ INFRA = REPO / "test" / "infra"
 SSH_KEY = INFRA / ".state" / "id_ed25519"
 
 
+def parse_metrics(text: str) -> dict[str, float]:
+    """Prometheus text exposition as ``{"name{labels}": value}``, each key the sample's
+    name and labels as the plugin wrote them (comments skipped). Raises ValueError on a
+    value that is not a number."""
+    values = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            name, _, value = line.rpartition(" ")
+            values[name] = float(value)
+    return values
+
+
 @dataclass(frozen=True)
 class ClusterConfig:
     """A worker's NUMA shape: ``numa_cpus[n]`` is NUMA node n's cpulist (nodes with CPUs
@@ -242,12 +254,7 @@ class LocalPlatform(Platform):
         return self._get(self.description["metrics"], path)
 
     def metrics(self) -> dict[str, float]:
-        values = {}
-        for line in self._get(self.description["metrics"], "/metrics")[1].splitlines():
-            if line and not line.startswith("#"):
-                name, _, value = line.rpartition(" ")
-                values[name] = float(value)
-        return values
+        return parse_metrics(self._get(self.description["metrics"], "/metrics")[1])
 
     def cli(self, *args: str) -> str:
         command = [sys.executable, "-m", "numa_device_plugin", *args]
@@ -458,12 +465,7 @@ class KvmPlatform(Platform):
             "import urllib.request as u;"
             "print(u.urlopen('http://127.0.0.1:9201/metrics', timeout=5).read().decode())"
         )
-        values = {}
-        for line in self._exec(["python", "-c", script]).splitlines():
-            if line and not line.startswith("#"):
-                name, _, value = line.rpartition(" ")
-                values[name] = float(value)
-        return values
+        return parse_metrics(self._exec(["python", "-c", script]))
 
     def cli(self, *args: str) -> str:
         return self._exec(["numa-device-plugin", *args])

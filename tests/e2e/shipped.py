@@ -23,7 +23,14 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from tests.e2e.conftest import NAMESPACE, PLUGIN, LocalPlatform, daemonset_pod, pod_ready
+from tests.e2e.conftest import (
+    NAMESPACE,
+    PLUGIN,
+    LocalPlatform,
+    daemonset_pod,
+    parse_metrics,
+    pod_ready,
+)
 
 RELEASE = "numa-device-plugin"
 CHART = Path(__file__).resolve().parents[2] / "deployments" / "helm" / "numa-device-plugin"
@@ -35,16 +42,6 @@ CHART_VALUES = {
     "memory-unit": "memoryUnit",
     "reserved-memory": "reservedMemory",
 }
-
-
-def parse_metrics(text: str) -> dict[str, float]:
-    """Prometheus text exposition as ``{"name{labels}": value}`` (comments skipped)."""
-    values = {}
-    for line in text.splitlines():
-        if line and not line.startswith("#"):
-            name, _, value = line.rpartition(" ")
-            values[name] = float(value)
-    return values
 
 
 class ShippedPlatform(LocalPlatform):

@@ -19,8 +19,15 @@ import pytest
 from kubernetes import client
 
 from numa_device_plugin.topology.sysfs import parse_cpulist
-from tests.e2e.conftest import NAMESPACE, PLUGIN, ClusterConfig, Platform, pod_ready
-from tests.e2e.shipped import METRICS_PORT, ShippedPlatform, parse_metrics
+from tests.e2e.conftest import (
+    NAMESPACE,
+    PLUGIN,
+    ClusterConfig,
+    Platform,
+    parse_metrics,
+    pod_ready,
+)
+from tests.e2e.shipped import METRICS_PORT, ShippedPlatform
 from tests.e2e.test_cluster import (
     WHERE,
     container_processes,
