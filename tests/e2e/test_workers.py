@@ -273,6 +273,10 @@ def test_capacity_cpus_sends_the_pod_to_the_worker_whose_numa_node_1_has_room(
 
     if e1 > 1:
         runs(platform, namespace, on(platform, two.b, "fill1-b", "sleep 3600", e1 - 1))
+    # B's node 1 full as the scheduler sees it: only first's device left. Before the
+    # plugin's next count reaches B's node status, B shows room for numa-1 and the
+    # scheduler's first refusal names B for cpu alone ("1 Insufficient numa-1").
+    platform.eventually(lambda: two.ours(two.b).get(NUMA1) == "1", 120, "B: numa-1=1")
     create(platform, namespace, on(platform, None, "second", WHERE + "; sleep 3600", 1, NUMA1))
     refusal = platform.eventually(lambda: unschedulable(platform, "second", namespace), 120,
                                   "second to be refused")  # fmt: skip
