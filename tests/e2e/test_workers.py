@@ -168,9 +168,11 @@ def runs(platform: Platform, namespace: str, pod: client.V1Pod) -> client.V1Pod:
 
 
 def where(platform: Platform, pod: str, namespace: str) -> dict[str, str]:
-    """The pod's own account of where it runs (``WHERE``'s output)."""
+    """The pod's own account of where it runs (``WHERE``'s output), once the log holds
+    node 1's cpulist: ``WHERE`` prints it after NUMA_NODE and the allowed lists, and a
+    log read while the pod is still printing lacks it (KeyError seen on v1.36.2)."""
     found: dict[str, str] = platform.eventually(
-        lambda: (seen := placement(platform, pod, namespace)).get("Cpus_allowed_list") and seen,
+        lambda: (seen := placement(platform, pod, namespace)).get("node1_cpulist") and seen,
         120, f"{pod}'s placement",
     )  # fmt: skip
     return found
