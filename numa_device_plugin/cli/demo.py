@@ -39,6 +39,7 @@ from numa_device_plugin.topology.numa import NumaNode
     options.capacity_option,
     options.include_cpuless_nodes,
     options.memory_unit_option,
+    options.near_option,
     options.log_level,
     options.log_format,
     options.keep,

@@ -13,6 +13,7 @@ from numa_device_plugin.ops.logs import configure_logging
 from numa_device_plugin.plugin.config import Config
 from numa_device_plugin.plugin.discovery import Discovery, discover
 from numa_device_plugin.topology import sysfs
+from numa_device_plugin.topology.locality import node_devices, unlocated_pci
 from numa_device_plugin.topology.memory import format_quantity
 
 
@@ -22,18 +23,25 @@ from numa_device_plugin.topology.memory import format_quantity
     options.resource_prefix,
     options.include_cpuless_nodes,
     options.memory_unit_option,
+    options.near_option,
     options.output,
     options.quiet_log_level,
 )
-def command(**params: Any) -> int:
-    """0 after printing; a malformed sysfs file raises SysfsError (exit 1 from main)."""
+@click.pass_context
+def command(ctx: click.Context, /, **params: Any) -> int:
+    """0 after printing; a malformed sysfs file raises SysfsError (exit 1 from main);
+    a near name the prefix makes invalid exits 2 with usage."""
     configure_logging(params["log_level"], "text")
-    config = Config(
-        sysfs_root=params["sysfs_root"],
-        resource_prefix=params["resource_prefix"],
-        include_cpuless_nodes=params["include_cpuless_nodes"],
-        memory_unit=params["memory_unit"],
-    )
+    try:
+        config = Config(
+            sysfs_root=params["sysfs_root"],
+            resource_prefix=params["resource_prefix"],
+            include_cpuless_nodes=params["include_cpuless_nodes"],
+            memory_unit=params["memory_unit"],
+            near=params["near"],
+        )
+    except ValueError as exc:
+        raise click.UsageError(str(exc), ctx) from None
     document = discovery_json(discover(config))
     click.echo(json.dumps(document, indent=2) if params["output"] == "json" else table(document))
     return 0
@@ -43,11 +51,17 @@ def discovery_json(discovery: Discovery) -> dict[str, Any]:
     """The ``discover --output json`` document: nodes sorted by id, then resource names,
     then each resource's device count (``devices``: name -> count; with
     ``--memory-unit`` the memory and hugepage resources' counts are memory over the
-    unit). ``memory_bytes`` and ``distances`` are null where their sysfs file was
-    malformed; ``hugepages``: page size (``2Mi``) -> pages, per sysfs."""
+    unit), then ``near``: per ``--near`` entry its resource, selector, matched devices,
+    NUMA nodes and why nothing is advertised (``reason``, null when advertised), then
+    ``unlocated_pci``: PCI devices whose ``numa_node`` is -1. ``memory_bytes`` and
+    ``distances`` are null where their sysfs file was malformed; ``hugepages``: page
+    size (``2Mi``) -> pages, per sysfs; ``devices`` of a node: its disks, NICs and
+    accelerators (``address class``) and its PCI device count."""
     nodes = []
+    inventory = discovery.inventory
     for plan in sorted(discovery.plans, key=lambda plan: plan.node.id):
         node = plan.node
+        here = node_devices(inventory, node.id)
         nodes.append(
             {
                 "id": node.id,
@@ -59,12 +73,31 @@ def discovery_json(discovery: Discovery) -> dict[str, Any]:
                 "hugepages": {format_quantity(size): pages for size, pages in node.hugepages},
                 "advertised": plan.advertised,
                 "reason": plan.reason,
+                "devices": {
+                    "disks": list(here.disks),
+                    "nics": list(here.nics),
+                    "accelerators": list(here.accelerators),
+                    "pci": here.pci,
+                },
             }
         )
     return {
         "nodes": nodes,
         "resources": list(discovery.resources),
         "devices": {name: len(r.devices) for name, r in discovery.resources.items()},
+        "near": [
+            {
+                "resource": entry.resource,
+                "selector": str(entry.near.selector),
+                "matched": list(entry.selection.matched),
+                "matched_count": entry.selection.count,
+                "unlocated": list(entry.selection.unlocated),
+                "nodes": list(entry.nodes),
+                "reason": entry.reason,
+            }
+            for entry in discovery.near
+        ],
+        "unlocated_pci": unlocated_pci(inventory),
     }
 
 
@@ -92,4 +125,31 @@ def table(document: dict[str, Any]) -> str:
     ]
     shown = [f"{name} ({document['devices'][name]})" for name in document["resources"]]
     lines.append("resources (devices): " + (", ".join(shown) or "(none)"))
+    found_any = document["unlocated_pci"] or any(
+        node["devices"]["pci"] or node["devices"]["disks"] or node["devices"]["nics"]
+        for node in document["nodes"]
+    )
+    if found_any:
+        lines.append("devices by NUMA node:")
+    for node in document["nodes"] if found_any else ():
+        found = node["devices"]
+        parts = [
+            f"{label} {', '.join(found[key])}"
+            for key, label in (("disks", "disks"), ("nics", "NICs"), ("accelerators", "accel"))
+            if found[key]
+        ]
+        lines.append(f"  {node['id']}: " + ("; ".join(parts) or "-") + f" ({found['pci']} PCI)")
+    if document["unlocated_pci"]:
+        lines.append(
+            f"  no NUMA locality (numa_node -1): {document['unlocated_pci']} PCI device(s)"
+        )
+    for entry in document["near"]:
+        if entry["reason"] is None:
+            nodes = ",".join(map(str, entry["nodes"]))
+            lines.append(
+                f"near {entry['resource']} ({entry['selector']}): NUMA node(s) {nodes}, "
+                f"from {', '.join(entry['matched'])}"
+            )
+        else:
+            lines.append(f"near {entry['resource']}: not advertised: {entry['reason']}")
     return "\n".join(lines)

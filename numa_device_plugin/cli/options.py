@@ -22,6 +22,7 @@ from numa_device_plugin.plugin.config import config_from_params as config_from_p
 from numa_device_plugin.plugin.devices import (
     DEFAULT_CAPACITY,
     DEFAULT_RESOURCE_PREFIX,
+    parse_near,
     validate_resource_prefix,
 )
 from numa_device_plugin.plugin.values import (
@@ -289,6 +290,21 @@ node_label = click.option(
     metavar="KEY=VALUE",
     help="with --config-file: a label of the stand-in API server's node (repeat for more), "
     "e.g. numa-align/config=exact; none: the file's default",
+)
+near_option = click.option(
+    "--near",
+    "near",
+    cls=Option,
+    multiple=True,
+    type=Converted("NAME=SELECTOR", parse_near),
+    callback=lambda ctx, param, value: tuple(value),
+    envvar=variable("--near"),
+    show_envvar=True,
+    metavar="NAME=SELECTOR",
+    help="a resource <prefix>/NAME on the NUMA node(s) of a device (repeat for more): "
+    "SELECTOR is block:NAME, serial:S, wwid:W, net:IFNAME, pci:DOMAIN:BUS:DEV.FN, "
+    "pci-id:VENDOR:DEVICE or pci-class:PREFIX, e.g. data-disk=serial:S3EVNX0K123 "
+    "(variable: space-separated)",
 )
 keep = _switch("--keep", "after the Allocate, keep serving until Ctrl-C (SIGINT) or SIGTERM")
 allow_unaligned = _switch(

@@ -65,6 +65,7 @@ class Runner(Protocol):
     options.allow_unaligned,
     options.memory_unit_option,
     options.reserved_memory_option,
+    options.near_option,
     options.config_file,
     options.node_name_option,
     options.kubeconfig,

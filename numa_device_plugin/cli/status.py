@@ -33,6 +33,7 @@ from numa_device_plugin.plugin.discovery import discover
     options.include_cpuless_nodes,
     options.memory_unit_option,
     options.reserved_memory_option,
+    options.near_option,
     options.output,
     options.quiet_log_level,
 )

@@ -27,7 +27,7 @@ a later outage it keeps passing the last answer.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -95,8 +95,15 @@ def node_capacity(
     devices: Iterable[Device],
     view: KubeletView | None,
     reserved_cpus: frozenset[int] = frozenset(),
+    related: Iterable[str] = (),
 ) -> NodeCapacity:
-    """Figures of one NUMA node (``node_cpus``: its usable CPUs) from ``view``."""
+    """Figures of one NUMA node (``node_cpus``: its usable CPUs) from ``view``.
+
+    ``related``: resources that follow a device on this node (``numa-align/data-disk``):
+    a container holding one of their devices on this node counts as ours too (its CPUs
+    in ``assigned_ours``, and checked for alignment), though only ``resource``'s ids
+    are ``held``."""
+    near = tuple(related)
     device_list = tuple(devices)
     if view is None:
         allocatable = node_cpus - reserved_cpus
@@ -111,8 +118,8 @@ def node_capacity(
     misaligned = 0
     for holder in holders:
         ids = holder.devices.get(resource, ())
-        if ids:
-            held.update(ids)
+        held.update(ids)
+        if ids or _holds_near(holder, near, node_id):
             ours.update(holder.cpus & allocatable)
             misaligned += misalignment(holder, node_id, node_cpus) is not None
     return NodeCapacity(
@@ -125,6 +132,16 @@ def node_capacity(
         devices=len(device_list),
         healthy=sum(1 for device in device_list if device.health == HEALTHY),
         misaligned=misaligned,
+    )
+
+
+def _holds_near(holder: Holder, near: tuple[str, ...], node_id: int) -> bool:
+    """True when ``holder`` holds a device of NUMA node ``node_id`` of a resource in
+    ``near``."""
+    return any(
+        device_index(device_id, node_id) is not None
+        for name in near
+        for device_id in holder.devices.get(name, ())
     )
 
 
@@ -161,6 +178,37 @@ def live_devices(
     return _with_health(node_id, ordered, held, free, unaligned)
 
 
+def live_resource_devices(
+    capacity: Capacity,
+    resource: Resource,
+    node_cpus: Callable[[int], frozenset[int]],
+    view: KubeletView | None,
+    *,
+    reserved_cpus: frozenset[int] = frozenset(),
+    allow_unaligned: bool = False,
+) -> tuple[Device, ...]:
+    """The device list to advertise for ``resource`` now: :func:`live_memory_devices`
+    for a memory resource, else :func:`live_devices` on each of its NUMA nodes in turn
+    (one for ``numa-N``; every node a resource that follows a device covers), each
+    node's devices counted from that node's CPUs (``node_cpus(node_id)``)."""
+    if resource.memory is not None:
+        return live_memory_devices(resource, view, allow_unaligned=allow_unaligned)
+    return tuple(
+        device
+        for node_id in resource.node_ids
+        for device in live_devices(
+            capacity,
+            node_id,
+            node_cpus(node_id),
+            resource.name,
+            resource.devices_on(node_id),
+            view,
+            reserved_cpus=reserved_cpus,
+            allow_unaligned=allow_unaligned,
+        )
+    )
+
+
 def held_devices(view: KubeletView | None, resource: str, node_id: int) -> set[str]:
     """The ids of ``resource`` that containers hold (``List()``) and that this plugin
     could have advertised for NUMA node ``node_id`` (:func:`device_index`); empty
@@ -172,15 +220,18 @@ def held_devices(view: KubeletView | None, resource: str, node_id: int) -> set[s
     }
 
 
-def foreign_devices(view: KubeletView | None, resource: str, node_id: int) -> set[str]:
-    """Held ids of ``resource`` that this plugin never advertises on ``node_id``
-    (another form, another node, non-ASCII digits, an index of over 9 digits): they
-    count for nothing. The kubelet reports only ids a plugin advertised, so these
-    mean a confused or hostile kubelet; the caller says so once per id."""
+def foreign_devices(
+    view: KubeletView | None, resource: str, node_ids: int | Iterable[int]
+) -> set[str]:
+    """Held ids of ``resource`` that this plugin never advertises on its NUMA node(s)
+    ``node_ids`` (another form, another node, non-ASCII digits, an index of over 9
+    digits): they count for nothing. The kubelet reports only ids a plugin advertised,
+    so these mean a confused or hostile kubelet; the caller says so once per id."""
+    nodes = (node_ids,) if isinstance(node_ids, int) else tuple(node_ids)
     return {
         device_id
         for device_id in _held_ids(view, resource)
-        if device_index(device_id, node_id) is None
+        if all(device_index(device_id, node_id) is None for node_id in nodes)
     }
 
 

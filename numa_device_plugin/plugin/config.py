@@ -19,6 +19,8 @@ from numa_device_plugin.plugin.devices import (
     DEFAULT_CAPACITY,
     DEFAULT_RESOURCE_PREFIX,
     Capacity,
+    Near,
+    check_near,
     validate_capacity,
     validate_resource_prefix,
 )
@@ -93,9 +95,12 @@ class Config:
     ``memory_unit``: bytes per memory device, None: no memory resources;
     ``reserved_memory``: the kubelet's ``--reserved-memory`` as (NUMA node, memory
     type, bytes), used for memory only while the API cannot be read.
+    ``near``: resources that follow a device (``--near NAME=SELECTOR``), each
+    advertised as ``<resource_prefix>/<name>`` on the selected device's NUMA nodes.
 
     Raises ValueError from ``__post_init__`` for an invalid prefix, capacity,
-    a non-positive duration, or settings that contradict ``cpus`` mode.
+    a non-positive duration, a near name that is invalid or given twice, or settings
+    that contradict ``cpus`` mode.
     """
 
     sysfs_root: Path = Path("/sys")
@@ -112,9 +117,11 @@ class Config:
     allow_unaligned: bool = False
     memory_unit: int | None = None
     reserved_memory: ReservedMemory = ()
+    near: tuple[Near, ...] = ()
 
     def __post_init__(self) -> None:
         validate_resource_prefix(self.resource_prefix)
+        check_near(self.resource_prefix, self.near)
         validate_capacity(self.capacity)
         if self.register_timeout <= 0:
             raise ValueError(f"register timeout must be positive, got {self.register_timeout}")
@@ -165,6 +172,7 @@ _CONFIG_FIELDS = (
     "allow_unaligned",
     "memory_unit",
     "reserved_memory",
+    "near",
 )
 
 

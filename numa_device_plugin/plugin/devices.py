@@ -29,6 +29,7 @@ from numa_device_plugin.topology.memory import (
     resource_suffix,
 )
 from numa_device_plugin.topology.numa import NodePlan
+from numa_device_plugin.topology.selectors import Selector, parse_selector
 
 DEFAULT_RESOURCE_PREFIX = "numa-align"
 DEFAULT_CAPACITY = 100
@@ -63,6 +64,18 @@ class Device:
 
 
 @dataclass(frozen=True)
+class Near:
+    """A resource that follows a device (``--near data-disk=serial:S3EV``): ``name``
+    (the part after the prefix, ``data-disk``) and the ``selector`` of the device."""
+
+    name: str
+    selector: Selector
+
+    def __str__(self) -> str:
+        return f"{self.name}={self.selector}"
+
+
+@dataclass(frozen=True)
 class Resource:
     """One extended resource (``numa-align/numa-<node_id>``) served by one device plugin.
 
@@ -70,16 +83,31 @@ class Resource:
     folder, which is also the ``endpoint`` of its RegisterRequest. ``memory``: for
     a memory resource (``numa-align/numa-1-memory``, ``--memory-unit``), the pool
     its devices stand for; None for the NUMA node's CPU (or slot) resource.
+    ``near``: for a resource that follows a device (``numa-align/data-disk``), its
+    :class:`Near`; its devices then lie on each of ``near_nodes`` (the selected
+    device's NUMA nodes, sorted), each device's TopologyInfo naming its own node, and
+    ``node_id`` is the first of them.
     """
 
     name: str
     node_id: int
     devices: tuple[Device, ...]
     memory: MemoryPool | None = None
+    near: Near | None = None
+    near_nodes: tuple[int, ...] = ()
 
     @property
     def socket_name(self) -> str:
         return socket_name(self.name)
+
+    @property
+    def node_ids(self) -> tuple[int, ...]:
+        """The NUMA nodes its devices lie on: ``near_nodes``, else ``(node_id,)``."""
+        return self.near_nodes or (self.node_id,)
+
+    def devices_on(self, node_id: int) -> tuple[Device, ...]:
+        """Its devices whose TopologyInfo names NUMA node ``node_id``."""
+        return tuple(device for device in self.devices if device.node_id == node_id)
 
 
 def validate_extended_resource_name(name: str) -> None:
@@ -123,6 +151,44 @@ def validate_resource_prefix(prefix: str) -> str:
     """
     validate_extended_resource_name(resource_name(prefix, 0))
     return prefix
+
+
+# Names of the NUMA-node resources (numa-1, numa-1-memory, numa-1-hugepages-2Mi): a
+# near resource may not take one.
+_NUMA_NAME = re.compile(r"numa-[0-9]")
+
+
+def validate_near_name(prefix: str, name: str) -> str:
+    """Return ``name`` when ``<prefix>/<name>`` is a valid extended resource name that
+    is not one of the NUMA-node names (``numa-<id>...``). Raises ValueError."""
+    if "/" in name:
+        raise ValueError(f"{name!r}: give the name without the prefix ({prefix}/ is added)")
+    if _NUMA_NAME.match(name):
+        raise ValueError(f"{name!r} would collide with the NUMA-node resources numa-<id>...")
+    validate_extended_resource_name(f"{prefix}/{name}")
+    return name
+
+
+def parse_near(text: str) -> Near:
+    """``NAME=SELECTOR`` (``data-disk=serial:S3EV``) -> :class:`Near`. Raises ValueError
+    naming the fault (no ``=``, a bad name for the default prefix, a bad selector); the
+    name is checked again against the configured prefix by :class:`Config`."""
+    name, sep, selector = text.partition("=")
+    name = name.strip()
+    if not sep or not name:
+        raise ValueError(f"{text[:80]!r} is not NAME=SELECTOR (e.g. data-disk=serial:S3EV)")
+    validate_near_name(DEFAULT_RESOURCE_PREFIX, name)
+    return Near(name, parse_selector(selector))
+
+
+def check_near(prefix: str, near: Iterable[Near]) -> None:
+    """Raise ValueError when a name is invalid under ``prefix`` or given twice."""
+    seen: set[str] = set()
+    for entry in near:
+        validate_near_name(prefix, entry.name)
+        if entry.name in seen:
+            raise ValueError(f"near resource {entry.name!r} is given twice")
+        seen.add(entry.name)
 
 
 def socket_name(name: str) -> str:
@@ -191,6 +257,35 @@ def memory_resources(
     return resources
 
 
+def near_resource(
+    prefix: str,
+    near: Near,
+    nodes: Iterable[NodePlan],
+    capacity: Capacity,
+    reserved_cpus: frozenset[int] = frozenset(),
+) -> Resource:
+    """The resource ``<prefix>/<near.name>`` on the advertised NUMA nodes of ``nodes``
+    (at least one): per node, ``capacity`` slots or (``cpus``) one device per usable CPU
+    not in ``reserved_cpus``, with the ids the node's own resource uses, so ids stay
+    stable across restarts."""
+    chosen = sorted(nodes, key=lambda plan: plan.node.id)
+    devices: list[Device] = []
+    for plan in chosen:
+        node_id = plan.node.id
+        if isinstance(capacity, int):
+            devices.extend(build_resource(prefix, node_id, capacity).devices)
+        else:
+            devices.extend(cpu_devices(node_id, plan.node.cpus - reserved_cpus))
+    node_ids = tuple(plan.node.id for plan in chosen)
+    return Resource(
+        name=f"{prefix}/{near.name}",
+        node_id=node_ids[0],
+        devices=tuple(devices),
+        near=near,
+        near_nodes=node_ids,
+    )
+
+
 def build_resources(
     plans: Iterable[NodePlan],
     *,
@@ -199,9 +294,12 @@ def build_resources(
     reserved_cpus: frozenset[int] = frozenset(),
     memory_unit: int | None = None,
     reserved_memory: ReservedMemory = (),
+    near: Iterable[tuple[Near, frozenset[int]]] = (),
 ) -> Mapping[str, Resource]:
     """One resource per advertised NUMA node, keyed by resource name, in NUMA id order,
-    and with ``memory_unit`` (bytes) its memory resources after it.
+    and with ``memory_unit`` (bytes) its memory resources after it; then, per ``near``
+    entry (a :class:`Near` and the NUMA nodes its device sits on), its resource on
+    those of the nodes that are advertised (none: no resource).
 
     In ``cpus`` mode a node's devices are its usable CPUs minus ``reserved_cpus``
     (the starting point; the kubelet's pod resources API refines it live).
@@ -232,6 +330,11 @@ def build_resources(
         memory_devices = [len(r.devices) for r in resources.values() if r.memory is not None]
         nodes = sum(1 for plan in plans_seen if plan.advertised)
         check_total_devices(sum(memory_devices), memory_unit, nodes)
+    for entry, node_ids in near:
+        covered = [p for p in plans_seen if p.advertised and p.node.id in node_ids]
+        if covered:
+            resource = near_resource(prefix, entry, covered, capacity, reserved_cpus)
+            resources[resource.name] = resource
     return resources
 
 

@@ -9,25 +9,67 @@ the plan. It is called at start and on every reload (SIGHUP).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import structlog
 
 from numa_device_plugin.plugin.config import Config
-from numa_device_plugin.plugin.devices import Resource, build_resources
+from numa_device_plugin.plugin.devices import Near, Resource, build_resources
 from numa_device_plugin.topology import sysfs
+from numa_device_plugin.topology.locality import Inventory, read_inventory
 from numa_device_plugin.topology.memory import format_quantity
 from numa_device_plugin.topology.numa import NodePlan, plan_nodes, read_topology, topology_warnings
+from numa_device_plugin.topology.selectors import Selection, select
 
 log = structlog.get_logger(__name__)
 
 
 @dataclass(frozen=True)
+class NearPlan:
+    """Where a resource that follows a device goes: ``near`` (name and selector),
+    ``resource`` (``<prefix>/<name>``), ``selection`` (what the selector matched, and
+    their NUMA nodes), ``nodes`` (the advertised ones among them, sorted: where its
+    devices lie) and ``reason`` (why nothing is advertised; None when ``nodes`` is
+    not empty)."""
+
+    near: Near
+    resource: str
+    selection: Selection
+    nodes: tuple[int, ...]
+    reason: str | None
+
+
+@dataclass(frozen=True)
 class Discovery:
-    """What one look at sysfs yields: the per-node plan and the resources to serve."""
+    """What one look at sysfs yields: the per-node plan, the resources to serve, the
+    devices with their NUMA locality (``inventory``) and the plan of each resource that
+    follows a device (``near``, in the order given)."""
 
     plans: tuple[NodePlan, ...]
     resources: Mapping[str, Resource]
+    inventory: Inventory = field(default_factory=Inventory)
+    near: tuple[NearPlan, ...] = ()
+
+
+def plan_near(
+    config: Config, plans: tuple[NodePlan, ...], inventory: Inventory
+) -> tuple[NearPlan, ...]:
+    """Each ``config.near`` entry's selection in ``inventory`` and the advertised NUMA
+    nodes it covers; pure. A selection on NUMA nodes none of which is advertised (a
+    memory-only node, all CPUs offline) advertises nothing, and says so."""
+    advertised = {plan.node.id for plan in plans if plan.advertised}
+    found = []
+    for near in config.near:
+        selection = select(inventory, near.selector)
+        nodes = tuple(sorted(selection.nodes & advertised))
+        reason = selection.reason
+        if reason is None and not nodes:
+            shown = ",".join(map(str, sorted(selection.nodes)))
+            reason = f"{near.selector}: on NUMA node(s) {shown}, none of which is advertised"
+        found.append(
+            NearPlan(near, f"{config.resource_prefix}/{near.name}", selection, nodes, reason)
+        )
+    return tuple(found)
 
 
 def discover(config: Config) -> Discovery:
@@ -39,6 +81,8 @@ def discover(config: Config) -> Discovery:
     """
     topology = read_topology(config.sysfs_root)
     plans = plan_nodes(topology, include_cpuless=config.include_cpuless_nodes)
+    inventory = read_inventory(config.sysfs_root)
+    near = plan_near(config, plans, inventory)
     resources = build_resources(
         plans,
         prefix=config.resource_prefix,
@@ -46,6 +90,7 @@ def discover(config: Config) -> Discovery:
         reserved_cpus=config.reserved_cpus,
         memory_unit=config.memory_unit,
         reserved_memory=config.reserved_memory,
+        near=[(entry.near, frozenset(entry.nodes)) for entry in near],
     )
     for plan in plans:
         node = plan.node
@@ -62,8 +107,25 @@ def discover(config: Config) -> Discovery:
             log.info("advertising NUMA node", **fields)
         else:
             log.warning("not advertising NUMA node", **fields)
-    for warning in (*topology.warnings, *topology_warnings(plans)):
+    for entry in near:
+        if entry.reason is None:
+            log.info(
+                "advertising a resource near a device",
+                resource=entry.resource,
+                selector=str(entry.near.selector),
+                nodes=list(entry.nodes),
+                matched=list(entry.selection.matched),
+            )
+        else:
+            log.warning(
+                "not advertising a resource near a device",
+                resource=entry.resource,
+                reason=entry.reason,
+            )
+    for warning in (*topology.warnings, *topology_warnings(plans), *inventory.warnings[:20]):
         log.warning(warning)
+    if len(inventory.warnings) > 20:
+        log.warning(f"... and {len(inventory.warnings) - 20} more warnings about devices")
     if not resources:
         log.error("no NUMA node can be advertised; serving nothing until the next reload")
-    return Discovery(plans=plans, resources=resources)
+    return Discovery(plans=plans, resources=resources, inventory=inventory, near=near)

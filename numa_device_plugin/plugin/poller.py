@@ -34,8 +34,7 @@ from numa_device_plugin.plugin.capacity import (
     NodeCapacity,
     assigned_memory,
     foreign_devices,
-    live_devices,
-    live_memory_devices,
+    live_resource_devices,
     node_capacity,
 )
 from numa_device_plugin.plugin.catalog import Catalog
@@ -92,8 +91,11 @@ class CapacityPoller:
         return self._read_at
 
     def capacities(self) -> list[NodeCapacity]:
-        """Per advertised NUMA node, its CPUs and devices as the kubelet last showed them."""
+        """Per advertised NUMA node, its CPUs and devices as the kubelet last showed them
+        (holders of a resource that follows a device count for the node of the device
+        they hold)."""
         resources = self.catalog.resources
+        near = [r for r in resources.values() if r.near is not None]
         return [
             node_capacity(
                 name,
@@ -102,9 +104,10 @@ class CapacityPoller:
                 self.catalog.servicers[name].devices,
                 self.view,
                 self.config.reserved_cpus,
+                related=[r.name for r in near if resource.node_id in r.near_nodes],
             )
             for name, resource in resources.items()
-            if resource.memory is None
+            if resource.memory is None and resource.near is None
         ]
 
     def memory_unaligned(self) -> bool:
@@ -177,22 +180,15 @@ class CapacityPoller:
         self._applied = True
         for name, resource in self.catalog.resources.items():
             servicer = self.catalog.servicers[name]
-            self._warn_foreign(name, foreign_devices(view, name, resource.node_id))
-            if resource.memory is not None:
-                devices = live_memory_devices(
-                    resource, view, allow_unaligned=self.config.allow_unaligned
-                )
-            else:
-                devices = live_devices(
-                    self.config.capacity,
-                    resource.node_id,
-                    self.catalog.node_cpus(resource.node_id),
-                    name,
-                    resource.devices,
-                    view,
-                    reserved_cpus=self.config.reserved_cpus,
-                    allow_unaligned=self.config.allow_unaligned,
-                )
+            self._warn_foreign(name, foreign_devices(view, name, resource.node_ids))
+            devices = live_resource_devices(
+                self.config.capacity,
+                resource,
+                self.catalog.node_cpus,
+                view,
+                reserved_cpus=self.config.reserved_cpus,
+                allow_unaligned=self.config.allow_unaligned,
+            )
             if devices != servicer.devices:
                 healthy = sum(1 for device in devices if device.health == HEALTHY)
                 log.info(

@@ -190,9 +190,10 @@ class NumaDevicePluginServicer(api_pb2_grpc.DevicePluginServicer):  # type: igno
                 raise RequestError("Allocate request has no container requests")
             responses = []
             for position, container in enumerate(request.container_requests):
-                self._check_ids(list(container.devices_ids), f"container request {position}")
+                ids = list(container.devices_ids)
+                self._check_ids(ids, f"container request {position}")
                 responses.append(
-                    api_pb2.ContainerAllocateResponse(envs={NUMA_NODE_ENV: str(self.node_id)})
+                    api_pb2.ContainerAllocateResponse(envs={NUMA_NODE_ENV: self._numa_node(ids)})
                 )
         except RequestError as exc:
             self._recorder.allocated(self.resource_name, time.perf_counter() - started, False)
@@ -231,6 +232,14 @@ class NumaDevicePluginServicer(api_pb2_grpc.DevicePluginServicer):  # type: igno
         log.warning(f"{method} refused", resource=self.resource_name, reason=message)
         await context.abort(grpc.StatusCode.INVALID_ARGUMENT, message)
         raise AssertionError("grpc.aio context.abort() returned instead of raising")
+
+    def _numa_node(self, ids: Sequence[str]) -> str:
+        """``NUMA_NODE`` for a container given ``ids`` (known devices): the NUMA node
+        their TopologyInfo names, or the nodes comma-separated (``0,1``) when a resource
+        that follows a device on several nodes gave it devices of more than one (a
+        Topology Manager policy that does not align, e.g. ``best-effort``)."""
+        nodes = sorted({self._by_id[device_id].node_id for device_id in ids})
+        return ",".join(map(str, nodes))
 
     def _check_ids(self, ids: Sequence[str], where: str, *, allow_empty: bool = False) -> None:
         if not ids and not allow_empty:

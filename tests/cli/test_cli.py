@@ -62,6 +62,7 @@ SERVE_FLAGS = [
     ("--allow-unaligned", "NUMA_ALLOW_UNALIGNED"),
     ("--memory-unit", "NUMA_MEMORY_UNIT"),
     ("--reserved-memory", "NUMA_RESERVED_MEMORY"),
+    ("--near", "NUMA_NEAR"),
     ("--config-file", "NUMA_CONFIG_FILE"),
     ("--node-name", "NUMA_NODE_NAME"),
     ("--kubeconfig", "NUMA_KUBECONFIG"),
@@ -77,6 +78,7 @@ COMMAND_FLAGS = {
         ("--resource-prefix", "NUMA_RESOURCE_PREFIX"),
         ("--include-cpuless-nodes", "NUMA_INCLUDE_CPULESS_NODES"),
         ("--memory-unit", "NUMA_MEMORY_UNIT"),
+        ("--near", "NUMA_NEAR"),
         ("--output", "NUMA_OUTPUT"),
         ("--log-level", "NUMA_LOG_LEVEL"),
     ],
@@ -90,6 +92,7 @@ COMMAND_FLAGS = {
         ("--include-cpuless-nodes", "NUMA_INCLUDE_CPULESS_NODES"),
         ("--memory-unit", "NUMA_MEMORY_UNIT"),
         ("--reserved-memory", "NUMA_RESERVED_MEMORY"),
+        ("--near", "NUMA_NEAR"),
         ("--output", "NUMA_OUTPUT"),
         ("--log-level", "NUMA_LOG_LEVEL"),
     ],
@@ -102,6 +105,7 @@ COMMAND_FLAGS = {
         ("--log-format", "NUMA_LOG_FORMAT"),
         ("--keep", "NUMA_KEEP"),
         ("--memory-unit", "NUMA_MEMORY_UNIT"),
+        ("--near", "NUMA_NEAR"),
         ("--metrics-address", "NUMA_METRICS_ADDRESS"),
         ("--config-file", "NUMA_CONFIG_FILE"),
         ("--node-label", "NUMA_NODE_LABEL"),
@@ -310,6 +314,7 @@ def test_discover_json_shape(two_nodes: SysfsTree, capsys: pytest.CaptureFixture
                 "hugepages": {},
                 "advertised": True,
                 "reason": None,
+                "devices": {"disks": [], "nics": [], "accelerators": [], "pci": 0},
             },
             {
                 "id": 1,
@@ -319,10 +324,13 @@ def test_discover_json_shape(two_nodes: SysfsTree, capsys: pytest.CaptureFixture
                 "hugepages": {},
                 "advertised": True,
                 "reason": None,
+                "devices": {"disks": [], "nics": [], "accelerators": [], "pci": 0},
             },
         ],
         "resources": NAMES,
         "devices": dict.fromkeys(NAMES, 100),
+        "near": [],
+        "unlocated_pci": 0,
     }
 
 

@@ -1,0 +1,477 @@
+"""Which NUMA node a PCI device, a disk or a network interface sits on, from sysfs.
+
+:func:`read_inventory` turns a sysfs root into a plain :class:`Inventory`: every PCI
+device with its ``numa_node``, class, vendor and device id; every block device and
+network interface with the NUMA node(s) of the PCI device(s) under it. Nothing here
+logs; odd content becomes a line of :attr:`Inventory.warnings` naming the file, or a
+device whose :attr:`~Located.reason` says why it has no locality.
+
+The rules follow the kernel's sysfs ABI (Documentation/ABI/testing/sysfs-bus-pci,
+sysfs-block, sysfs-class-net):
+
+- ``bus/pci/devices/<address>`` links to the device's folder under ``devices/``; its
+  ``numa_node`` is the NUMA node the firmware (ACPI ``_PXM``) gave the device, ``-1``
+  when it gave none: *no locality*, never node 0. ``class`` is 24 bits
+  (``0x010802``: base class, subclass, programming interface); ``vendor`` and
+  ``device`` 16 bits.
+- ``class/block/<name>`` and ``class/net/<name>`` link to the device's folder; its
+  NUMA node is the ``numa_node`` of the nearest folder above it that has one (its PCI
+  device). A partition's folder lies inside its disk's, so it has its disk's node.
+- A device-mapper or md device (``devices/virtual/block/dm-0``) is made of the block
+  devices in its ``slaves/``; a VLAN or a bond (``devices/virtual/net/bond0``) of the
+  interfaces its ``lower_<name>`` links name. Each part is resolved in turn: the
+  device's NUMA nodes are those of all its parts, and it has no locality when any
+  part has none (its data or traffic goes through that part too).
+- Other virtual devices (``lo``, ``loop0``, ``ram0``, a bridge without lowers) have
+  no locality.
+
+Links are resolved inside the sysfs root only: a link that leaves it, a loop or a
+missing target makes that device's locality unknown, with the reason. Every count is
+bounded (:data:`MAX_DEVICES` per kind, :data:`MAX_DEPTH` levels of parts), so a
+hostile tree costs bounded time.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from numa_device_plugin.topology import sysfs
+
+# The kernel numbers NUMA nodes below 1 << CONFIG_NODES_SHIFT, and NODES_SHIFT is at
+# most 10 on every architecture: a numa_node above this is garbage.
+MAX_NUMA_NODE_ID = 1023
+# Devices read per kind (PCI, block, net); the largest servers have a few thousand.
+MAX_DEVICES = 16384
+# Levels of slaves/lower_* followed (dm over md over partitions is 3).
+MAX_DEPTH = 8
+# Characters of an identifier (serial, wwid) kept; NVMe serials are 20, wwids ~80.
+MAX_ID_CHARS = 256
+
+_PCI_ADDRESS = re.compile(r"[0-9a-f]{4,8}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]")
+_HEX = re.compile(r"0x[0-9a-fA-F]{1,6}")
+
+# PCI class codes (base class << 8 | subclass) in words, from the PCI-SIG's code and
+# ID assignment specification; the base class alone where the subclass is not listed.
+PCI_CLASS_NAMES: dict[int, str] = {
+    0x0100: "SCSI storage controller",
+    0x0101: "IDE controller",
+    0x0104: "RAID controller",
+    0x0105: "ATA controller",
+    0x0106: "SATA controller",
+    0x0107: "SAS controller",
+    0x0108: "NVMe controller",
+    0x0180: "mass storage controller",
+    0x0200: "Ethernet controller",
+    0x0207: "InfiniBand controller",
+    0x0280: "network controller",
+    0x0300: "VGA controller",
+    0x0302: "3D controller",
+    0x0380: "display controller",
+    0x0403: "audio device",
+    0x0600: "host bridge",
+    0x0601: "ISA bridge",
+    0x0604: "PCI bridge",
+    0x0880: "system peripheral",
+    0x0B40: "co-processor",
+    0x0C03: "USB controller",
+    0x0C05: "SMBus controller",
+    0x0C06: "InfiniBand controller",
+    0x1080: "encryption controller",
+    0x1200: "processing accelerator",
+    0x1280: "processing accelerator",
+}
+_BASE_CLASS_NAMES: dict[int, str] = {
+    0x01: "mass storage controller",
+    0x02: "network controller",
+    0x03: "display controller",
+    0x04: "multimedia controller",
+    0x05: "memory controller",
+    0x06: "bridge",
+    0x07: "communication controller",
+    0x08: "system peripheral",
+    0x0B: "processor",
+    0x0C: "serial bus controller",
+    0x0D: "wireless controller",
+    0x10: "encryption controller",
+    0x11: "signal processing controller",
+    0x12: "processing accelerator",
+}
+# Base classes (and class codes) that count as accelerators in listings.
+_ACCELERATOR_CLASSES = (0x0302, 0x0380, 0x0B40, 0x1200, 0x1280)
+
+
+def pci_class_name(pci_class: int) -> str:
+    """``0x010802`` -> ``NVMe controller``: the class code (24 bits, from the device's
+    ``class`` file) in words; ``class 0xXXXXXX`` for codes not in the table."""
+    code = pci_class >> 8
+    return (
+        PCI_CLASS_NAMES.get(code)
+        or _BASE_CLASS_NAMES.get(pci_class >> 16)
+        or f"class {pci_class:#08x}"
+    )
+
+
+def is_accelerator(pci_class: int) -> bool:
+    """True for 3D and display controllers, co-processors and processing accelerators."""
+    return (pci_class >> 8) in _ACCELERATOR_CLASSES
+
+
+@dataclass(frozen=True)
+class PciDevice:
+    """One PCI function: ``address`` (``0000:41:00.0``), ``numa_node`` (None: ``-1``,
+    no locality), ``pci_class`` (24 bits), ``vendor`` and ``device`` (16 bits), from
+    ``bus/pci/devices/<address>/{numa_node,class,vendor,device}``."""
+
+    address: str
+    numa_node: int | None
+    pci_class: int
+    vendor: int
+    device: int
+
+    @property
+    def class_name(self) -> str:
+        return pci_class_name(self.pci_class)
+
+
+@dataclass(frozen=True)
+class Located:
+    """A block device or a network interface and where it sits.
+
+    ``name``: the kernel's name (``nvme0n1``, ``sda1``, ``eth0``); ``nodes``: its NUMA
+    nodes (empty: no locality, then ``reason`` says why); ``pci``: the addresses of
+    the PCI devices it hangs off (several for a dm, md or bond device); ``parts``: for
+    a device made of others, their names. Block devices only: ``disk`` (the whole
+    disk of a partition, else its own name), ``serial`` and ``wwid`` (sysfs's
+    ``serial``/``wwid`` of the disk or of its ``device``, None when absent),
+    ``virtual`` (under ``devices/virtual``).
+    """
+
+    name: str
+    nodes: frozenset[int]
+    pci: tuple[str, ...] = ()
+    reason: str | None = None
+    parts: tuple[str, ...] = ()
+    disk: str = ""
+    serial: str | None = None
+    wwid: str | None = None
+    virtual: bool = False
+
+    @property
+    def located(self) -> bool:
+        return bool(self.nodes)
+
+
+@dataclass(frozen=True)
+class Inventory:
+    """The devices of one sysfs root, each kind sorted by name: ``pci`` by address,
+    ``block`` and ``net`` by kernel name. ``warnings``: odd sysfs content, one line per
+    file, naming it."""
+
+    pci: tuple[PciDevice, ...] = ()
+    block: tuple[Located, ...] = ()
+    net: tuple[Located, ...] = ()
+    warnings: tuple[str, ...] = field(default=(), compare=False)
+
+    def pci_device(self, address: str) -> PciDevice | None:
+        """The PCI device at ``address``, or None."""
+        return next((d for d in self.pci if d.address == address), None)
+
+
+def parse_numa_node(text: str) -> int | None:
+    """A device's ``numa_node``: ``-1`` -> None (no locality), else 0..MAX_NUMA_NODE_ID.
+    Raises ValueError otherwise."""
+    if text == "-1":
+        return None
+    if not text.isascii() or not text.isdigit() or len(text) > 4:
+        raise ValueError("expected -1 or a NUMA node id")
+    node = int(text)
+    if node > MAX_NUMA_NODE_ID:
+        raise ValueError(f"NUMA node {node} is above the kernel's limit ({MAX_NUMA_NODE_ID})")
+    return node
+
+
+def _hex_parser(bits: int, what: str) -> Callable[[str], int]:
+    """A parser of ``0x``-prefixed hex values of at most ``bits`` bits (ValueError)."""
+
+    def parse(text: str) -> int:
+        if not _HEX.fullmatch(text):
+            raise ValueError(f"expected a {what} in hex (0x...)")
+        value = int(text, 16)
+        if value >= 1 << bits:
+            raise ValueError(f"a {what} has {bits} bits")
+        return value
+
+    return parse
+
+
+parse_pci_class = _hex_parser(24, "PCI class code")
+parse_pci_id = _hex_parser(16, "PCI id")
+
+
+def read_inventory(sysfs_root: Path) -> Inventory:
+    """Read the PCI devices, block devices and network interfaces under ``sysfs_root``
+    (``bus/pci/devices``, ``class/block``, ``class/net``; a missing folder is an empty
+    kind). Never raises for sysfs content: a device whose files are malformed is left
+    out (PCI) or gets no locality (block, net), with a warning naming the file."""
+    reader = _Reader(sysfs_root)
+    pci = reader.pci_devices()
+    block = reader.located("block")
+    net = reader.located("net")
+    return Inventory(pci=pci, block=block, net=net, warnings=tuple(reader.warnings))
+
+
+class _Reader:
+    """One reading of a sysfs root; remembers each folder's NUMA node."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        try:
+            self.real_root = Path(os.path.realpath(root))
+        except (OSError, ValueError):
+            self.real_root = root
+        self.warnings: list[str] = []
+        # Real folder -> its own numa_node (None: -1), or "" when it has no such file.
+        self._numa: dict[Path, int | str | None] = {}
+        self._cut: set[str] = set()
+
+    # -- listing ---------------------------------------------------------------------------
+
+    def _entries(self, folder: Path, kind: str) -> list[str]:
+        try:
+            names: list[str] = []
+            with os.scandir(folder) as entries:
+                for entry in entries:
+                    if len(names) >= MAX_DEVICES:
+                        self.warnings.append(
+                            f"{folder} lists more than {MAX_DEVICES} {kind}; the rest are left out"
+                        )
+                        break
+                    names.append(entry.name)
+        except FileNotFoundError:
+            return []
+        except OSError as exc:
+            self.warnings.append(f"cannot list {folder}: {exc.strerror or exc}; no {kind} read")
+            return []
+        return sorted(names)
+
+    def pci_devices(self) -> tuple[PciDevice, ...]:
+        folder = self.root / "bus" / "pci" / "devices"
+        found = []
+        for address in self._entries(folder, "PCI devices"):
+            if not _PCI_ADDRESS.fullmatch(address):
+                self.warnings.append(
+                    f"{folder / address} is not named as a PCI address "
+                    f"(domain:bus:device.function); left out"
+                )
+                continue
+            device = self._pci_device(folder / address, address)
+            if device is not None:
+                found.append(device)
+        return tuple(found)
+
+    def _pci_device(self, path: Path, address: str) -> PciDevice | None:
+        try:
+            numa = sysfs.read_parsed(path / "numa_node", parse_numa_node)
+            pci_class = sysfs.read_parsed(path / "class", parse_pci_class)
+            vendor = sysfs.read_parsed(path / "vendor", parse_pci_id)
+            device = sysfs.read_parsed(path / "device", parse_pci_id)
+        except sysfs.SysfsError as exc:
+            self.warnings.append(f"{exc}; PCI device {address} left out")
+            return None
+        if pci_class is None or vendor is None or device is None:
+            self.warnings.append(
+                f"{path} lacks class, vendor or device; PCI device {address} left out"
+            )
+            return None
+        return PciDevice(address, numa, pci_class, vendor, device)
+
+    def located(self, kind: str) -> tuple[Located, ...]:
+        folder = self.root / "class" / kind
+        what = "block devices" if kind == "block" else "network interfaces"
+        return tuple(
+            self._locate(kind, name, frozenset(), 0)
+            for name in self._entries(folder, what)
+            if name.isprintable() and "/" not in name
+        )
+
+    # -- one device ------------------------------------------------------------------------
+
+    def _locate(self, kind: str, name: str, seen: frozenset[str], depth: int) -> Located:
+        """Where ``class/<kind>/<name>`` sits; ``seen``: names above it in a chain of
+        parts (a loop ends there)."""
+        link = self.root / "class" / kind / name
+        target = self._inside(link)
+        if isinstance(target, str):
+            return Located(name, frozenset(), reason=target, disk=name if kind == "block" else "")
+        base = Located(
+            name, frozenset(), virtual="virtual" in target.relative_to(self.real_root).parts[:2]
+        )
+        if kind == "block":
+            disk, serial, wwid = self._disk_ids(target, name)
+            base = replace(base, disk=disk, serial=serial, wwid=wwid)
+        parts = self._parts(kind, target / ("slaves" if kind == "block" else ""))
+        if parts:
+            return self._composite(kind, base, parts, seen | {name}, depth)
+        pci, node = self._nearest_pci(target)
+        if pci is None:
+            why = "a virtual device" if base.virtual else "no PCI device above it in sysfs"
+            return replace(base, reason=f"no locality: {why}")
+        if node is None:
+            reason = (
+                f"no locality: PCI device {pci} has numa_node -1 (the firmware gave no proximity)"
+            )
+            return replace(base, pci=(pci,), reason=reason)
+        if isinstance(node, str):
+            return replace(base, pci=(pci,), reason=node)
+        return replace(base, nodes=frozenset({node}), pci=(pci,))
+
+    def _composite(
+        self, kind: str, base: Located, parts: list[str], seen: frozenset[str], depth: int
+    ) -> Located:
+        """A dm/md device or a VLAN/bond: the union of its parts' NUMA nodes, or no
+        locality when a part has none."""
+        base = replace(base, parts=tuple(parts))
+        if depth >= MAX_DEPTH:
+            return replace(base, reason=f"no locality: parts nested over {MAX_DEPTH} deep")
+        nodes: set[int] = set()
+        pci: list[str] = []
+        for part in parts:
+            if part in seen:
+                return replace(base, reason=f"no locality: its parts loop back to {part}")
+            located = self._locate(kind, part, seen, depth + 1)
+            if not located.located:
+                why = (located.reason or "").removeprefix("no locality: ")
+                return replace(base, reason=f"no locality: its part {part} has none ({why})")
+            nodes |= located.nodes
+            pci.extend(a for a in located.pci if a not in pci)
+        return replace(base, nodes=frozenset(nodes), pci=tuple(pci))
+
+    def _parts(self, kind: str, folder: Path) -> list[str]:
+        """The names of the devices ``target`` is made of: ``slaves/*`` of a block
+        device, the ``lower_<name>`` links of an interface."""
+        try:
+            with os.scandir(folder) as entries:
+                names = [entry.name for entry in entries]
+        except OSError:
+            return []
+        if kind == "net":
+            names = [n.removeprefix("lower_") for n in names if n.startswith("lower_")]
+        names = [n for n in names if n and n.isprintable()]
+        if len(names) > MAX_DEVICES:
+            self.warnings.append(f"{folder} names over {MAX_DEVICES} parts; the rest left out")
+        return sorted(names)[:MAX_DEVICES]
+
+    def _inside(self, link: Path) -> Path | str:
+        """The real folder ``link`` points to, or why it cannot be used."""
+        try:
+            real = Path(os.path.realpath(link, strict=True))
+        except FileNotFoundError:
+            return f"no locality: {link} points to nothing"
+        except (OSError, RuntimeError, ValueError) as exc:
+            return f"no locality: {link} cannot be resolved ({getattr(exc, 'strerror', exc)})"
+        if real == self.real_root or self.real_root not in real.parents:
+            return f"no locality: {link} points outside the sysfs root"
+        if not real.is_dir():
+            return f"no locality: {link} is not a folder"
+        return real
+
+    def _nearest_pci(self, folder: Path) -> tuple[str | None, int | str | None]:
+        """The nearest folder at or above ``folder`` (inside the root) with a
+        ``numa_node`` file: (its name, its node or None for -1, or why it is unusable);
+        (None, None) when there is none."""
+        for current in (folder, *folder.parents):
+            if current == self.real_root or self.real_root not in current.parents:
+                break
+            node = self._numa_of(current)
+            if node != "":
+                return current.name, node
+        return None, None
+
+    def _numa_of(self, folder: Path) -> int | str | None:
+        """``folder``'s own numa_node: the node, None for -1, "" when there is no file,
+        or a reason text when it is malformed."""
+        if folder in self._numa:
+            return self._numa[folder]
+        path = folder / "numa_node"
+        result: int | str | None
+        try:
+            text = sysfs.read_text(path)
+            result = "" if text is None else parse_numa_node(text)
+        except sysfs.SysfsError as exc:
+            result = f"no locality: {exc}"
+            self._warn_once(str(exc))
+        except ValueError as exc:
+            error = sysfs.SysfsFormatError(path, text or "", str(exc))
+            result = f"no locality: {error}"
+            self._warn_once(str(error))
+        if len(self._numa) < 4 * MAX_DEVICES:
+            self._numa[folder] = result
+        return result
+
+    def _warn_once(self, line: str) -> None:
+        if line not in self._cut:
+            self._cut.add(line)
+            self.warnings.append(line)
+
+    def _disk_ids(self, target: Path, name: str) -> tuple[str, str | None, str | None]:
+        """(the disk's name, its serial, its wwid) for block device folder ``target``:
+        a partition (a ``partition`` file) takes its disk's, the folder above it."""
+        disk_folder = target
+        if (target / "partition").is_file():
+            disk_folder = target.parent
+        disk = disk_folder.name if disk_folder != target else name
+        serial = self._identifier(disk_folder, "serial")
+        wwid = self._identifier(disk_folder, "wwid")
+        return disk, serial, wwid
+
+    def _identifier(self, folder: Path, attribute: str) -> str | None:
+        """``folder/<attribute>``, else ``folder/device/<attribute>`` (NVMe and SCSI keep
+        them on the controller or the SCSI device), stripped; None when absent, empty
+        or unreadable (with a warning)."""
+        for path in (folder / attribute, folder / "device" / attribute):
+            try:
+                text = sysfs.read_text(path)
+            except sysfs.SysfsError as exc:
+                self._warn_once(f"{exc}; the {attribute} is left unknown")
+                continue
+            if text:
+                return text[:MAX_ID_CHARS]
+        return None
+
+
+@dataclass(frozen=True)
+class NodeDevices:
+    """What sits on one NUMA node: ``disks`` (whole, non-virtual disks by name),
+    ``nics`` (interfaces on a PCI device, not bonds or VLANs), ``accelerators``
+    (``address class-in-words``) and ``pci`` (how many PCI devices in all)."""
+
+    disks: tuple[str, ...]
+    nics: tuple[str, ...]
+    accelerators: tuple[str, ...]
+    pci: int
+
+
+def node_devices(inventory: Inventory, node_id: int) -> NodeDevices:
+    """The devices of ``inventory`` on NUMA node ``node_id``."""
+    pci_here = [d for d in inventory.pci if d.numa_node == node_id]
+    return NodeDevices(
+        disks=tuple(
+            d.name
+            for d in inventory.block
+            if node_id in d.nodes and d.disk == d.name and not d.virtual
+        ),
+        nics=tuple(n.name for n in inventory.net if node_id in n.nodes and not n.parts),
+        accelerators=tuple(
+            f"{d.address} {d.class_name}" for d in pci_here if is_accelerator(d.pci_class)
+        ),
+        pci=len(pci_here),
+    )
+
+
+def unlocated_pci(inventory: Inventory) -> int:
+    """How many PCI devices have ``numa_node`` -1 (no locality)."""
+    return sum(1 for d in inventory.pci if d.numa_node is None)

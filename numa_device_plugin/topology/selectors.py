@@ -1,0 +1,184 @@
+"""Selectors that name a device (``serial:S3EVNX0K123``, ``pci-class:0108``), and what
+one selects in an :class:`~numa_device_plugin.topology.locality.Inventory`.
+
+Forms (:func:`parse_selector`):
+
+================================  =====================================================
+``block:NAME``                    the block device ``class/block/NAME`` (a partition
+                                  counts as its disk; dm and md through their slaves)
+``serial:SERIAL``                 the disks whose ``serial`` is SERIAL (survives
+                                  renumbering: ``nvme0n1`` and ``nvme1n1`` can swap at
+                                  boot)
+``wwid:WWID``                     the disks whose ``wwid`` is WWID (likewise stable)
+``net:IFNAME``                    the network interface IFNAME (bonds and VLANs through
+                                  their lower interfaces)
+``pci:DOMAIN:BUS:DEV.FN``         the PCI device at that address (``0000:41:00.0``)
+``pci-id:VENDOR:DEVICE``          every PCI device with that vendor and device id
+                                  (``15b3:101d``)
+``pci-class:PREFIX``              every PCI device whose class code (6 hex digits)
+                                  starts with PREFIX (``0108`` NVMe, ``0200``
+                                  Ethernet, ``0302`` a 3D controller)
+================================  =====================================================
+
+:func:`select` is pure. A selection's NUMA nodes are those of every matched device
+that has locality; a device without locality adds none (it is named in
+:attr:`Selection.unlocated`), and a selection with no node at all says why in
+:attr:`Selection.reason`. Nothing ever falls back to some NUMA node.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from numa_device_plugin.topology.locality import Inventory, Located, PciDevice
+
+KINDS = ("block", "serial", "wwid", "net", "pci", "pci-id", "pci-class")
+# Characters of a selector's value (a wwid is ~80; anything longer is not a name).
+MAX_VALUE = 256
+# Matched devices named in a selection (a class can match hundreds).
+MAX_NAMED = 16
+
+_PCI = re.compile(r"([0-9a-f]{4}):([0-9a-f]{2}):([0-9a-f]{2})\.([0-7])")
+_PCI_ID = re.compile(r"(?:0x)?([0-9a-f]{4}):(?:0x)?([0-9a-f]{4})")
+_PCI_CLASS = re.compile(r"(?:0x)?([0-9a-f]{2,6})")
+_KERNEL_NAME = re.compile(r"[A-Za-z0-9][-A-Za-z0-9_.:@!+]{0,63}")
+
+
+@dataclass(frozen=True)
+class Selector:
+    """A parsed selector: ``kind`` (one of :data:`KINDS`) and ``value`` (normalised:
+    PCI addresses and ids in lower case)."""
+
+    kind: str
+    value: str
+
+    def __str__(self) -> str:
+        return f"{self.kind}:{self.value}"
+
+
+@dataclass(frozen=True)
+class Selection:
+    """What a selector picked: ``nodes`` (the NUMA nodes of the matched devices that
+    have locality), ``matched`` (a short name of each, at most :data:`MAX_NAMED`),
+    ``count`` (how many matched), ``unlocated`` (matched devices without locality,
+    with why, at most :data:`MAX_NAMED`) and ``reason`` (why ``nodes`` is empty; None
+    when it is not)."""
+
+    nodes: frozenset[int]
+    matched: tuple[str, ...] = ()
+    count: int = 0
+    unlocated: tuple[str, ...] = ()
+    reason: str | None = None
+
+
+def parse_selector(text: str) -> Selector:
+    """``KIND:VALUE`` -> :class:`Selector`. Raises ValueError naming the forms when the
+    kind is unknown or the value is not of its kind's form."""
+    kind, sep, value = text.strip().partition(":")
+    if not sep or kind not in KINDS:
+        raise ValueError(
+            f"{text[:80]!r} is not a selector (block:NAME, serial:S, wwid:W, net:IFNAME, "
+            "pci:DOMAIN:BUS:DEV.FN, pci-id:VENDOR:DEVICE, pci-class:PREFIX)"
+        )
+    value = value.strip()
+    if not value or len(value) > MAX_VALUE or not value.isprintable():
+        raise ValueError(f"{kind}: needs a value of 1 to {MAX_VALUE} printable characters")
+    if kind in ("block", "net"):
+        if not _KERNEL_NAME.fullmatch(value):
+            raise ValueError(f"{kind}:{value[:80]!r}: not a kernel device name")
+    elif kind == "pci":
+        if not _PCI.fullmatch(value.lower()):
+            raise ValueError(f"pci:{value[:80]!r}: expected DOMAIN:BUS:DEV.FN, e.g. 0000:41:00.0")
+        value = value.lower()
+    elif kind == "pci-id":
+        match = _PCI_ID.fullmatch(value.lower())
+        if match is None:
+            raise ValueError(
+                f"pci-id:{value[:80]!r}: expected VENDOR:DEVICE in hex, e.g. 15b3:101d"
+            )
+        value = f"{match[1]}:{match[2]}"
+    elif kind == "pci-class":
+        match = _PCI_CLASS.fullmatch(value.lower())
+        if match is None:
+            raise ValueError(
+                f"pci-class:{value[:80]!r}: expected 2 to 6 hex digits of the class code, "
+                "e.g. 0108 (NVMe)"
+            )
+        value = match[1]
+    elif " " in value:
+        raise ValueError(f"{kind}: a value with spaces cannot be matched ({value[:80]!r})")
+    return Selector(kind, value)
+
+
+def select(inventory: Inventory, selector: Selector) -> Selection:
+    """The devices of ``inventory`` that ``selector`` names, and their NUMA nodes."""
+    if selector.kind in ("pci", "pci-id", "pci-class"):
+        return _from_pci([d for d in inventory.pci if _pci_matches(d, selector)], selector)
+    if selector.kind == "net":
+        found: list[Located] = [n for n in inventory.net if n.name == selector.value]
+    elif selector.kind == "block":
+        found = [d for d in inventory.block if d.name == selector.value]
+    elif selector.kind == "serial":
+        found = [d for d in inventory.block if d.serial == selector.value and d.disk == d.name]
+    else:
+        found = [d for d in inventory.block if d.wwid == selector.value and d.disk == d.name]
+    return _from_located(found, selector)
+
+
+def _pci_matches(device: PciDevice, selector: Selector) -> bool:
+    if selector.kind == "pci":
+        return device.address == selector.value
+    if selector.kind == "pci-id":
+        return f"{device.vendor:04x}:{device.device:04x}" == selector.value
+    return f"{device.pci_class:06x}".startswith(selector.value)
+
+
+def _what(selector: Selector) -> str:
+    return {
+        "block": "block device",
+        "serial": "disk with that serial",
+        "wwid": "disk with that wwid",
+        "net": "network interface",
+        "pci": "PCI device",
+        "pci-id": "PCI device with that vendor:device id",
+        "pci-class": "PCI device of that class",
+    }[selector.kind]
+
+
+def _from_pci(devices: list[PciDevice], selector: Selector) -> Selection:
+    nodes = frozenset(d.numa_node for d in devices if d.numa_node is not None)
+    unlocated = [
+        f"{d.address} ({d.class_name}): numa_node -1" for d in devices if d.numa_node is None
+    ]
+    matched = [f"{d.address} ({d.class_name})" for d in devices]
+    return _selection(nodes, matched, unlocated, selector)
+
+
+def _from_located(devices: list[Located], selector: Selector) -> Selection:
+    nodes = frozenset(node for d in devices for node in d.nodes)
+    unlocated = [
+        f"{d.name}: {(d.reason or '').removeprefix('no locality: ')}"
+        for d in devices
+        if not d.located
+    ]
+    return _selection(nodes, [d.name for d in devices], unlocated, selector)
+
+
+def _selection(
+    nodes: frozenset[int], matched: list[str], unlocated: list[str], selector: Selector
+) -> Selection:
+    reason = None
+    if not matched:
+        reason = f"{selector}: no {_what(selector)} matches on this node"
+    elif not nodes:
+        first = unlocated[0]
+        more = f" (and {len(unlocated) - 1} more)" if len(unlocated) > 1 else ""
+        reason = f"{selector}: no matched device has NUMA locality: {first}{more}"
+    return Selection(
+        nodes=nodes,
+        matched=tuple(matched[:MAX_NAMED]),
+        count=len(matched),
+        unlocated=tuple(unlocated[:MAX_NAMED]),
+        reason=reason,
+    )
