@@ -8,6 +8,8 @@ The file (``--config-file``, YAML; the chart renders it from ``config.named``)::
       pool-b:
         capacity: cpus
         reserved-cpus: "0-1"
+        near:                # resources that follow a device: NAME: SELECTOR
+          data-disk: "serial:S3EVNX0K123"
 
 A configuration overrides the settings given by flags and variables, key by key; its
 keys are the flags' names without the dashes in front: :data:`SETTINGS`. The node's
@@ -117,6 +119,21 @@ def _text(convert: Callable[[str], Any]) -> Callable[[Any], Any]:
     return parse
 
 
+def _near(value: Any) -> tuple[Any, ...]:
+    """``near:``, a mapping NAME -> SELECTOR (``{data-disk: "serial:S3EV"}``), as the
+    tuple of :class:`~numa_device_plugin.plugin.devices.Near` that ``--near`` gives."""
+    from numa_device_plugin.plugin.devices import parse_near
+
+    if not isinstance(value, dict):
+        raise ValueError(f"expected a mapping of NAME: SELECTOR, got {_shown(value)}")
+    found = []
+    for name, selector in value.items():
+        if not isinstance(name, str) or not isinstance(selector, str):
+            raise ValueError(f"{_shown(name)}: {_shown(selector)} is not NAME: SELECTOR text")
+        found.append(parse_near(f"{name}={selector}"))
+    return tuple(found)
+
+
 def _settings() -> dict[str, tuple[str, Callable[[Any], Any]]]:
     from numa_device_plugin.plugin import values
     from numa_device_plugin.plugin.devices import validate_resource_prefix
@@ -130,6 +147,7 @@ def _settings() -> dict[str, tuple[str, Callable[[Any], Any]]]:
         "include-cpuless-nodes": ("include_cpuless_nodes", _switch),
         "memory-unit": ("memory_unit", _text(values.memory_unit)),
         "reserved-memory": ("reserved_memory", _text(values.reserved_memory)),
+        "near": ("near", _near),
     }
 
 

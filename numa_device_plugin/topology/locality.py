@@ -27,8 +27,9 @@ sysfs-block, sysfs-class-net):
 
 Links are resolved inside the sysfs root only: a link that leaves it, a loop or a
 missing target makes that device's locality unknown, with the reason. Every count is
-bounded (:data:`MAX_DEVICES` per kind, :data:`MAX_DEPTH` levels of parts), so a
-hostile tree costs bounded time.
+bounded (:data:`MAX_DEVICES` per kind, :data:`MAX_PARTS` parts of a device,
+:data:`MAX_DEPTH` levels of parts) and each device is resolved once, so a hostile tree
+costs time linear in what is read.
 """
 
 from __future__ import annotations
@@ -48,6 +49,8 @@ MAX_NUMA_NODE_ID = 1023
 MAX_DEVICES = 16384
 # Levels of slaves/lower_* followed (dm over md over partitions is 3).
 MAX_DEPTH = 8
+# Parts of one device read (md arrays and bonds have a few dozen at most).
+MAX_PARTS = 256
 # Characters of an identifier (serial, wwid) kept; NVMe serials are 20, wwids ~80.
 MAX_ID_CHARS = 256
 
@@ -292,21 +295,40 @@ class _Reader:
     def located(self, kind: str) -> tuple[Located, ...]:
         folder = self.root / "class" / kind
         what = "block devices" if kind == "block" else "network interfaces"
+        self._done: dict[str, tuple[Located, int]] = {}
+        self._busy: set[str] = set()
         return tuple(
-            self._locate(kind, name, frozenset(), 0)
+            self._locate(kind, name)[0]
             for name in self._entries(folder, what)
             if name.isprintable() and "/" not in name
         )
 
     # -- one device ------------------------------------------------------------------------
 
-    def _locate(self, kind: str, name: str, seen: frozenset[str], depth: int) -> Located:
-        """Where ``class/<kind>/<name>`` sits; ``seen``: names above it in a chain of
-        parts (a loop ends there)."""
+    def _locate(self, kind: str, name: str) -> tuple[Located, int]:
+        """Where ``class/<kind>/<name>`` sits, and the height of its tree of parts (0: it
+        has none). Each device is resolved once per kind (a part shared by many is not
+        walked again); a device met again while its own parts are being resolved is a
+        loop."""
+        if name in self._done:
+            return self._done[name]
+        if name in self._busy:
+            return Located(name, frozenset(), reason="no locality: its parts loop back to it"), 0
+        self._busy.add(name)
+        try:
+            found = self._resolve(kind, name)
+        finally:
+            self._busy.discard(name)
+        self._done[name] = found
+        return found
+
+    def _resolve(self, kind: str, name: str) -> tuple[Located, int]:
         link = self.root / "class" / kind / name
         target = self._inside(link)
         if isinstance(target, str):
-            return Located(name, frozenset(), reason=target, disk=name if kind == "block" else "")
+            return Located(
+                name, frozenset(), reason=target, disk=name if kind == "block" else ""
+            ), 0
         base = Located(
             name, frozenset(), virtual="virtual" in target.relative_to(self.real_root).parts[:2]
         )
@@ -315,40 +337,40 @@ class _Reader:
             base = replace(base, disk=disk, serial=serial, wwid=wwid)
         parts = self._parts(kind, target / ("slaves" if kind == "block" else ""))
         if parts:
-            return self._composite(kind, base, parts, seen | {name}, depth)
+            return self._composite(kind, base, parts)
         pci, node = self._nearest_pci(target)
         if pci is None:
             why = "a virtual device" if base.virtual else "no PCI device above it in sysfs"
-            return replace(base, reason=f"no locality: {why}")
+            return replace(base, reason=f"no locality: {why}"), 0
         if node is None:
             reason = (
                 f"no locality: PCI device {pci} has numa_node -1 (the firmware gave no proximity)"
             )
-            return replace(base, pci=(pci,), reason=reason)
+            return replace(base, pci=(pci,), reason=reason), 0
         if isinstance(node, str):
-            return replace(base, pci=(pci,), reason=node)
-        return replace(base, nodes=frozenset({node}), pci=(pci,))
+            return replace(base, pci=(pci,), reason=node), 0
+        return replace(base, nodes=frozenset({node}), pci=(pci,)), 0
 
-    def _composite(
-        self, kind: str, base: Located, parts: list[str], seen: frozenset[str], depth: int
-    ) -> Located:
+    def _composite(self, kind: str, base: Located, parts: list[str]) -> tuple[Located, int]:
         """A dm/md device or a VLAN/bond: the union of its parts' NUMA nodes, or no
-        locality when a part has none."""
+        locality when a part has none or the parts nest over :data:`MAX_DEPTH` deep."""
         base = replace(base, parts=tuple(parts))
-        if depth >= MAX_DEPTH:
-            return replace(base, reason=f"no locality: parts nested over {MAX_DEPTH} deep")
         nodes: set[int] = set()
         pci: list[str] = []
+        height = 0
         for part in parts:
-            if part in seen:
-                return replace(base, reason=f"no locality: its parts loop back to {part}")
-            located = self._locate(kind, part, seen, depth + 1)
+            located, below = self._locate(kind, part)
+            height = max(height, below + 1)
             if not located.located:
                 why = (located.reason or "").removeprefix("no locality: ")
-                return replace(base, reason=f"no locality: its part {part} has none ({why})")
+                if why.startswith("its part "):
+                    why = why.split(": ", 1)[-1]  # the first cause, not the whole chain
+                return replace(base, reason=f"no locality: its part {part} has none: {why}"), height
             nodes |= located.nodes
             pci.extend(a for a in located.pci if a not in pci)
-        return replace(base, nodes=frozenset(nodes), pci=tuple(pci))
+        if height > MAX_DEPTH:
+            return replace(base, reason=f"no locality: parts nested over {MAX_DEPTH} deep"), height
+        return replace(base, nodes=frozenset(nodes), pci=tuple(pci)), height
 
     def _parts(self, kind: str, folder: Path) -> list[str]:
         """The names of the devices ``target`` is made of: ``slaves/*`` of a block
@@ -361,9 +383,9 @@ class _Reader:
         if kind == "net":
             names = [n.removeprefix("lower_") for n in names if n.startswith("lower_")]
         names = [n for n in names if n and n.isprintable()]
-        if len(names) > MAX_DEVICES:
-            self.warnings.append(f"{folder} names over {MAX_DEVICES} parts; the rest left out")
-        return sorted(names)[:MAX_DEVICES]
+        if len(names) > MAX_PARTS:
+            self.warnings.append(f"{folder} names over {MAX_PARTS} parts; the rest left out")
+        return sorted(names)[:MAX_PARTS]
 
     def _inside(self, link: Path) -> Path | str:
         """The real folder ``link`` points to, or why it cannot be used."""

@@ -58,6 +58,13 @@ NUMA_MEMORY_UNIT: {{ $c.memoryUnit | quote }}
 {{- if $c.reservedMemory }}
 NUMA_RESERVED_MEMORY: {{ $c.reservedMemory | quote }}
 {{- end }}
+{{- if $c.near }}
+{{- $near := list -}}
+{{- range $name, $selector := $c.near -}}
+{{- $near = append $near (printf "%s=%s" $name $selector) -}}
+{{- end }}
+NUMA_NEAR: {{ join " " $near | quote }}
+{{- end }}
 {{- if include "numa-device-plugin.perNode" . }}
 NUMA_CONFIG_FILE: {{ include "numa-device-plugin.configFile" . | quote }}
 {{- if not (kindIs "invalid" $c.nodeConfigInterval) }}
@@ -75,7 +82,7 @@ naming no configuration, or a configuration whose reservedCpus (its own or inher
 come without capacity "cpus". */}}
 {{- define "numa-device-plugin.nodeConfigs" -}}
 {{- $c := .Values.config -}}
-{{- $keys := dict "capacity" "capacity" "resourcePrefix" "resource-prefix" "podResourcesInterval" "pod-resources-interval" "reservedCpus" "reserved-cpus" "allowUnaligned" "allow-unaligned" "memoryUnit" "memory-unit" "reservedMemory" "reserved-memory" -}}
+{{- $keys := dict "capacity" "capacity" "resourcePrefix" "resource-prefix" "podResourcesInterval" "pod-resources-interval" "reservedCpus" "reserved-cpus" "allowUnaligned" "allow-unaligned" "memoryUnit" "memory-unit" "reservedMemory" "reserved-memory" "near" "near" -}}
 {{- $configs := dict -}}
 {{- range $name, $settings := $c.named -}}
 {{- $s := $settings | default dict -}}

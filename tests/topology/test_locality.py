@@ -1,0 +1,351 @@
+"""Device locality from sysfs: PCI devices, disks (partitions, dm/md) and interfaces
+(bonds, VLANs), on synthetic trees, hostile trees and real machines' snapshots."""
+
+from __future__ import annotations
+
+import os
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from numa_device_plugin.topology.fake import DeviceTree
+from numa_device_plugin.topology.locality import (
+    MAX_DEPTH,
+    Inventory,
+    Located,
+    is_accelerator,
+    node_devices,
+    parse_numa_node,
+    pci_class_name,
+    read_inventory,
+    unlocated_pci,
+)
+from tests.conftest import REPO, under_ci
+
+PCI_SNAPSHOTS = REPO.parent / "shared" / "fixtures" / "sysfs-pci"
+
+
+@pytest.fixture
+def tree(tmp_path: Path) -> DeviceTree:
+    """Two NVMe drives (node 0 and node 1), a NIC on node 1, a GPU on node 1 and a
+    SATA controller without proximity (-1)."""
+    tree = DeviceTree(tmp_path)
+    tree.pci("0000:00:01.0", 0)
+    tree.pci("0000:41:00.0", 1, "0x010802")
+    tree.pci("0000:41:01.0", 1, "0x020000", "0x15b3", "0x1017")
+    tree.pci("0000:42:00.0", 1, "0x030200", "0x10de", "0x20b0")
+    tree.pci("0000:00:1f.2", -1, "0x010601")
+    tree.disk("nvme0n1", "0000:00:01.0", serial="S0", wwid="eui.0000", partitions=2)
+    tree.disk("nvme1n1", "0000:41:00.0", serial="S1", wwid="eui.1111")
+    tree.disk("sda", "0000:00:1f.2", serial="SATA")
+    tree.nic("eth0", "0000:41:01.0")
+    return tree
+
+
+def by_name(devices: tuple[Located, ...]) -> dict[str, Located]:
+    return {d.name: d for d in devices}
+
+
+def test_pci_devices_carry_numa_node_class_and_ids(tree: DeviceTree) -> None:
+    inventory = read_inventory(tree.root)
+    gpu = inventory.pci_device("0000:42:00.0")
+    assert gpu is not None
+    assert (gpu.numa_node, gpu.pci_class, gpu.vendor, gpu.device) == (1, 0x030200, 0x10DE, 0x20B0)
+    assert gpu.class_name == "3D controller"
+    assert [d.address for d in inventory.pci] == sorted(d.address for d in inventory.pci)
+    assert inventory.warnings == ()
+
+
+def test_numa_node_minus_one_is_no_locality_never_node_0(tree: DeviceTree) -> None:
+    inventory = read_inventory(tree.root)
+    sata = inventory.pci_device("0000:00:1f.2")
+    assert sata is not None
+    assert sata.numa_node is None
+    sda = by_name(inventory.block)["sda"]
+    assert sda.nodes == frozenset()
+    assert sda.reason is not None
+    assert "0000:00:1f.2 has numa_node -1" in sda.reason
+    assert 0 not in sda.nodes
+    assert sda.serial == "SATA"
+    assert unlocated_pci(inventory) == 1
+
+
+def test_a_disk_takes_the_numa_node_of_the_pci_device_above_it(tree: DeviceTree) -> None:
+    block = by_name(read_inventory(tree.root).block)
+    assert block["nvme1n1"].nodes == {1}
+    assert block["nvme1n1"].pci == ("0000:41:00.0",)
+    assert (block["nvme1n1"].serial, block["nvme1n1"].wwid) == ("S1", "eui.1111")
+    assert block["nvme0n1"].nodes == {0}
+
+
+def test_a_partition_counts_as_its_disk(tree: DeviceTree) -> None:
+    part = by_name(read_inventory(tree.root).block)["nvme0n1p2"]
+    assert part.nodes == {0}
+    assert part.disk == "nvme0n1"
+    assert (part.serial, part.wwid) == ("S0", "eui.0000")
+
+
+def test_serial_and_wwid_are_read_from_the_device_folder_too(tmp_path: Path) -> None:
+    """NVMe keeps the serial on the controller, SCSI the wwid on the SCSI device:
+    ``<disk>/device/serial``."""
+    tree = DeviceTree(tmp_path)
+    tree.pci("0000:41:00.0", 1)
+    folder = tree.disk("nvme0n1", "0000:41:00.0")
+    (folder / "device").mkdir()
+    (folder / "device" / "serial").write_text("  S3EVNX0K123   \n")
+    disk = by_name(read_inventory(tmp_path).block)["nvme0n1"]
+    assert disk.serial == "S3EVNX0K123"
+
+
+def test_an_interface_takes_its_pci_devices_node_and_virtual_ones_have_none(
+    tree: DeviceTree,
+) -> None:
+    tree.nic("lo", None)
+    net = by_name(read_inventory(tree.root).net)
+    assert net["eth0"].nodes == {1}
+    assert net["lo"].nodes == frozenset()
+    assert net["lo"].virtual
+    assert net["lo"].reason == "no locality: a virtual device"
+
+
+def test_a_device_mapper_device_has_the_nodes_of_all_its_slaves(tree: DeviceTree) -> None:
+    tree.mapped("md0", ["nvme0n1p1", "nvme1n1"])
+    tree.mapped("dm-0", ["md0"])
+    block = by_name(read_inventory(tree.root).block)
+    assert block["md0"].nodes == {0, 1}
+    assert block["md0"].parts == ("nvme0n1p1", "nvme1n1")
+    assert block["md0"].pci == ("0000:00:01.0", "0000:41:00.0")
+    assert block["dm-0"].nodes == {0, 1}
+
+
+def test_a_mapped_device_with_a_part_without_locality_has_none(tree: DeviceTree) -> None:
+    tree.mapped("md1", ["nvme1n1", "sda"])
+    md1 = by_name(read_inventory(tree.root).block)["md1"]
+    assert md1.nodes == frozenset()
+    assert md1.reason is not None
+    assert "its part sda has none" in md1.reason
+
+
+def test_a_bond_and_a_vlan_follow_their_lower_interfaces(tree: DeviceTree) -> None:
+    tree.pci("0000:00:02.0", 0, "0x020000")
+    tree.nic("eth1", "0000:00:02.0")
+    tree.nic("bond0", None, ("eth0", "eth1"))
+    tree.nic("bond0.100", None, ("bond0",))
+    net = by_name(read_inventory(tree.root).net)
+    assert net["bond0"].nodes == {0, 1}
+    assert net["bond0.100"].nodes == {0, 1}
+    assert node_devices(read_inventory(tree.root), 1).nics == ("eth0",)  # not the bond
+
+
+def test_loops_of_parts_end_with_no_locality(tree: DeviceTree) -> None:
+    tree.nic("a", None, ("b",))
+    tree.nic("b", None, ("a",))
+    net = by_name(read_inventory(tree.root).net)
+    assert net["a"].nodes == frozenset()
+    assert net["a"].reason == "no locality: its part b has none: its parts loop back to it"
+    assert net["b"].nodes == frozenset()
+
+
+def test_parts_nested_too_deep_end_with_no_locality(tree: DeviceTree) -> None:
+    previous = "eth0"
+    for level in range(MAX_DEPTH + 2):
+        tree.nic(f"v{level}", None, (previous,))
+        previous = f"v{level}"
+    net = by_name(read_inventory(tree.root).net)
+    assert net["v0"].nodes == {1}
+    assert net[f"v{MAX_DEPTH - 1}"].nodes == {1}  # eth0 and 8 levels above it
+    assert net[f"v{MAX_DEPTH}"].reason == f"no locality: parts nested over {MAX_DEPTH} deep"
+    assert net[previous].reason == (
+        f"no locality: its part v{MAX_DEPTH} has none: parts nested over {MAX_DEPTH} deep"
+    )
+
+
+@pytest.mark.parametrize(
+    ("content", "why"),
+    [
+        ("garbage", "expected -1 or a NUMA node id"),
+        ("1024", "above the kernel's limit"),
+        ("9223372036854775808", "expected -1 or a NUMA node id"),
+        ("-2", "expected -1 or a NUMA node id"),
+        ("", "expected -1 or a NUMA node id"),
+    ],
+)
+def test_a_malformed_numa_node_leaves_the_pci_device_out_naming_the_file(
+    tree: DeviceTree, content: str, why: str
+) -> None:
+    (tree.pci_folder("0000:41:00.0") / "numa_node").write_text(content)
+    inventory = read_inventory(tree.root)
+    assert inventory.pci_device("0000:41:00.0") is None
+    assert any("0000:41:00.0/numa_node" in w and why in w for w in inventory.warnings)
+    disk = by_name(inventory.block)["nvme1n1"]  # the disk under it: no locality, with why
+    assert disk.nodes == frozenset()
+    assert disk.reason is not None
+    assert "numa_node" in disk.reason
+    assert why in disk.reason
+
+
+@pytest.mark.parametrize("name", ["class", "vendor", "device"])
+def test_a_malformed_id_file_leaves_the_pci_device_out(tree: DeviceTree, name: str) -> None:
+    (tree.pci_folder("0000:42:00.0") / name).write_text("0xZZ")
+    inventory = read_inventory(tree.root)
+    assert inventory.pci_device("0000:42:00.0") is None
+    assert any(f"0000:42:00.0/{name}" in w for w in inventory.warnings)
+
+
+def test_a_fifo_as_numa_node_is_refused_without_blocking(tree: DeviceTree) -> None:
+    path = tree.pci_folder("0000:41:00.0") / "numa_node"
+    path.unlink()
+    os.mkfifo(path)
+    inventory = read_inventory(tree.root)
+    assert inventory.pci_device("0000:41:00.0") is None
+    assert any("a FIFO" in w for w in inventory.warnings)
+
+
+def test_links_that_leave_the_root_loop_or_dangle_give_no_locality(
+    tree: DeviceTree, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    outside = tmp_path_factory.mktemp("outside")
+    (outside / "numa_node").write_text("1\n")
+    block = tree.root / "class" / "block"
+    (block / "escape").symlink_to(outside)
+    (block / "loop-a").symlink_to("loop-b")
+    (block / "loop-b").symlink_to("loop-a")
+    (block / "dangling").symlink_to("../../devices/nothing")
+    found = by_name(read_inventory(tree.root).block)
+    assert found["escape"].nodes == frozenset()
+    assert "outside the sysfs root" in (found["escape"].reason or "")
+    assert found["loop-a"].nodes == frozenset()
+    assert found["dangling"].nodes == frozenset()
+    assert "points to nothing" in (found["dangling"].reason or "")
+
+
+def test_oddly_named_pci_entries_are_left_out_with_a_warning(tree: DeviceTree) -> None:
+    (tree.root / "bus" / "pci" / "devices" / "not-an-address").mkdir()
+    inventory = read_inventory(tree.root)
+    assert all(d.address != "not-an-address" for d in inventory.pci)
+    assert any("not-an-address" in w for w in inventory.warnings)
+
+
+def test_a_root_without_bus_or_class_folders_is_an_empty_inventory(tmp_path: Path) -> None:
+    assert read_inventory(tmp_path) == Inventory()
+
+
+def test_node_devices_lists_disks_nics_and_accelerators(tree: DeviceTree) -> None:
+    inventory = read_inventory(tree.root)
+    one = node_devices(inventory, 1)
+    assert one.disks == ("nvme1n1",)
+    assert one.nics == ("eth0",)
+    assert one.accelerators == ("0000:42:00.0 3D controller",)
+    assert one.pci == 3
+    zero = node_devices(inventory, 0)
+    assert zero.disks == ("nvme0n1",)  # partitions are not listed as disks
+
+
+@pytest.mark.parametrize(
+    ("text", "node"),
+    [("-1", None), ("0", 0), ("1023", 1023)],
+)
+def test_parse_numa_node(text: str, node: int | None) -> None:
+    assert parse_numa_node(text) == node
+
+
+@pytest.mark.parametrize(
+    ("code", "words", "accelerator"),
+    [
+        (0x010802, "NVMe controller", False),
+        (0x020000, "Ethernet controller", False),
+        (0x030200, "3D controller", True),
+        (0x120000, "processing accelerator", True),
+        (0x0B4000, "co-processor", True),
+        (0x01FF00, "mass storage controller", False),
+        (0xFFFF00, "class 0xffff00", False),
+    ],
+)
+def test_pci_class_in_words(code: int, words: str, accelerator: bool) -> None:
+    assert pci_class_name(code) == words
+    assert is_accelerator(code) is accelerator
+
+
+# The README table of ../shared/fixtures/sysfs-pci: (disk or interface -> NUMA nodes),
+# and PCI devices per numa_node (None: -1).
+PCI_TABLE = {
+    "40intel64-2g2n4c+pcilocality": (
+        {"sda": set(), "sda1": set(), "sr0": set(), "eth0": set(), "eth3": set(), "ib0": {2}},
+        {None: 36, 2: 1},
+    ),
+    "fakepcilocalities": (
+        {"sda": {0}, "sda6": {0}, "sr0": {0}, "eth0": {0}, "eth3": {0}, "ib0": {1}},
+        {0: 14, 1: 4, 2: 6, 3: 6},
+    ),
+}
+
+
+@pytest.fixture(scope="module")
+def pci_snapshots(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    if not PCI_SNAPSHOTS.is_dir():
+        message = (
+            f"{PCI_SNAPSHOTS} is absent: real sysfs trees with PCI devices come from ../shared"
+        )
+        if under_ci(os.environ.get("CI")):
+            pytest.fail(message)
+        pytest.skip(message)
+    root = tmp_path_factory.mktemp("sysfs-pci")
+    for archive in PCI_SNAPSHOTS.glob("*.tar.gz"):
+        target = root / archive.name.removesuffix(".tar.gz")
+        target.mkdir()
+        with tarfile.open(archive) as tar:
+            tar.extractall(target, filter="tar")
+    return root
+
+
+@pytest.mark.parametrize("name", sorted(PCI_TABLE))
+def test_real_machines_devices_sit_where_their_sysfs_says(pci_snapshots: Path, name: str) -> None:
+    located, per_node = PCI_TABLE[name]
+    inventory = read_inventory(pci_snapshots / name)
+    everything = by_name(inventory.block) | by_name(inventory.net)
+    for device, nodes in located.items():
+        assert set(everything[device].nodes) == nodes, device
+        if not nodes:
+            assert "numa_node -1" in (everything[device].reason or ""), device
+    counts: dict[int | None, int] = {}
+    for pci in inventory.pci:
+        counts[pci.numa_node] = counts.get(pci.numa_node, 0) + 1
+    assert counts == per_node
+    assert inventory.warnings == ()
+
+
+def test_real_machines_ib0_is_an_infiniband_controller_of_its_vendor(pci_snapshots: Path) -> None:
+    inventory = read_inventory(pci_snapshots / "fakepcilocalities")
+    ib = inventory.pci_device("0000:43:00.0")
+    assert ib is not None
+    assert (ib.vendor, ib.device, ib.class_name) == (0x1077, 0x7322, "InfiniBand controller")
+    assert node_devices(inventory, 0).disks == ("sda", "sr0")
+    assert node_devices(inventory, 0).nics == ("eth0", "eth1", "eth2", "eth3")
+
+
+def test_each_interface_is_resolved_once_however_many_share_it(
+    tree: DeviceTree, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A hostile tree of layers of bonds, each bond over every bond of the layer below:
+    walking it path by path is width ** depth; resolving each device once is linear."""
+    from numa_device_plugin.topology import locality
+
+    below = ["eth0"]
+    for layer in range(6):
+        names = [f"b{layer}x{i}" for i in range(6)]
+        for name in names:
+            tree.nic(name, None, tuple(below))
+        below = names
+    calls: list[str] = []
+    resolve = locality._Reader._resolve
+
+    def counted(self: locality._Reader, kind: str, name: str) -> tuple[Located, int]:
+        if kind == "net":
+            calls.append(name)
+        return resolve(self, kind, name)
+
+    monkeypatch.setattr(locality._Reader, "_resolve", counted)
+    net = by_name(read_inventory(tree.root).net)
+    assert net["b5x0"].nodes == {1}
+    assert sorted(calls) == sorted(net)
