@@ -57,6 +57,21 @@ configs:
 # -- the file ---------------------------------------------------------------------------------
 
 
+def test_each_pool_maps_the_same_near_name_to_its_own_device() -> None:
+    """One name for every server, each pool's selector for its own disk."""
+    text = """
+configs:
+  a: {near: {data-disk: "serial:S-A", nic: "net:ens1f0"}}
+  b: {near: {data-disk: "wwid:eui.0b"}}
+"""
+    configs = parse_node_configs(FILE, text, BASE)
+    assert [str(n) for n in configs.configs["a"]["near"]] == [
+        "data-disk=serial:S-A",
+        "nic=net:ens1f0",
+    ]
+    assert [str(n) for n in configs.configs["b"]["near"]] == ["data-disk=wwid:eui.0b"]
+
+
 def test_a_file_parses_into_overrides_of_the_flags() -> None:
     configs = parse_node_configs(FILE, POOLS, BASE)
     assert configs.default == "slots"
@@ -100,6 +115,11 @@ def test_a_file_parses_into_overrides_of_the_flags() -> None:
         # halts at its first node instead of reaching the pool that uses it.
         ("configs: {a: {}, b: {capacity: -1}}\n", "configuration 'b'"),
         ("default: c\nconfigs: {a: {}}\n", "default 'c' names no configuration"),
+        ("configs: {a: {near: serial:S1}}\n", "near: expected a mapping of NAME: SELECTOR"),
+        ("configs: {a: {near: {disk: [1]}}}\n", "is not NAME: SELECTOR text"),
+        ("configs: {a: {near: {disk: 'sn:S1'}}}\n", "near: 'sn:S1' is not a selector"),
+        ("configs: {a: {near: {numa-1: 'serial:S1'}}}\n", "would collide with the NUMA-node"),
+        ("configs: {a: {resource-prefix: x, near: {'d/e': 'serial:S'}}}\n", "without the prefix"),
     ],
 )
 def test_a_malformed_file_is_refused_naming_file_configuration_and_fault(

@@ -14,9 +14,24 @@ import pytest
 from numa_device_plugin.cli import main
 from numa_device_plugin.kubelet.view import Holder, KubeletView
 from numa_device_plugin.kubelet_standin import KubeletStandIn
-from numa_device_plugin.plugin.capacity import live_devices, node_capacity
-from numa_device_plugin.plugin.devices import CPUS, HEALTHY, UNHEALTHY, build_resource
-from numa_device_plugin.topology.fake import SysfsTree
+from numa_device_plugin.plugin.capacity import (
+    foreign_devices,
+    live_devices,
+    live_resource_devices,
+    node_capacity,
+)
+from numa_device_plugin.plugin.devices import (
+    CPUS,
+    HEALTHY,
+    UNHEALTHY,
+    Near,
+    Resource,
+    build_resource,
+    near_resource,
+)
+from numa_device_plugin.topology.fake import DeviceTree, SysfsTree
+from numa_device_plugin.topology.numa import NodePlan, NumaNode
+from numa_device_plugin.topology.selectors import parse_selector
 from tests.standin_helpers import (
     ServeProcess,
     eventually,
@@ -129,6 +144,67 @@ def test_node_capacity_figures() -> None:
     assert figures.held == {"numa1-cpu0004", "numa1-cpu0007"}
     assert figures.free_cpus == 1
     assert (figures.devices, figures.healthy, figures.misaligned) == (4, 3, 1)
+
+
+DISK = "numa-align/data-disk"
+NODE0 = frozenset(range(4))
+
+
+def disk_holder(*ids: str, cpus: tuple[int, ...] = (), name: str = "es") -> Holder:
+    return Holder("ns", name, "c", frozenset(cpus), {DISK: tuple(ids)})
+
+
+def near_disk(nodes: tuple[int, ...]) -> Resource:
+    plans = [
+        NodePlan(NumaNode(id=i, cpus=NODE0 if i == 0 else NODE1), advertised=True) for i in nodes
+    ]
+    return near_resource("numa-align", Near("data-disk", parse_selector("serial:S1")), plans, CPUS)
+
+
+def test_a_near_resource_counts_the_free_cpus_of_its_device_node_like_numa_n() -> None:
+    """A pod holding numa-1 took CPUs 4-5; the near resource on node 1 has as many
+    Healthy devices as node 1 has free CPUs (2), the same figure as numa-1's; a pod
+    holding the near resource with CPU 6 lowers both."""
+    view = KubeletView(frozenset(range(8)), (ours("numa1-cpu0004", "numa1-cpu0005", cpus=(4, 5)),))
+    cpus = {0: NODE0, 1: NODE1}.__getitem__
+    near = live_resource_devices(CPUS, near_disk((1,)), cpus, view)
+    numa1 = live_devices(CPUS, 1, NODE1, R1, (), view)
+    free_near = sum(d.health == HEALTHY for d in near)
+    assert free_near == 2
+    assert free_near == sum(d.health == HEALTHY for d in numa1) - 2  # numa-1 keeps its held 2
+    view = KubeletView(
+        view.allocatable_cpus, (*view.holders, disk_holder("numa1-cpu0006", cpus=(6,)))
+    )
+    near = live_resource_devices(CPUS, near_disk((1,)), cpus, view)
+    assert [d.id for d in near if d.health == HEALTHY] == ["numa1-cpu0004", "numa1-cpu0006"]
+    figures = node_capacity(R1, 1, NODE1, numa1, view, related=[DISK])
+    assert figures.assigned_ours == {4, 5, 6}  # the near pod's CPU is ours, not other
+    assert figures.held == {"numa1-cpu0004", "numa1-cpu0005"}
+
+
+def test_a_near_resource_on_two_nodes_lists_each_nodes_devices_by_its_cpus() -> None:
+    view = KubeletView(frozenset(range(1, 8)), (foreign(4, 5, 6, 7),))
+    near = live_resource_devices(CPUS, near_disk((0, 1)), {0: NODE0, 1: NODE1}.__getitem__, view)
+    assert {d.id: d.health[0] for d in near} == {
+        "numa0-cpu0001": "H", "numa0-cpu0002": "H", "numa0-cpu0003": "H",
+        "numa1-cpu0004": "U", "numa1-cpu0005": "U", "numa1-cpu0006": "U", "numa1-cpu0007": "U",
+    }  # fmt: skip
+    assert {d.node_id for d in near if d.id.startswith("numa1")} == {1}
+
+
+def test_a_near_holder_whose_cpus_are_elsewhere_is_misaligned_on_its_device_node() -> None:
+    view = KubeletView(frozenset(range(8)), (disk_holder("numa1-cpu0004", cpus=(0,)),))
+    figures = node_capacity(R1, 1, NODE1, (), view, related=[DISK])
+    assert figures.misaligned == 1
+    assert node_capacity(R0, 0, NODE0, (), view, related=[DISK]).misaligned == 0
+
+
+def test_held_ids_of_a_near_resource_are_foreign_only_when_on_none_of_its_nodes() -> None:
+    view = KubeletView(
+        frozenset(range(8)), (disk_holder("numa1-cpu0004", "numa0-cpu0001", "numa3-cpu0001"),)
+    )
+    assert foreign_devices(view, DISK, (0, 1)) == {"numa3-cpu0001"}
+    assert foreign_devices(view, DISK, 1) == {"numa0-cpu0001", "numa3-cpu0001"}
 
 
 # -- a real serve process ---------------------------------------------------------------------
@@ -450,4 +526,37 @@ async def test_an_outage_of_the_pod_resources_api_keeps_the_last_counts(
     assert said == [
         "the kubelet's pod resources API cannot be read; keeping the counts of its last "
         "answer until it can"
+    ]
+
+
+async def test_serve_advertises_a_near_resource_on_its_disks_node_with_node_1s_free_cpus(
+    two_nodes: SysfsTree, sock_dir: Path
+) -> None:
+    """--near data-disk=serial:S1 with the disk on NUMA node 1: the resource's devices
+    lie on node 1, its allocatable is node 1's free exclusive CPUs (as numa-1's), a
+    foreign pod lowers both, and Allocate injects NUMA_NODE=1. A selector matching
+    nothing advertises nothing and the plugin keeps serving the rest."""
+    devices = DeviceTree(two_nodes.root)
+    devices.pci("0000:41:00.0", 1)
+    devices.disk("nvme0n1", "0000:41:00.0", serial="S1")
+    flags = ("--near", "data-disk=serial:S1", "--near", "gone=serial:NOPE")
+    async with cpus_mode(two_nodes, sock_dir, *flags) as (kubelet, plugin):
+        await wait_all_live(kubelet, [R0, R1, DISK], timeout=20)
+        await kubelet.wait_until(lambda: kubelet.allocatable(DISK) == 4)
+        assert {d.ID: [n.ID for n in d.topology.nodes] for d in kubelet.devices(DISK)} == {
+            f"numa1-cpu000{c}": [1] for c in range(4, 8)
+        }
+        kubelet.add_pod("web", "nginx", [("nginx", {}, [5, 6])])
+        await kubelet.wait_until(
+            lambda: kubelet.allocatable(DISK) == 2 and kubelet.allocatable(R1) == 2, timeout=5
+        )
+        response = await kubelet.allocate(DISK, ["numa1-cpu0004"])
+        assert dict(response.container_responses[0].envs) == {"NUMA_NODE": "1"}
+        assert not kubelet.live("numa-align/gone")
+        assert await plugin.terminate() == 0
+    near = [e for e in plugin.events() if e["event"] == "advertising a resource near a device"]
+    assert [(e["resource"], e["nodes"]) for e in near] == [(DISK, [1])]
+    gone = [e for e in plugin.events() if e["event"] == "not advertising a resource near a device"]
+    assert [e["reason"] for e in gone] == [
+        "serial:NOPE: no disk with that serial matches on this node"
     ]

@@ -2,16 +2,22 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from numa_device_plugin.plugin.devices import (
     MAX_DEVICE_ID_LENGTH,
+    Near,
     build_resources,
+    check_near,
+    parse_near,
     socket_name,
     validate_extended_resource_name,
     validate_resource_prefix,
 )
 from numa_device_plugin.topology.numa import NodePlan, NumaNode
+from numa_device_plugin.topology.selectors import parse_selector
 
 
 def plans(*ids: int, skip: tuple[int, ...] = ()) -> tuple[NodePlan, ...]:
@@ -90,3 +96,77 @@ def test_custom_prefix() -> None:
 def test_capacity_bounds(capacity: int) -> None:
     with pytest.raises(ValueError, match="capacity"):
         build_resources(plans(0), capacity=capacity)
+
+
+def near(name: str = "data-disk", selector: str = "serial:S1") -> Near:
+    return Near(name, parse_selector(selector))
+
+
+def test_a_near_resource_has_slots_on_each_covered_numa_node_with_their_ids() -> None:
+    resources = build_resources(plans(0, 1, 2), capacity=2, near=[(near(), frozenset({1, 2}))])
+    resource = resources["numa-align/data-disk"]
+    assert [(d.id, d.node_id) for d in resource.devices] == [
+        ("numa1-slot0000", 1),
+        ("numa1-slot0001", 1),
+        ("numa2-slot0000", 2),
+        ("numa2-slot0001", 2),
+    ]
+    assert resource.node_ids == (1, 2)
+    assert resource.near == near()
+    assert list(resources)[-1] == "numa-align/data-disk"  # after the NUMA nodes'
+
+
+def test_a_near_resource_in_cpus_mode_has_one_device_per_cpu_of_its_node() -> None:
+    node = NumaNode(id=1, cpus=frozenset({4, 5, 6, 7}))
+    resources = build_resources(
+        [NodePlan(node, advertised=True)],
+        capacity="cpus",
+        reserved_cpus=frozenset({4}),
+        near=[(near(), frozenset({1}))],
+    )
+    assert [d.id for d in resources["numa-align/data-disk"].devices] == [
+        "numa1-cpu0005",
+        "numa1-cpu0006",
+        "numa1-cpu0007",
+    ]
+
+
+def test_near_device_ids_are_the_same_in_every_build() -> None:
+    """The kubelet re-admits running pods by the ids it recorded."""
+    first = build_resources(plans(0, 1), near=[(near(), frozenset({1}))])
+    assert first == build_resources(plans(0, 1), near=[(near(), frozenset({1}))])
+
+
+def test_a_near_resource_on_no_advertised_node_is_not_built() -> None:
+    """Never a fallback to some other NUMA node."""
+    resources = build_resources(plans(0, 1, skip=(1,)), near=[(near(), frozenset({1}))])
+    assert "numa-align/data-disk" not in resources
+    assert "numa-align/data-disk" not in build_resources(plans(0), near=[(near(), frozenset())])
+
+
+@pytest.mark.parametrize(
+    ("text", "why"),
+    [
+        ("data-disk", "is not NAME=SELECTOR"),
+        ("=serial:S1", "is not NAME=SELECTOR"),
+        ("numa-1=serial:S1", "collide with the NUMA-node resources"),
+        ("numa-0-memory=serial:S1", "collide"),
+        ("x/y=serial:S1", "without the prefix"),
+        ("-disk=serial:S1", "name part"),
+        ("disk=sn:S1", "is not a selector"),
+        ("d" * 64 + "=serial:S1", "name part"),
+    ],
+)
+def test_parse_near_refuses_with_why(text: str, why: str) -> None:
+    with pytest.raises(ValueError, match=re.escape(why)):
+        parse_near(text)
+
+
+def test_parse_near() -> None:
+    assert parse_near("data-disk = serial:S1") == near()
+    assert str(parse_near("nic=net:ens1f0")) == "nic=net:ens1f0"
+
+
+def test_check_near_refuses_a_name_given_twice() -> None:
+    with pytest.raises(ValueError, match="given twice"):
+        check_near("numa-align", [near(), near(selector="serial:S2")])

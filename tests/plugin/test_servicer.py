@@ -271,3 +271,35 @@ def test_servicer_keeps_resource_identity() -> None:
     servicer = NumaDevicePluginServicer(resource)
     assert (servicer.resource_name, servicer.node_id) == ("numa-align/numa-7", 7)
     assert servicer.devices == resource.devices
+
+
+async def test_allocate_of_a_near_resource_names_the_node_of_the_devices_given(
+    sock_dir: Path,
+) -> None:
+    """A resource that follows a device on NUMA nodes 0 and 1: each container's
+    NUMA_NODE is the node of the devices it got (both, comma-separated, when a policy
+    that does not align gave it devices of both)."""
+    from numa_device_plugin.plugin.devices import Near, near_resource
+    from numa_device_plugin.topology.numa import NodePlan, NumaNode
+    from numa_device_plugin.topology.selectors import parse_selector
+
+    plans = [NodePlan(NumaNode(id=i, cpus=frozenset({i})), advertised=True) for i in (0, 1)]
+    resource = near_resource("numa-align", Near("md", parse_selector("block:md0")), plans, 2)
+    servicer = NumaDevicePluginServicer(resource)
+    server = UnixSocketServer(
+        sock_dir / "near.sock",
+        lambda s: api_pb2_grpc.add_DevicePluginServicer_to_server(servicer, s),
+    )
+    await server.start()
+    try:
+        async with grpc.aio.insecure_channel(f"unix://{server.path}") as channel:
+            stub = api_pb2_grpc.DevicePluginStub(channel)
+            response = await stub.Allocate(
+                allocate_request(
+                    ["numa1-slot0000"], ["numa0-slot0001"], ["numa1-slot0001", "numa0-slot0000"]
+                )
+            )
+    finally:
+        servicer.close()
+        await server.stop(0)
+    assert [dict(c.envs)["NUMA_NODE"] for c in response.container_responses] == ["1", "0", "0,1"]

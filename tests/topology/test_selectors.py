@@ -1,0 +1,154 @@
+"""Selectors naming a device, and what each selects: a table per form, the -1 case,
+several NUMA nodes, and values that are refused."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from numa_device_plugin.topology.fake import DeviceTree
+from numa_device_plugin.topology.locality import Inventory, read_inventory
+from numa_device_plugin.topology.selectors import (
+    MAX_NAMED,
+    Selector,
+    parse_selector,
+    select,
+)
+
+
+@pytest.fixture(scope="module")
+def inventory(tmp_path_factory: pytest.TempPathFactory) -> Inventory:
+    """NVMe on node 0 and on node 1 (each with a serial and a wwid), a NIC and a GPU on
+    node 1, a SATA disk and a NIC without proximity, an md over both NVMe, a bond over
+    both NICs."""
+    tree = DeviceTree(tmp_path_factory.mktemp("sysfs"))
+    tree.pci("0000:00:01.0", 0, "0x010802")
+    tree.pci("0000:41:00.0", 1, "0x010802")
+    tree.pci("0000:41:01.0", 1, "0x020000", "0x15b3", "0x1017")
+    tree.pci("0000:42:00.0", 1, "0x030200", "0x10de", "0x20b0")
+    tree.pci("0000:00:1f.2", -1, "0x010601", "0x8086", "0xa182")
+    tree.pci("0000:00:03.0", -1, "0x020000", "0x8086", "0x1533")
+    tree.disk("nvme0n1", "0000:00:01.0", serial="S0", wwid="eui.0000", partitions=1)
+    tree.disk("nvme1n1", "0000:41:00.0", serial="S1", wwid="eui.1111", partitions=1)
+    tree.disk("sda", "0000:00:1f.2", serial="SATA")
+    tree.mapped("md0", ["nvme0n1p1", "nvme1n1p1"])
+    tree.nic("ens1", "0000:41:01.0")
+    tree.nic("eno1", "0000:00:03.0")
+    tree.nic("bond0", None, ("ens1",))
+    tree.nic("lo", None)
+    return read_inventory(tree.root)
+
+
+@pytest.mark.parametrize(
+    ("selector", "nodes", "matched"),
+    [
+        ("block:nvme1n1", {1}, ["nvme1n1"]),
+        ("block:nvme1n1p1", {1}, ["nvme1n1p1"]),
+        ("block:md0", {0, 1}, ["md0"]),
+        ("serial:S1", {1}, ["nvme1n1"]),
+        ("serial:S0", {0}, ["nvme0n1"]),
+        ("wwid:eui.1111", {1}, ["nvme1n1"]),
+        ("net:ens1", {1}, ["ens1"]),
+        ("net:bond0", {1}, ["bond0"]),
+        ("pci:0000:42:00.0", {1}, ["0000:42:00.0 (3D controller)"]),
+        ("pci:0000:42:00.0".upper().replace("PCI", "pci"), {1}, ["0000:42:00.0 (3D controller)"]),
+        ("pci-id:10de:20b0", {1}, ["0000:42:00.0 (3D controller)"]),
+        ("pci-id:0x10DE:0x20B0", {1}, ["0000:42:00.0 (3D controller)"]),
+        ("pci-class:0108", {0, 1}, [f"0000:{b}.0 (NVMe controller)" for b in ("00:01", "41:00")]),
+        ("pci-class:0302", {1}, ["0000:42:00.0 (3D controller)"]),
+        ("pci-class:02", {1}, [f"0000:{b}.0 (Ethernet controller)" for b in ("00:03", "41:01")]),
+    ],
+)  # fmt: skip
+def test_each_selector_selects_its_devices_and_their_nodes(
+    inventory: Inventory, selector: str, nodes: set[int], matched: list[str]
+) -> None:
+    selection = select(inventory, parse_selector(selector))
+    assert selection.nodes == nodes
+    assert list(selection.matched) == matched
+    assert selection.reason is None
+
+
+def test_devices_without_locality_add_no_node_and_are_named(inventory: Inventory) -> None:
+    """pci-class:02 matches the NIC at -1 too: it adds nothing, never node 0."""
+    selection = select(inventory, parse_selector("pci-class:0200"))
+    assert selection.nodes == {1}
+    assert selection.unlocated == ("0000:00:03.0 (Ethernet controller): numa_node -1",)
+
+
+@pytest.mark.parametrize(
+    ("selector", "reason"),
+    [
+        ("block:nvme9n1", "block:nvme9n1: no block device matches on this node"),
+        ("serial:NOPE", "serial:NOPE: no disk with that serial matches on this node"),
+        ("net:eth9", "net:eth9: no network interface matches on this node"),
+        ("pci-class:0b40", "pci-class:0b40: no PCI device of that class matches on this node"),
+        (
+            "block:sda",
+            "block:sda: no matched device has NUMA locality: sda: PCI device 0000:00:1f.2 "
+            "has numa_node -1 (the firmware gave no proximity)",
+        ),
+        ("net:lo", "net:lo: no matched device has NUMA locality: lo: a virtual device"),
+        ("pci-id:8086:1533", "pci-id:8086:1533: no matched device has NUMA locality: "
+         "0000:00:03.0 (Ethernet controller): numa_node -1"),
+    ],
+)  # fmt: skip
+def test_a_selection_without_nodes_says_why(
+    inventory: Inventory, selector: str, reason: str
+) -> None:
+    selection = select(inventory, parse_selector(selector))
+    assert selection.nodes == frozenset()
+    assert selection.reason == reason
+
+
+def test_serial_and_wwid_select_the_disk_not_its_partitions(inventory: Inventory) -> None:
+    assert select(inventory, parse_selector("serial:S1")).count == 1
+
+
+def test_a_selection_names_at_most_max_named_devices(tmp_path: Path) -> None:
+    tree = DeviceTree(tmp_path)
+    for index in range(MAX_NAMED + 4):
+        tree.pci(f"0000:{index + 16:02x}:00.0", 1, "0x010802")
+    selection = select(read_inventory(tmp_path), parse_selector("pci-class:0108"))
+    assert selection.count == MAX_NAMED + 4
+    assert len(selection.matched) == MAX_NAMED
+
+
+@pytest.mark.parametrize(
+    ("text", "parsed"),
+    [
+        ("block:nvme0n1", Selector("block", "nvme0n1")),
+        (" serial:S3EVNX0K123 ", Selector("serial", "S3EVNX0K123")),
+        ("pci:0000:41:00.0", Selector("pci", "0000:41:00.0")),
+        ("pci:0000:4A:00.0", Selector("pci", "0000:4a:00.0")),
+        ("pci-id:0x15B3:101d", Selector("pci-id", "15b3:101d")),
+        ("pci-class:0x0108", Selector("pci-class", "0108")),
+        ("wwid:eui.002538b471b40718", Selector("wwid", "eui.002538b471b40718")),
+    ],
+)
+def test_parse_selector_normalises(text: str, parsed: Selector) -> None:
+    assert parse_selector(text) == parsed
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("nvme0n1", "is not a selector"),
+        ("disk:nvme0n1", "is not a selector"),
+        ("block:", "needs a value"),
+        ("block:../../etc", "not a kernel device name"),
+        ("net:eth0 eth1", "not a kernel device name"),
+        ("pci:41:00.0", "expected DOMAIN:BUS:DEV.FN"),
+        ("pci:0000:41:00.8", "expected DOMAIN:BUS:DEV.FN"),
+        ("pci-id:15b3", "expected VENDOR:DEVICE"),
+        ("pci-class:1", "expected 2 to 6 hex digits"),
+        ("pci-class:0108020", "expected 2 to 6 hex digits"),
+        ("serial:a b", "with spaces"),
+        ("serial:" + "x" * 300, "needs a value of 1 to 256"),
+        ("serial:\x1b[31m", "printable"),
+    ],
+)
+def test_parse_selector_refuses_with_the_forms(text: str, message: str) -> None:
+    with pytest.raises(ValueError, match=re.escape(message)):
+        parse_selector(text)
