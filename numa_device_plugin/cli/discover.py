@@ -11,7 +11,7 @@ import click
 from numa_device_plugin.cli import options
 from numa_device_plugin.ops.logs import configure_logging
 from numa_device_plugin.plugin.config import Config
-from numa_device_plugin.plugin.discovery import Discovery, discover
+from numa_device_plugin.plugin.discovery import Discovery, discover, near_document
 from numa_device_plugin.topology import sysfs
 from numa_device_plugin.topology.locality import node_devices, unlocated_pci
 from numa_device_plugin.topology.memory import format_quantity
@@ -73,30 +73,14 @@ def discovery_json(discovery: Discovery) -> dict[str, Any]:
                 "hugepages": {format_quantity(size): pages for size, pages in node.hugepages},
                 "advertised": plan.advertised,
                 "reason": plan.reason,
-                "devices": {
-                    "disks": list(here.disks),
-                    "nics": list(here.nics),
-                    "accelerators": list(here.accelerators),
-                    "pci": here.pci,
-                },
+                "devices": here.document(),
             }
         )
     return {
         "nodes": nodes,
         "resources": list(discovery.resources),
         "devices": {name: len(r.devices) for name, r in discovery.resources.items()},
-        "near": [
-            {
-                "resource": entry.resource,
-                "selector": str(entry.near.selector),
-                "matched": list(entry.selection.matched),
-                "matched_count": entry.selection.count,
-                "unlocated": list(entry.selection.unlocated),
-                "nodes": list(entry.nodes),
-                "reason": entry.reason,
-            }
-            for entry in discovery.near
-        ],
+        "near": [near_document(entry) for entry in discovery.near],
         "unlocated_pci": unlocated_pci(inventory),
     }
 

@@ -51,6 +51,20 @@ class Discovery:
     near: tuple[NearPlan, ...] = ()
 
 
+def near_document(entry: NearPlan) -> dict[str, object]:
+    """One near resource as JSON (``discover``, ``/debug/state``): ``{"resource",
+    "selector", "matched", "matched_count", "unlocated", "nodes", "reason"}``."""
+    return {
+        "resource": entry.resource,
+        "selector": str(entry.near.selector),
+        "matched": list(entry.selection.matched),
+        "matched_count": entry.selection.count,
+        "unlocated": list(entry.selection.unlocated),
+        "nodes": list(entry.nodes),
+        "reason": entry.reason,
+    }
+
+
 def plan_near(
     config: Config, plans: tuple[NodePlan, ...], inventory: Inventory
 ) -> tuple[NearPlan, ...]:

@@ -17,7 +17,9 @@ from typing import TYPE_CHECKING, Any
 from numa_device_plugin.kubelet.view import Holder, KubeletView
 from numa_device_plugin.plugin.config import Config
 from numa_device_plugin.plugin.devices import HEALTHY, Device, Resource
+from numa_device_plugin.plugin.discovery import NearPlan, near_document
 from numa_device_plugin.topology import sysfs
+from numa_device_plugin.topology.locality import Inventory, node_devices
 from numa_device_plugin.topology.numa import NodePlan
 
 if TYPE_CHECKING:
@@ -56,7 +58,9 @@ class PluginState:
     ``pod_resources_up``: whether the last read succeeded (None: not read yet);
     ``pod_resources_read_at``: ``time.time()`` of the last good read;
     ``lock``: who holds the instance lock (``pid=12 host=node-a``) or why it is not
-    held; ``problems``: the readiness problems (empty: ready).
+    held; ``problems``: the readiness problems (empty: ready); ``inventory``: the PCI
+    devices, disks and interfaces of the last discovery, with their NUMA nodes;
+    ``near``: the plan of each resource that follows a device.
     """
 
     taken_at: float
@@ -69,6 +73,8 @@ class PluginState:
     lock: str = ""
     problems: tuple[str, ...] = ()
     configuration: Mapping[str, str] | None = None
+    inventory: Inventory = field(default_factory=Inventory)
+    near: tuple[NearPlan, ...] = ()
 
     @property
     def pod_resources_age(self) -> float | None:
@@ -95,6 +101,8 @@ def take(
         taken_at=time.time(),
         config=config,
         plans=discovery.plans if discovery is not None else (),
+        inventory=discovery.inventory if discovery is not None else Inventory(),
+        near=discovery.near if discovery is not None else (),
         served={
             name: Served(
                 resource=catalog.resources[name],
@@ -117,10 +125,12 @@ def debug_document(state: PluginState) -> dict[str, Any]:
     """The JSON document of ``/debug/state``; pure.
 
     ``{"taken_at", "ready", "problems", "configuration", "config": {flag name:
-    value} | null, "lock", "numa_nodes": [{"id", "cpus", "advertised", "reason"}],
-    "resources": {name: {"numa_node", "memory_type", "devices", "healthy",
-    "registered", "streams", "kubelet_stream"}}, "pod_resources": {"up",
-    "read_at", "age_seconds", "holders", "others", "allocatable_cpus"}}``.
+    value} | null, "lock", "numa_nodes": [{"id", "cpus", "advertised", "reason",
+    "devices": {"disks", "nics", "accelerators", "pci"}}], "resources": {name:
+    {"numa_node", "numa_nodes", "near", "memory_type", "devices", "healthy",
+    "registered", "streams", "kubelet_stream"}}, "near": [{"resource", "selector",
+    "matched", "matched_count", "unlocated", "nodes", "reason"}], "pod_resources":
+    {"up", "read_at", "age_seconds", "holders", "others", "allocatable_cpus"}}``.
     """
     view = state.view
     age = state.pod_resources_age
@@ -137,12 +147,15 @@ def debug_document(state: PluginState) -> dict[str, Any]:
                 "cpus": sysfs.format_cpulist(plan.node.cpus),
                 "advertised": plan.advertised,
                 "reason": plan.reason,
+                "devices": node_devices(state.inventory, plan.node.id).document(),
             }
             for plan in state.plans
         ],
         "resources": {
             name: {
                 "numa_node": served.resource.node_id,
+                "numa_nodes": list(served.resource.node_ids),
+                "near": None if served.resource.near is None else str(served.resource.near),
                 "memory_type": None
                 if served.resource.memory is None
                 else served.resource.memory.memory_type,
@@ -154,6 +167,7 @@ def debug_document(state: PluginState) -> dict[str, Any]:
             }
             for name, served in state.served.items()
         },
+        "near": [near_document(entry) for entry in state.near],
         "pod_resources": {
             "up": state.pod_resources_up,
             "read_at": state.pod_resources_read_at,
@@ -193,4 +207,5 @@ def config_document(config: Config) -> dict[str, Any]:
         "reserved_memory": [list(entry) for entry in config.reserved_memory],
         "pod_resources_socket": str(config.pod_resources_path),
         "pod_resources_interval": config.pod_resources_interval,
+        "near": [str(entry) for entry in config.near],
     }

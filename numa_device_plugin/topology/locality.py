@@ -476,6 +476,15 @@ class NodeDevices:
     accelerators: tuple[str, ...]
     pci: int
 
+    def document(self) -> dict[str, list[str] | int]:
+        """As JSON: ``{"disks": [...], "nics": [...], "accelerators": [...], "pci": N}``."""
+        return {
+            "disks": list(self.disks),
+            "nics": list(self.nics),
+            "accelerators": list(self.accelerators),
+            "pci": self.pci,
+        }
+
 
 def node_devices(inventory: Inventory, node_id: int) -> NodeDevices:
     """The devices of ``inventory`` on NUMA node ``node_id``."""

@@ -228,6 +228,8 @@ def test_debug_state_says_what_is_served_and_what_the_kubelet_said() -> None:
     assert document["config"]["reserved_cpus"] == "1"
     assert document["resources"][R0] == {
         "numa_node": 0,
+        "numa_nodes": [0],
+        "near": None,
         "memory_type": None,
         "devices": 3,
         "healthy": 2,
@@ -381,3 +383,78 @@ def test_the_page_of_a_machine_with_memory_tiers_in_chromium(
     memory_only = [a for _, a in tags if a.get("class") == "memory"]
     assert len(memory_only) >= len(boxes), "every NUMA node, CPU-less ones too, has memory"
     assert "not advertised: no CPU" in dom
+
+
+def near_state() -> PluginState:
+    """Node 1 holds an NVMe disk and a GPU, node 0 a NIC; data-disk follows the disk
+    (node 1), md follows a RAID over both nodes, gone matches nothing."""
+    from numa_device_plugin.plugin.devices import Near
+    from numa_device_plugin.plugin.discovery import NearPlan
+    from numa_device_plugin.topology.locality import Inventory, Located, PciDevice
+    from numa_device_plugin.topology.selectors import Selection, parse_selector
+
+    inventory = Inventory(
+        pci=(
+            PciDevice("0000:00:03.0", 0, 0x020000, 0x8086, 0x1533),
+            PciDevice("0000:41:00.0", 1, 0x010802, 0x144D, 0xA808),
+            PciDevice("0000:42:00.0", 1, 0x030200, 0x10DE, 0x20B0),
+        ),
+        block=(Located("nvme0n1", frozenset({1}), ("0000:41:00.0",), disk="nvme0n1"),),
+        net=(Located("eno1", frozenset({0}), ("0000:00:03.0",)),),
+    )
+    disk = Near("data-disk", parse_selector("serial:S1"))
+    raid = Near("md", parse_selector("block:md0"))
+    gone = Near("gone", parse_selector("serial:<b>x</b>"))
+    on_disk = Selection(frozenset({1}), ("nvme0n1",), 1)
+    plans = (
+        NearPlan(disk, "numa-align/data-disk", on_disk, (1,), None),
+        NearPlan(raid, "numa-align/md", Selection(frozenset({0, 1}), ("md0",), 1), (0, 1), None),
+        NearPlan(gone, "numa-align/gone", Selection(frozenset()), (), "serial:<b>x</b>: none"),
+    )
+    devices = tuple(Device(f"numa{n}-cpu{c:04d}", n, c) for n, c in ((0, 2), (1, 5)))
+    md = Resource("numa-align/md", 0, devices, near=raid, near_nodes=(0, 1))
+    base = state(VIEW)
+    served_near = {**base.served, "numa-align/md": Served(md, devices, True, 1, True)}
+    return state(VIEW, inventory=inventory, near=plans, served=served_near)
+
+
+def test_the_page_draws_each_numa_nodes_devices_in_its_box() -> None:
+    tags = parsed(render_page(build_page(near_state(), node="n1"))).tags
+    lines: dict[str, list[str]] = {}
+    box = None
+    for _tag, attrs in tags:
+        if attrs.get("class") == "numa-node":
+            box = attrs["data-numa-node"] or ""
+        if attrs.get("class") == "devices" and box is not None:
+            lines.setdefault(box, []).append(attrs["data-kind"] or "")
+    assert lines == {"0": ["nics", "pci"], "1": ["disks", "accelerators", "pci"]}
+    body = render_page(build_page(near_state(), node="n1")).decode()
+    assert "disks: nvme0n1" in body
+    assert "accelerators: 0000:42:00.0 3D controller" in body
+
+
+def test_the_page_lists_near_resources_once_with_their_nodes_or_why_not() -> None:
+    page = build_page(near_state(), node="n1")
+    assert [r.name for r in page.boxes[0].resources] == ["numa-align/md", R0]
+    assert [(r.name, r.nodes) for r in page.boxes[1].resources] == [
+        ("numa-align/md", "0,1"),
+        (R1, "1"),
+    ]
+    body = render_page(page).decode()
+    assert body.count('<tr data-resource="numa-align/md">') == 1
+    row = "<td>numa-align/data-disk</td><td>serial:S1</td><td>1</td><td>nvme0n1</td>"
+    assert f'<tr data-near="numa-align/data-disk">{row}' in body
+    assert "not advertised: serial:&lt;b&gt;x&lt;/b&gt;: none" in body
+    assert "<b>x</b>" not in body
+
+
+def test_debug_state_lists_near_resources_and_each_nodes_devices() -> None:
+    document = debug_document(near_state())
+    json.dumps(document)
+    assert [n["nodes"] for n in document["near"]] == [[1], [0, 1], []]
+    assert document["near"][2]["reason"] == "serial:<b>x</b>: none"
+    assert document["resources"]["numa-align/md"]["numa_nodes"] == [0, 1]
+    assert document["resources"]["numa-align/md"]["near"] == "md=block:md0"
+    assert document["numa_nodes"][1]["devices"] == {
+        "disks": ["nvme0n1"], "nics": [], "accelerators": ["0000:42:00.0 3D controller"], "pci": 2,
+    }  # fmt: skip

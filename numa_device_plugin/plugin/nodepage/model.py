@@ -9,7 +9,10 @@
 - who holds a CPU and which CPUs the kubelet may hand out: the kubelet's pod
   resources API (``List``: a container's ``cpu_ids``, ``devices`` and ``memory``;
   ``GetAllocatableResources``: ``cpu_ids`` and ``memory``), as last read;
-- the resources: the device lists advertised (ListAndWatch) and the registrations.
+- the resources: the device lists advertised (ListAndWatch) and the registrations;
+- the disks, NICs and accelerators of each NUMA node: the PCI devices' ``numa_node``
+  (``bus/pci/devices``) and the block and net classes above them, as the last
+  discovery read them; the resources that follow a device: its selector and plan.
 
 Without a read of the pod resources API nobody's CPUs are known, and the CPUs are
 marked ``unknown``; without the Memory Manager's ``Static`` policy the memory bars
@@ -20,10 +23,11 @@ from __future__ import annotations
 
 import socket
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from numa_device_plugin.plugin.snapshot import PluginState
 from numa_device_plugin.topology import sysfs
+from numa_device_plugin.topology.locality import NodeDevices, node_devices
 from numa_device_plugin.topology.memory import MEMORY, hugepages_type
 from numa_device_plugin.topology.numa import NodePlan
 
@@ -66,8 +70,10 @@ class MemoryBar:
 
 @dataclass(frozen=True)
 class ResourceRow:
-    """One advertised resource: device count, Healthy ones, held ones (by the pod
-    resources API) and whether it is registered with the kubelet."""
+    """One advertised resource: its NUMA node(s) (``nodes``, a list such as ``0,1``
+    for a resource that follows a device on two), device count, Healthy ones, held
+    ones (by the pod resources API) and whether it is registered with the kubelet;
+    ``near``: the device it follows (``data-disk=serial:S1``), None for the others."""
 
     name: str
     node_id: int
@@ -75,6 +81,21 @@ class ResourceRow:
     healthy: int
     held: int
     registered: bool
+    nodes: str = ""
+    near: str | None = None
+
+
+@dataclass(frozen=True)
+class NearRow:
+    """A resource that follows a device: its name, selector, the NUMA nodes its
+    devices lie on (a list such as ``1``; empty when none) and why nothing is
+    advertised (None when something is)."""
+
+    resource: str
+    selector: str
+    nodes: str
+    matched: str
+    reason: str | None
 
 
 @dataclass(frozen=True)
@@ -89,6 +110,7 @@ class NumaBox:
     memory: tuple[MemoryBar, ...]
     resources: tuple[ResourceRow, ...]
     holders: Mapping[str, str]
+    devices: NodeDevices = field(default_factory=lambda: NodeDevices((), (), (), 0))
 
 
 @dataclass(frozen=True)
@@ -106,6 +128,7 @@ class NodePage:
     pod_resources: str
     problems: tuple[str, ...]
     configuration: str
+    near: tuple[NearRow, ...] = ()
 
 
 def build_page(state: PluginState, node: str | None = None) -> NodePage:
@@ -145,6 +168,7 @@ def build_page(state: PluginState, node: str | None = None) -> NodePage:
                 memory=_memory_bars(plan, state, our_memory),
                 resources=_resources(plan.node.id, state),
                 holders={h: sysfs.format_cpulist(c) for h, c in sorted(by_holder.items())},
+                devices=node_devices(state.inventory, plan.node.id),
             )
         )
     ids = tuple(plan.node.id for plan in state.plans)
@@ -163,6 +187,16 @@ def build_page(state: PluginState, node: str | None = None) -> NodePage:
         pod_resources=_pod_resources_line(state),
         problems=state.problems,
         configuration=configuration,
+        near=tuple(
+            NearRow(
+                entry.resource,
+                str(entry.near.selector),
+                ",".join(map(str, entry.nodes)),
+                ", ".join(entry.selection.matched),
+                entry.reason,
+            )
+            for entry in state.near
+        ),
     )
 
 
@@ -238,9 +272,11 @@ def _resources(node_id: int, state: PluginState) -> tuple[ResourceRow, ...]:
             served.healthy,
             len(held.get(name, ())),
             served.registered,
+            ",".join(map(str, served.resource.node_ids)),
+            None if served.resource.near is None else str(served.resource.near),
         )
         for name, served in sorted(state.served.items())
-        if served.resource.node_id == node_id
+        if node_id in served.resource.node_ids
     )
 
 

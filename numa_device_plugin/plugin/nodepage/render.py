@@ -2,7 +2,8 @@
 
 :func:`render_page` writes a :class:`~numa_device_plugin.plugin.nodepage.model.NodePage`:
 one SVG per NUMA node (a cell per CPU coloured by what it is, with its holder; a bar
-per memory type), a table of the resources, the distance matrix. The page reloads
+per memory type; its disks, NICs and accelerators), a table of the resources, one of
+the resources that follow a device, the distance matrix. The page reloads
 itself every :data:`REFRESH` seconds (``<meta refresh>``). Every name from the
 kubelet or sysfs is escaped.
 """
@@ -69,6 +70,7 @@ def render_page(page: NodePage, refresh: int = REFRESH) -> bytes:
     parts.extend(_box_svg(box) for box in page.boxes)
     parts.append("</div>")
     parts.append(_resource_table(page))
+    parts.append(_near_table(page))
     parts.append(_distance_table(page))
     parts.append("</body></html>\n")
     return "".join(parts).encode()
@@ -91,7 +93,9 @@ def _box_svg(box: NumaBox) -> str:
         note = f"not advertised: {box.reason}" if box.reason else "not advertised"
     cpu_top = 34 + (LINE if note else 0)
     memory_top = cpu_top + rows * CELL + 10
-    holders_top = memory_top + len(box.memory) * (BAR_HEIGHT + LINE + 6) + 6
+    devices_top = memory_top + len(box.memory) * (BAR_HEIGHT + LINE + 6) + 6
+    device_lines = _device_lines(box)
+    holders_top = devices_top + len(device_lines) * LINE
     height = holders_top + len(box.holders) * LINE + 10
     out = [
         f'<svg class="numa-node" data-numa-node="{box.id}" width="{BOX_WIDTH}" '
@@ -139,6 +143,13 @@ def _box_svg(box: NumaBox) -> str:
             f'<rect class="bar-others" x="{10 + ours_w:.1f}" y="{y + LINE}" '
             f'width="{others_w:.1f}" height="{BAR_HEIGHT}"/></g>'
         )
+    for i, (kind, line) in enumerate(device_lines):
+        y = devices_top + (i + 1) * LINE - 4
+        shown = line if len(line) <= NOTE_CHARS else line[: NOTE_CHARS - 1] + "\u2026"
+        out.append(
+            f'<text class="devices" data-kind="{kind}" x="10" y="{y}">'
+            f"<title>{e(line)}</title>{e(shown)}</text>"
+        )
     for i, (holder, cpus) in enumerate(box.holders.items()):
         y = holders_top + (i + 1) * LINE - 4
         out.append(
@@ -149,20 +160,61 @@ def _box_svg(box: NumaBox) -> str:
     return "".join(out)
 
 
+def _device_lines(box: NumaBox) -> list[tuple[str, str]]:
+    """The box's devices as lstopo lists them under a NUMA node: (kind, one line) for
+    disks, NICs and accelerators, and how many PCI devices in all (when any)."""
+    found = box.devices
+    lines = [
+        (kind, f"{label}: {', '.join(names)}")
+        for kind, label, names in (
+            ("disks", "disks", found.disks),
+            ("nics", "NICs", found.nics),
+            ("accelerators", "accelerators", found.accelerators),
+        )
+        if names
+    ]
+    if found.pci:
+        lines.append(("pci", f"{found.pci} PCI device{'s' if found.pci != 1 else ''}"))
+    return lines
+
+
 def _resource_table(page: NodePage) -> str:
     e = html.escape
-    rows = [
-        f'<tr data-resource="{e(r.name)}"><td>{e(r.name)}</td><td>{r.node_id}</td>'
-        f"<td>{r.devices}</td><td>{r.healthy}</td><td>{r.held}</td>"
-        f"<td>{'yes' if r.registered else 'no'}</td></tr>"
-        for box in page.boxes
-        for r in box.resources
-    ]
+    seen: set[str] = set()
+    rows = []
+    for box in page.boxes:
+        for r in box.resources:
+            if r.name in seen:
+                continue  # a resource on several NUMA nodes: one row
+            seen.add(r.name)
+            rows.append(
+                f'<tr data-resource="{e(r.name)}"><td>{e(r.name)}</td>'
+                f"<td>{e(r.nodes or str(r.node_id))}</td>"
+                f"<td>{r.devices}</td><td>{r.healthy}</td><td>{r.held}</td>"
+                f"<td>{'yes' if r.registered else 'no'}</td></tr>"
+            )
     return (
         '<h2>Resources</h2><table class="resources"><tr><th>resource</th><th>NUMA node</th>'
         "<th>devices</th><th>healthy</th><th>held</th><th>registered</th></tr>"
         + "".join(rows)
         + "</table>"
+    )
+
+
+def _near_table(page: NodePage) -> str:
+    """The resources that follow a device: selector, NUMA nodes, or why none."""
+    if not page.near:
+        return ""
+    e = html.escape
+    rows = "".join(
+        f'<tr data-near="{e(n.resource)}"><td>{e(n.resource)}</td><td>{e(n.selector)}</td>'
+        f"<td>{e(n.nodes or '-')}</td>"
+        f"<td>{e(n.matched if n.reason is None else 'not advertised: ' + n.reason)}</td></tr>"
+        for n in page.near
+    )
+    return (
+        '<h2>Resources near devices</h2><table class="near"><tr><th>resource</th>'
+        "<th>selector</th><th>NUMA node(s)</th><th>device(s)</th></tr>" + rows + "</table>"
     )
 
 
@@ -202,7 +254,7 @@ _CSS = (
     ".title{font-weight:bold;font-size:15px}"
     ".cpu-id{font-size:10px;text-anchor:middle;fill:#111}"
     ".cpu-ours+.cpu-id,.cpu-ours~.cpu-id{fill:#fff}"
-    ".label,.holder,.note{font-size:12px}.note{fill:#a00}"
+    ".label,.holder,.note,.devices{font-size:12px}.note{fill:#a00}.devices{fill:#2a5a2a}"
     ".bar-free{fill:#e8e8e8}.bar-ours{fill:#2f6fdb}.bar-others{fill:#e0892b}"
     ".cpu-offline{stroke-dasharray:3 2}"
     ".key{margin-right:12px}"
