@@ -204,6 +204,18 @@ def numa_resources(use: NodeUse, prefix: str) -> list[tuple[int, str, Amounts]]:
     return sorted(rows, key=lambda row: (row[0], row[1]))
 
 
+def near_resources(use: NodeUse, prefix: str) -> list[tuple[str, Amounts]]:
+    """``(resource name, amounts)`` of the node's other ``<prefix>/…`` resources (those
+    that follow a device, e.g. ``numa-align/data-disk``), by name. The API server does
+    not know their NUMA node: the plugin's node page and ``/debug/state`` say it."""
+    numa = re.compile(rf"^{re.escape(prefix)}/numa-(\d+)(?:-.+)?$")
+    return sorted(
+        (name, amounts)
+        for name, amounts in use.resources.items()
+        if name.startswith(f"{prefix}/") and not numa.match(name)
+    )
+
+
 @dataclass(frozen=True)
 class Shortfall:
     """A resource a node lacks for a pod: the pod ``needs`` it, the node has ``free``."""

@@ -23,9 +23,11 @@ import click
 
 from numa_device_plugin.cli import options
 from numa_device_plugin.cli.clusterview import (
+    Amounts,
     NodeUse,
     explain,
     format_quantity,
+    near_resources,
     node_usage,
     numa_resources,
     pod_key,
@@ -188,26 +190,33 @@ def _number(resource: str, value: Fraction) -> int | str:
     return int(value) if value.denominator == 1 else format_quantity(resource, value)
 
 
+def _figures(name: str, amounts: Amounts) -> dict[str, Any]:
+    return {
+        "capacity": _number(name, amounts.capacity),
+        "allocatable": _number(name, amounts.allocatable),
+        "requested": _number(name, amounts.requested),
+        "free": _number(name, amounts.free),
+    }
+
+
 def top_document(usage: list[NodeUse], prefix: str) -> dict[str, Any]:
     """``{"nodes": [{"name", "ready", "unschedulable", "numa_nodes": [{"id",
-    "resources": {name: {"capacity", "allocatable", "requested", "free"}}}]}]}``; the
-    nodes with no ``<prefix>/numa-N`` resource are listed with no NUMA nodes."""
+    "resources": {name: {"capacity", "allocatable", "requested", "free"}}}], "near":
+    {name: {...}}}]}``; the nodes with no ``<prefix>/numa-N`` resource are listed with
+    no NUMA nodes; ``near``: the resources that follow a device (NUMA node not known
+    to the API server)."""
     nodes = []
     for use in usage:
         by_numa: dict[int, dict[str, Any]] = {}
         for numa, name, amounts in numa_resources(use, prefix):
-            by_numa.setdefault(numa, {})[name] = {
-                "capacity": _number(name, amounts.capacity),
-                "allocatable": _number(name, amounts.allocatable),
-                "requested": _number(name, amounts.requested),
-                "free": _number(name, amounts.free),
-            }
+            by_numa.setdefault(numa, {})[name] = _figures(name, amounts)
         nodes.append(
             {
                 "name": use.name,
                 "ready": use.ready,
                 "unschedulable": use.unschedulable,
                 "numa_nodes": [{"id": i, "resources": r} for i, r in sorted(by_numa.items())],
+                "near": {name: _figures(name, a) for name, a in near_resources(use, prefix)},
             }
         )
     return {"nodes": nodes}
@@ -223,17 +232,24 @@ def render_top(document: dict[str, Any]) -> str:
             not_ready.append(name)
         if not node["numa_nodes"]:
             bare.append(name)
-        for numa in node["numa_nodes"]:
-            for resource, figures in numa["resources"].items():
-                rows.append(
-                    (name, str(numa["id"]), resource,
-                     *(str(figures[k]) for k in ("capacity", "allocatable", "requested", "free")))
-                )  # fmt: skip
+        listed = [
+            (str(numa["id"]), resource, figures)
+            for numa in node["numa_nodes"]
+            for resource, figures in numa["resources"].items()
+        ]
+        listed += [("near", resource, figures) for resource, figures in node["near"].items()]
+        for numa_id, resource, figures in listed:
+            rows.append(
+                (name, numa_id, resource,
+                 *(str(figures[k]) for k in ("capacity", "allocatable", "requested", "free")))
+            )  # fmt: skip
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
              for row in rows]  # fmt: skip
     if len(rows) == 1:
         lines = ["no node advertises a NUMA resource (is the plugin's DaemonSet running?)"]
+    if any(node["near"] for node in document["nodes"]):
+        lines.append("NUMA near: a resource that follows a device, on that device's NUMA node")
     if bare:
         lines.append(f"without NUMA resources: {', '.join(bare)}")
     if not_ready:

@@ -392,3 +392,34 @@ def test_objects_of_the_wrong_shape_exit_1_saying_so(
         code, _, err = run(["--kubeconfig", str(kubeconfig)], capsys)
     assert code == 1
     assert "the API server's objects are not usable" in err
+
+
+def test_top_lists_near_resources_per_node_and_explain_counts_them(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """numa-align/data-disk on each server (on whichever NUMA node its disk is): a row
+    per node with NUMA "near", requests counted like any resource."""
+    disk = "numa-align/data-disk"
+    nodes = [
+        node("a", {R1: "4", disk: "3"}),
+        node("b", {R1: "4", disk: "2"}),
+        node("c", {"cpu": "2"}),
+    ]
+    pods = [pod("es-0", [container("es", {"cpu": "2", disk: "2"})], node="a")]
+    with cluster_api(tmp_path, nodes, pods) as (_, kubeconfig):
+        code, out, _ = run(["--kubeconfig", str(kubeconfig)], capsys)
+        assert code == 0
+        rows = [line.split() for line in out.splitlines()]
+        assert ["a", "near", disk, "3", "3", "2", "1"] in rows
+        assert ["b", "near", disk, "2", "2", "0", "2"] in rows
+        assert not any(row[0] == "c" and row[1] == "near" for row in rows)
+        assert "NUMA near: a resource that follows a device" in out
+        code, out, _ = run(["--kubeconfig", str(kubeconfig), "--output", "json"], capsys)
+    document = json.loads(out)
+    assert document["nodes"][0]["near"] == {
+        disk: {"capacity": 3, "allocatable": 3, "requested": 2, "free": 1}
+    }
+    assert document["nodes"][2]["near"] == {}
+    assert [(n, r) for n, r, _ in numa_resources(node_usage(nodes, pods)[0], "numa-align")] == [
+        (1, R1)
+    ]
