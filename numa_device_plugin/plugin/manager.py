@@ -171,6 +171,7 @@ class PluginManager:
         self.recorder.topology(
             discovery.plans, {name: len(r.devices) for name, r in discovery.resources.items()}
         )
+        self.recorder.near({entry.resource: entry.nodes for entry in discovery.near})
         self.poller.reapply()
 
     # -- the loop -----------------------------------------------------------------------------

@@ -106,6 +106,19 @@ class PrometheusRecorder:
         self.registered_now = Gauge(
             f"{prefix}_registered", "1 while registered with the kubelet", ["resource"], registry=r
         )
+        self.near_numa_node = Gauge(
+            f"{prefix}_near_numa_node",
+            "1 for each NUMA node a resource that follows a device (--near) is advertised on",
+            ["resource", "numa_node"],
+            registry=r,
+        )
+        self.near_advertised = Gauge(
+            f"{prefix}_near_advertised",
+            "1 when a resource that follows a device is advertised, 0 when its selector "
+            "matched no device with NUMA locality (the log and /debug/state say why)",
+            ["resource"],
+            registry=r,
+        )
         self.allocatable_cpus = Gauge(
             "numa_node_allocatable_cpus",
             "CPUs of the NUMA node the kubelet may hand out exclusively (pod resources API)",
@@ -184,6 +197,14 @@ class PrometheusRecorder:
                 self.allocate_duration,
             ):
                 counter.labels(resource)
+
+    def near(self, nodes: Mapping[str, Sequence[int]]) -> None:
+        self.near_numa_node.clear()
+        self.near_advertised.clear()
+        for resource, node_ids in nodes.items():
+            self.near_advertised.labels(resource).set(1 if node_ids else 0)
+            for node_id in node_ids:
+                self.near_numa_node.labels(resource, str(node_id)).set(1)
 
     def allocated(self, resource: str, seconds: float, ok: bool) -> None:
         (self.allocations if ok else self.allocate_errors).labels(resource).inc()
@@ -293,6 +314,7 @@ def documented_families() -> list[Metric]:
     nodes = [NumaNode(n, frozenset({2 * n, 2 * n + 1}), 1 << 30, {0: 10 + 11 * n, 1: 21 - 11 * n})
              for n in (0, 1)]  # fmt: skip
     recorder.topology(tuple(NodePlan(node, True) for node in nodes), {"numa-align/numa-0": 2})
+    recorder.near({"numa-align/data-disk": [1]})
     recorder.allocated("numa-align/numa-0", 0.001, True)
     recorder.allocated("numa-align/numa-0", 0.001, False)
     recorder.registration("numa-align/numa-0", True)

@@ -24,6 +24,10 @@ class Recorder(Protocol):
     def topology(self, plans: tuple[NodePlan, ...], devices: dict[str, int]) -> None:
         """The discovered NUMA nodes and, per advertised resource, its device count."""
 
+    def near(self, nodes: Mapping[str, Sequence[int]]) -> None:
+        """Per resource that follows a device, the NUMA nodes its devices lie on (empty:
+        nothing advertised: the selector matched nothing with locality)."""
+
     def allocated(self, resource: str, seconds: float, ok: bool) -> None:
         """One Allocate call answered (``ok``) or refused, and how long it took."""
 
@@ -58,6 +62,9 @@ class NullRecorder:
     """Records nothing."""
 
     def topology(self, plans: tuple[NodePlan, ...], devices: dict[str, int]) -> None:
+        pass
+
+    def near(self, nodes: Mapping[str, Sequence[int]]) -> None:
         pass
 
     def allocated(self, resource: str, seconds: float, ok: bool) -> None:

@@ -400,3 +400,28 @@ async def test_debug_state_is_rendered_off_the_loop_and_shared_like_a_scrape() -
     assert answers.count((503, "too many scrapes at once\n")) == 10 - served, "bounded"
     assert len(threads) == 1, "one rendering shared"
     assert threads[0] != threading.main_thread().name
+
+
+def test_near_resources_are_metrics_with_their_numa_nodes_and_whether_advertised() -> None:
+    recorder = PrometheusRecorder()
+    recorder.near({"numa-align/md": [0, 1], "numa-align/gone": []})
+    samples = {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(recorder.render().decode())
+        for s in family.samples
+        if s.name.startswith("numa_device_plugin_near")
+    }
+    assert samples == {
+        ("numa_device_plugin_near_advertised", (("resource", "numa-align/md"),)): 1,
+        ("numa_device_plugin_near_advertised", (("resource", "numa-align/gone"),)): 0,
+        (
+            "numa_device_plugin_near_numa_node",
+            (("numa_node", "0"), ("resource", "numa-align/md")),
+        ): 1,
+        (
+            "numa_device_plugin_near_numa_node",
+            (("numa_node", "1"), ("resource", "numa-align/md")),
+        ): 1,
+    }
+    recorder.near({})  # a reload without --near: the series go
+    assert b"numa_device_plugin_near_advertised{" not in recorder.render()
