@@ -168,9 +168,8 @@ class PluginManager:
 
     def _set_discovery(self, discovery: Discovery) -> None:
         self.catalog.update(discovery)
-        self.recorder.topology(
-            discovery.plans, {name: len(r.devices) for name, r in discovery.resources.items()}
-        )
+        counts = {name: len(r.devices) for name, r in discovery.resources.items()}
+        self.recorder.topology(discovery.plans, counts)
         self.recorder.near({entry.resource: entry.nodes for entry in discovery.near})
         self.poller.reapply()
 

@@ -1097,6 +1097,7 @@ def run_vm(spec: Spec, shape: render.GuestShape, timeout: float) -> int:
     argv = render.qemu_argv(
         qemu="qemu-system-x86_64", kvm=kvm, shape=shape, kernel=kernel, initrd=initrd,
         console_log=spec.path / "console.log", results=results,
+        extra=render.data_disk_argv(data_disk(spec.path, 0)),
     )  # fmt: skip
     log(
         f"booting Debian's kernel {version} under {'KVM' if kvm else 'TCG'}: "
@@ -1121,6 +1122,18 @@ def run_vm(spec: Spec, shape: render.GuestShape, timeout: float) -> int:
     else:
         status = int(exit_file.read_text().strip() or 1)
     return report(status, differs)
+
+
+def data_disk(work: Path, index: int) -> render.DataDisk:
+    """The data disk of guest ``index`` (0 = a): on NUMA node 1 for a, node 0 for b and
+    then alternating, so that one template asking for the disk's node lands on different
+    NUMA nodes on different workers; serial ``DATA-DISK-<LETTER>``; its image, a sparse
+    file in ``work``, made here."""
+    letter = chr(ord("a") + index)
+    image = work / f"data-disk-{letter}.img"
+    with image.open("wb") as file:
+        file.truncate(render.DATA_DISK_BYTES)
+    return render.DataDisk(image, 1 - index % 2, render.DATA_DISK_SERIAL.format(letter.upper()))
 
 
 def tcg_scale(workers_count: int) -> float:
@@ -1161,7 +1174,8 @@ def guest_plan(
     argv = render.qemu_argv(
         qemu="qemu-system-x86_64", kvm=boot.kvm, shape=shape, kernel=boot.kernel,
         initrd=boot.initrd, console_log=results / "console.log", results=results,
-        extra=workers.qemu_nic(worker),
+        extra=[*workers.qemu_nic(worker),
+               *render.data_disk_argv(data_disk(spec.path, worker.index))],
     )  # fmt: skip
     return {"name": worker.name, "tests": worker.tests, "results": str(results),
             "argv": argv, "spec": asdict(guest_spec)}  # fmt: skip

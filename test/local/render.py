@@ -34,13 +34,14 @@ BUSYBOX_IMAGE = "docker.io/library/busybox:1.36"
 # The pod sandbox ("pause") image: the same busybox layer, sleeping.
 PAUSE_IMAGE = "registry.k8s.io/pause:3.9"
 # Modules the guest's initramfs loads, in this order, to mount the host's / over 9p
-# under an overlay (REAL-CLUSTER.md).
+# under an overlay (REAL-CLUSTER.md), and virtio_blk for the data disk (data_disk_argv).
 GUEST_MODULES = (
     "virtio_ring",
     "virtio",
     "virtio_pci_modern_dev",
     "virtio_pci_legacy_dev",
     "virtio_pci",
+    "virtio_blk",
     "netfs",
     "fscache",
     "9pnet",
@@ -402,6 +403,36 @@ def qemu_argv(
             if a != b:
                 argv += ["-numa", f"dist,src={a},dst={b},val={shape.distance(a, b)}"]
     return [*argv, *extra]
+
+
+@dataclass(frozen=True)
+class DataDisk:
+    """A disk the guest sees on NUMA node ``node``: a virtio-blk device with ``serial``
+    behind a PCI Express expander bridge that carries the NUMA node (ACPI ``_PXM``),
+    backed by the raw file ``image``. The guest's ``/sys/bus/pci/devices/*/numa_node``
+    of the bridge, its root port and the disk read ``node`` (REAL-CLUSTER.md)."""
+
+    image: Path
+    node: int
+    serial: str
+
+
+# The serial of the data disk's guests: DATA-DISK-<letter> (``a`` for the one guest).
+DATA_DISK_SERIAL = "DATA-DISK-{}"
+# Bytes of the data disk's image (sparse; nothing is written to it).
+DATA_DISK_BYTES = 1 << 20
+
+
+def data_disk_argv(disk: DataDisk) -> list[str]:
+    """qemu arguments (machine q35) for ``disk``: ``pxb-pcie`` on the root complex with
+    ``numa_node``, a root port on it, the virtio-blk device on the port; every id and
+    bus explicit, so no other device lands on the expander."""
+    return [
+        "-device", f"pxb-pcie,id=pxb1,bus_nr=64,numa_node={disk.node},bus=pcie.0",
+        "-device", "pcie-root-port,id=rp1,bus=pxb1,chassis=1,slot=1",
+        "-drive", f"if=none,id=data,file={disk.image},format=raw",
+        "-device", f"virtio-blk-pci,bus=rp1,drive=data,serial={disk.serial}",
+    ]  # fmt: skip
 
 
 def kept_tmp_paths(paths: Iterable[Path]) -> list[str]:
