@@ -35,109 +35,25 @@ costs time linear in what is read.
 from __future__ import annotations
 
 import os
-import re
-from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from numa_device_plugin.topology import sysfs
+from numa_device_plugin.topology.pci import (
+    MAX_DEVICES,
+    PciDevice,
+    is_accelerator,
+    list_entries,
+    parse_numa_node,
+    read_pci_devices,
+)
 
-# The kernel numbers NUMA nodes below 1 << CONFIG_NODES_SHIFT, and NODES_SHIFT is at
-# most 10 on every architecture: a numa_node above this is garbage.
-MAX_NUMA_NODE_ID = 1023
-# Devices read per kind (PCI, block, net); the largest servers have a few thousand.
-MAX_DEVICES = 16384
 # Levels of slaves/lower_* followed (dm over md over partitions is 3).
 MAX_DEPTH = 8
 # Parts of one device read (md arrays and bonds have a few dozen at most).
 MAX_PARTS = 256
 # Characters of an identifier (serial, wwid) kept; NVMe serials are 20, wwids ~80.
 MAX_ID_CHARS = 256
-
-_PCI_ADDRESS = re.compile(r"[0-9a-f]{4,8}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]")
-_HEX = re.compile(r"0x[0-9a-fA-F]{1,6}")
-
-# PCI class codes (base class << 8 | subclass) in words, from the PCI-SIG's code and
-# ID assignment specification; the base class alone where the subclass is not listed.
-PCI_CLASS_NAMES: dict[int, str] = {
-    0x0100: "SCSI storage controller",
-    0x0101: "IDE controller",
-    0x0104: "RAID controller",
-    0x0105: "ATA controller",
-    0x0106: "SATA controller",
-    0x0107: "SAS controller",
-    0x0108: "NVMe controller",
-    0x0180: "mass storage controller",
-    0x0200: "Ethernet controller",
-    0x0207: "InfiniBand controller",
-    0x0280: "network controller",
-    0x0300: "VGA controller",
-    0x0302: "3D controller",
-    0x0380: "display controller",
-    0x0403: "audio device",
-    0x0600: "host bridge",
-    0x0601: "ISA bridge",
-    0x0604: "PCI bridge",
-    0x0880: "system peripheral",
-    0x0B40: "co-processor",
-    0x0C03: "USB controller",
-    0x0C05: "SMBus controller",
-    0x0C06: "InfiniBand controller",
-    0x1080: "encryption controller",
-    0x1200: "processing accelerator",
-    0x1280: "processing accelerator",
-}
-_BASE_CLASS_NAMES: dict[int, str] = {
-    0x01: "mass storage controller",
-    0x02: "network controller",
-    0x03: "display controller",
-    0x04: "multimedia controller",
-    0x05: "memory controller",
-    0x06: "bridge",
-    0x07: "communication controller",
-    0x08: "system peripheral",
-    0x0B: "processor",
-    0x0C: "serial bus controller",
-    0x0D: "wireless controller",
-    0x10: "encryption controller",
-    0x11: "signal processing controller",
-    0x12: "processing accelerator",
-}
-# Base classes (and class codes) that count as accelerators in listings.
-_ACCELERATOR_CLASSES = (0x0302, 0x0380, 0x0B40, 0x1200, 0x1280)
-
-
-def pci_class_name(pci_class: int) -> str:
-    """``0x010802`` -> ``NVMe controller``: the class code (24 bits, from the device's
-    ``class`` file) in words; ``class 0xXXXXXX`` for codes not in the table."""
-    code = pci_class >> 8
-    return (
-        PCI_CLASS_NAMES.get(code)
-        or _BASE_CLASS_NAMES.get(pci_class >> 16)
-        or f"class {pci_class:#08x}"
-    )
-
-
-def is_accelerator(pci_class: int) -> bool:
-    """True for 3D and display controllers, co-processors and processing accelerators."""
-    return (pci_class >> 8) in _ACCELERATOR_CLASSES
-
-
-@dataclass(frozen=True)
-class PciDevice:
-    """One PCI function: ``address`` (``0000:41:00.0``), ``numa_node`` (None: ``-1``,
-    no locality), ``pci_class`` (24 bits), ``vendor`` and ``device`` (16 bits), from
-    ``bus/pci/devices/<address>/{numa_node,class,vendor,device}``."""
-
-    address: str
-    numa_node: int | None
-    pci_class: int
-    vendor: int
-    device: int
-
-    @property
-    def class_name(self) -> str:
-        return pci_class_name(self.pci_class)
 
 
 @dataclass(frozen=True)
@@ -184,44 +100,13 @@ class Inventory:
         return next((d for d in self.pci if d.address == address), None)
 
 
-def parse_numa_node(text: str) -> int | None:
-    """A device's ``numa_node``: ``-1`` -> None (no locality), else 0..MAX_NUMA_NODE_ID.
-    Raises ValueError otherwise."""
-    if text == "-1":
-        return None
-    if not text.isascii() or not text.isdigit() or len(text) > 4:
-        raise ValueError("expected -1 or a NUMA node id")
-    node = int(text)
-    if node > MAX_NUMA_NODE_ID:
-        raise ValueError(f"NUMA node {node} is above the kernel's limit ({MAX_NUMA_NODE_ID})")
-    return node
-
-
-def _hex_parser(bits: int, what: str) -> Callable[[str], int]:
-    """A parser of ``0x``-prefixed hex values of at most ``bits`` bits (ValueError)."""
-
-    def parse(text: str) -> int:
-        if not _HEX.fullmatch(text):
-            raise ValueError(f"expected a {what} in hex (0x...)")
-        value = int(text, 16)
-        if value >= 1 << bits:
-            raise ValueError(f"a {what} has {bits} bits")
-        return value
-
-    return parse
-
-
-parse_pci_class = _hex_parser(24, "PCI class code")
-parse_pci_id = _hex_parser(16, "PCI id")
-
-
 def read_inventory(sysfs_root: Path) -> Inventory:
     """Read the PCI devices, block devices and network interfaces under ``sysfs_root``
     (``bus/pci/devices``, ``class/block``, ``class/net``; a missing folder is an empty
     kind). Never raises for sysfs content: a device whose files are malformed is left
     out (PCI) or gets no locality (block, net), with a warning naming the file."""
     reader = _Reader(sysfs_root)
-    pci = reader.pci_devices()
+    pci = read_pci_devices(sysfs_root, reader.warnings)
     block = reader.located("block")
     net = reader.located("net")
     return Inventory(pci=pci, block=block, net=net, warnings=tuple(reader.warnings))
@@ -243,55 +128,6 @@ class _Reader:
 
     # -- listing ---------------------------------------------------------------------------
 
-    def _entries(self, folder: Path, kind: str) -> list[str]:
-        try:
-            names: list[str] = []
-            with os.scandir(folder) as entries:
-                for entry in entries:
-                    if len(names) >= MAX_DEVICES:
-                        self.warnings.append(
-                            f"{folder} lists more than {MAX_DEVICES} {kind}; the rest are left out"
-                        )
-                        break
-                    names.append(entry.name)
-        except FileNotFoundError:
-            return []
-        except OSError as exc:
-            self.warnings.append(f"cannot list {folder}: {exc.strerror or exc}; no {kind} read")
-            return []
-        return sorted(names)
-
-    def pci_devices(self) -> tuple[PciDevice, ...]:
-        folder = self.root / "bus" / "pci" / "devices"
-        found = []
-        for address in self._entries(folder, "PCI devices"):
-            if not _PCI_ADDRESS.fullmatch(address):
-                self.warnings.append(
-                    f"{folder / address} is not named as a PCI address "
-                    f"(domain:bus:device.function); left out"
-                )
-                continue
-            device = self._pci_device(folder / address, address)
-            if device is not None:
-                found.append(device)
-        return tuple(found)
-
-    def _pci_device(self, path: Path, address: str) -> PciDevice | None:
-        try:
-            numa = sysfs.read_parsed(path / "numa_node", parse_numa_node)
-            pci_class = sysfs.read_parsed(path / "class", parse_pci_class)
-            vendor = sysfs.read_parsed(path / "vendor", parse_pci_id)
-            device = sysfs.read_parsed(path / "device", parse_pci_id)
-        except sysfs.SysfsError as exc:
-            self.warnings.append(f"{exc}; PCI device {address} left out")
-            return None
-        if pci_class is None or vendor is None or device is None:
-            self.warnings.append(
-                f"{path} lacks class, vendor or device; PCI device {address} left out"
-            )
-            return None
-        return PciDevice(address, numa, pci_class, vendor, device)
-
     def located(self, kind: str) -> tuple[Located, ...]:
         folder = self.root / "class" / kind
         what = "block devices" if kind == "block" else "network interfaces"
@@ -299,7 +135,7 @@ class _Reader:
         self._busy: set[str] = set()
         return tuple(
             self._locate(kind, name)[0]
-            for name in self._entries(folder, what)
+            for name in list_entries(folder, what, self.warnings)
             if name.isprintable() and "/" not in name
         )
 

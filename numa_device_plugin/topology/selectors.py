@@ -31,7 +31,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from numa_device_plugin.topology.locality import Inventory, Located, PciDevice
+from numa_device_plugin.topology.locality import Inventory, Located
+from numa_device_plugin.topology.pci import PciDevice
 
 KINDS = ("block", "serial", "wwid", "net", "pci", "pci-id", "pci-class")
 # Characters of a selector's value (a wwid is ~80; anything longer is not a name).

@@ -390,7 +390,8 @@ def near_state() -> PluginState:
     (node 1), md follows a RAID over both nodes, gone matches nothing."""
     from numa_device_plugin.plugin.devices import Near
     from numa_device_plugin.plugin.discovery import NearPlan
-    from numa_device_plugin.topology.locality import Inventory, Located, PciDevice
+    from numa_device_plugin.topology.locality import Inventory, Located
+    from numa_device_plugin.topology.pci import PciDevice
     from numa_device_plugin.topology.selectors import Selection, parse_selector
 
     inventory = Inventory(

@@ -14,10 +14,7 @@ from numa_device_plugin.topology.locality import (
     MAX_DEPTH,
     Inventory,
     Located,
-    is_accelerator,
     node_devices,
-    parse_numa_node,
-    pci_class_name,
     read_inventory,
     unlocated_pci,
 )
@@ -240,31 +237,6 @@ def test_node_devices_lists_disks_nics_and_accelerators(tree: DeviceTree) -> Non
     assert one.pci == 3
     zero = node_devices(inventory, 0)
     assert zero.disks == ("nvme0n1",)  # partitions are not listed as disks
-
-
-@pytest.mark.parametrize(
-    ("text", "node"),
-    [("-1", None), ("0", 0), ("1023", 1023)],
-)
-def test_parse_numa_node(text: str, node: int | None) -> None:
-    assert parse_numa_node(text) == node
-
-
-@pytest.mark.parametrize(
-    ("code", "words", "accelerator"),
-    [
-        (0x010802, "NVMe controller", False),
-        (0x020000, "Ethernet controller", False),
-        (0x030200, "3D controller", True),
-        (0x120000, "processing accelerator", True),
-        (0x0B4000, "co-processor", True),
-        (0x01FF00, "mass storage controller", False),
-        (0xFFFF00, "class 0xffff00", False),
-    ],
-)
-def test_pci_class_in_words(code: int, words: str, accelerator: bool) -> None:
-    assert pci_class_name(code) == words
-    assert is_accelerator(code) is accelerator
 
 
 # The README table of ../shared/fixtures/sysfs-pci: (disk or interface -> NUMA nodes),
