@@ -41,6 +41,7 @@ CHART_VALUES = {
     "reserved-cpus": "reservedCpus",
     "memory-unit": "memoryUnit",
     "reserved-memory": "reservedMemory",
+    "near": "near",
 }
 
 
@@ -210,6 +211,8 @@ class ShippedPlatform(LocalPlatform):
             sets: list[str] = []
             for flag, value in settings.items():
                 typed: object = int(value) if value.isdigit() and flag == "capacity" else value
+                if flag == "near":  # NAME=SELECTOR ...: the chart's map NAME: SELECTOR
+                    typed = dict(pair.split("=", 1) for pair in value.split())
                 sets += ["--set-json", f"config.{CHART_VALUES[flag]}={json.dumps(typed)}"]
             self.helm_upgrade("--reuse-values", *sets)
         else:

@@ -749,3 +749,69 @@ def test_exact_numa_memory_keeps_a_pod_pending_instead_of_failing(
     (entry,) = [e for e in status["memory"] if e["resource"] == resource]
     assert entry["free_units"] == free
     assert [h["problem"] for h in entry["holders"]] == [None]
+
+
+DATA_DISK = "numa-align/data-disk"
+# The harness's guests have a data disk with this serial prefix (test/local/render.py).
+DATA_DISK_SERIAL = "DATA-DISK-"
+
+
+def data_disk_in_sysfs(root: Path = Path("/sys")) -> tuple[str, str, int] | None:
+    """The harness's data disk as the kernel shows it, read here and not by the plugin:
+    (block device, serial, the ``numa_node`` of the nearest folder above it that has
+    one, its PCI device); None when there is no such disk."""
+    for serial_file in sorted((root / "class" / "block").glob("*/serial")):
+        serial = serial_file.read_text().strip()
+        if not serial.startswith(DATA_DISK_SERIAL):
+            continue
+        folder = serial_file.parent.resolve()
+        for parent in (folder, *folder.parents):
+            if (parent / "numa_node").is_file():
+                return serial_file.parent.name, serial, int((parent / "numa_node").read_text())
+    return None
+
+
+@pytest.fixture
+def near_disk(platform: Platform) -> Iterator[tuple[str, str, int]]:
+    """The plugin configured with ``--near data-disk=serial:<the disk's serial>`` (the
+    chart's config.near with helm, NUMA_NEAR with kustomize); the test's end restores
+    it."""
+    found = data_disk_in_sysfs()
+    if found is None:
+        pytest.skip(
+            f"no disk with a serial {DATA_DISK_SERIAL}*: the harness puts one in its guests "
+            "(NUMA_VM=1, WORKERS=N)"
+        )
+    original = platform.plugin_settings()
+    platform.configure({"near": f"data-disk=serial:{found[1]}"})
+    yield found
+    platform.restore_plugin(original)
+
+
+def test_a_pod_asking_for_its_disks_resource_runs_on_the_disks_numa_node(
+    platform: Platform,
+    two_numa_nodes: ClusterConfig,
+    namespace: str,
+    near_disk: tuple[str, str, int],
+) -> None:
+    """numa-align/data-disk follows the disk (on NUMA node 1 in the guest, behind a PCI
+    expander bridge): a Guaranteed pod asking for it gets NUMA_NODE and CPUs of the
+    node sysfs gives the disk, checked against the kernel inside the pod."""
+    disk, serial, node = near_disk
+    platform.eventually(
+        lambda: platform.allocatable().get(DATA_DISK) == str(SLOTS), 90, f"{DATA_DISK}={SLOTS}"
+    )
+    create(platform, namespace, pod_manifest(platform, "near-disk", WHERE, 1, DATA_DISK))
+    wait_phase(platform, "near-disk", namespace, "Succeeded")
+    seen = placement(platform, "near-disk", namespace)
+    print(
+        f"data disk {disk} (serial {serial}): numa_node {node} in sysfs; the pod: "
+        f"NUMA_NODE={seen['NUMA_NODE']} Cpus_allowed_list={seen['Cpus_allowed_list']} "
+        f"Mems_allowed_list={seen.get('Mems_allowed_list')}"
+    )
+    assert seen["NUMA_NODE"] == str(node)
+    disk_node_cpus = parse_cpulist(seen[f"node{node}_cpulist"])
+    assert parse_cpulist(seen["Cpus_allowed_list"]) <= disk_node_cpus
+    assert disk_node_cpus == two_numa_nodes.numa_cpus[node]
+    if platform.memory_manager_static:
+        assert seen["Mems_allowed_list"] == str(node)
