@@ -137,11 +137,13 @@ async def _demo(params: dict[str, Any]) -> int:
                     labels = ", ".join(f"{k}={v}" for k, v in params["node_label"]) or "none"
                     print(f"configuration {name}, chosen by the node's labels ({labels})")
                 _print_demo(kubelet, names, folder)
-                first = names[0]
-                device = kubelet.devices(first)[0].ID
-                response = await kubelet.allocate(first, [device])
-                envs = dict(response.container_responses[0].envs)
-                print(f"\nAllocate({first}, [{device}]) -> envs {json.dumps(envs)}")
+                near = [name for name in names if manager.resources[name].near is not None]
+                print()
+                for name in [names[0], *near]:
+                    device = kubelet.devices(name)[0].ID
+                    response = await kubelet.allocate(name, [device])
+                    envs = dict(response.container_responses[0].envs)
+                    print(f"Allocate({name}, [{device}]) -> envs {json.dumps(envs)}")
                 if params["keep"]:
                     port = listeners[0].port if listeners else None
                     await _keep_serving(kubelet, manager.config, discovery, serving, port)
@@ -245,7 +247,9 @@ def _demo_pods(discovery: Discovery, config: Config) -> list[tuple[str, str, lis
     device of its resource and the node's first CPU exclusively, and with
     ``--memory-unit`` one memory device's worth of its memory; on the first NUMA node
     with two CPUs or more, ``other/db`` holding its last CPU without our resources
-    (what a foreign exclusive pod looks like). The stand-in's Allocate is not asked:
+    (what a foreign exclusive pod looks like); per resource that follows a device,
+    ``demo/<name>`` holding its first device and a free CPU of that device's NUMA node.
+    The stand-in's Allocate is not asked:
     these are what the kubelet would list after admitting them."""
     pods: list[tuple[str, str, list[Container]]] = []
     foreign_done = False
@@ -257,7 +261,7 @@ def _demo_pods(discovery: Discovery, config: Config) -> list[tuple[str, str, lis
         devices: dict[str, list[str]] = {}
         blocks: list[tuple[str, int, list[int]]] = []
         for name, resource in discovery.resources.items():
-            if resource.node_id != node or not resource.devices:
+            if resource.node_id != node or not resource.devices or resource.near is not None:
                 continue
             if resource.memory is None:
                 device = next(
@@ -273,4 +277,16 @@ def _demo_pods(discovery: Discovery, config: Config) -> list[tuple[str, str, lis
         if not foreign_done and len(cpus) > 1:
             foreign_done = True
             pods.append(("other", "db", [("db", {}, cpus[-1:], [])]))
+    taken = {cpu for _, _, containers in pods for c in containers for cpu in c[2]}
+    for name, resource in discovery.resources.items():
+        if resource.near is None or not resource.devices:
+            continue
+        device = resource.devices[0]
+        free = [cpu for cpu in sorted(_node_cpus(discovery, device.node_id)) if cpu not in taken]
+        taken.update(free[:1])
+        pods.append(("demo", resource.near.name, [("app", {name: [device.id]}, free[:1], [])]))
     return pods
+
+
+def _node_cpus(discovery: Discovery, node_id: int) -> frozenset[int]:
+    return next((p.node.cpus for p in discovery.plans if p.node.id == node_id), frozenset())

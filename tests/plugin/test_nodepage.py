@@ -33,7 +33,7 @@ from numa_device_plugin.plugin.nodepage import (
     render_page,
 )
 from numa_device_plugin.plugin.snapshot import PluginState, Served, debug_document
-from numa_device_plugin.topology.fake import SysfsTree
+from numa_device_plugin.topology.fake import DeviceTree, SysfsTree
 from numa_device_plugin.topology.numa import NodePlan, NumaNode
 from tests.conftest import under_ci
 
@@ -274,12 +274,21 @@ def chromium() -> str:
     return found
 
 
-def two_numa_machine(root: Path) -> Path:
-    """Two NUMA nodes of 4 CPUs (CPU 7 offline), 4 GiB each, 512 2 MiB pages on node 0."""
+def two_numa_machine(root: Path, devices: bool = False) -> Path:
+    """Two NUMA nodes of 4 CPUs (CPU 7 offline), 4 GiB each, 512 2 MiB pages on node 0;
+    with ``devices``, an Ethernet NIC on node 0, an NVMe disk (serial S1) and a 3D
+    controller on node 1."""
     tree = SysfsTree(root).cpus(8, online="0-6")
     tree.write("node/online", "0-1\n")
     tree.node(0, "0-3", distance="10 21", mem_kb=4 << 20, hugepages={2048: 512})
     tree.node(1, "4-7", distance="21 10", mem_kb=4 << 20)
+    if devices:
+        found = DeviceTree(root)
+        found.pci("0000:17:00.0", 0, "0x020000", "0x15b3", "0x1017")
+        found.nic("ens1f0", "0000:17:00.0")
+        found.pci("0000:b1:00.0", 1, "0x010802")
+        found.disk("nvme0n1", "0000:b1:00.0", serial="S1")
+        found.pci("0000:ca:00.0", 1, "0x030200", "0x10de", "0x20b5")
     return root
 
 
@@ -320,10 +329,9 @@ def demo_keep(root: Path, *flags: str, shows: str) -> Iterator[str]:
 def demo_page(tmp_path: Path) -> Iterator[str]:
     """``demo --keep`` with ``--capacity cpus --memory-unit 256Mi`` on two NUMA nodes;
     yields its node page's URL once the page shows the demo pods."""
-    root = two_numa_machine(tmp_path / "sys")
-    with demo_keep(
-        root, "--capacity", "cpus", "--memory-unit", "256Mi", shows="demo/app-1/app"
-    ) as url:
+    root = two_numa_machine(tmp_path / "sys", devices=True)
+    flags = ("--capacity", "cpus", "--memory-unit", "256Mi", "--near", "data-disk=serial:S1")
+    with demo_keep(root, *flags, shows="demo/data-disk/app") as url:
         yield url
 
 
@@ -353,8 +361,17 @@ def test_the_page_in_chromium_shows_each_numa_node_cpu_and_holder(
     assert (cpus["0"]["data-state"], cpus["0"]["data-holder"]) == (OURS, "demo/app-0/app")
     assert (cpus["4"]["data-state"], cpus["4"]["data-holder"]) == (OURS, "demo/app-1/app")
     assert (cpus["3"]["data-state"], cpus["3"]["data-holder"]) == (OTHER, "other/db/db")
+    assert (cpus["5"]["data-state"], cpus["5"]["data-holder"]) == (OURS, "demo/data-disk/app")
     assert cpus["7"]["data-state"] == OFFLINE
-    assert {cpus[c]["data-state"] for c in ("1", "2", "5", "6")} == {SHARED}
+    assert {cpus[c]["data-state"] for c in ("1", "2", "6")} == {SHARED}
+    lines: dict[str | None, list[str | None]] = {}
+    box = None
+    for _, attrs in tags:
+        box = attrs.get("data-numa-node", box)
+        if attrs.get("class") == "devices":
+            lines.setdefault(box, []).append(attrs["data-kind"])
+    assert lines == {"0": ["nics", "pci"], "1": ["disks", "accelerators", "pci"]}
+    assert '<tr data-near="numa-align/data-disk">' in dom
     memory = [a for _, a in tags if a.get("class") == "memory"]
     ours = {(m["data-memory-type"], m["data-ours"]) for m in memory}
     assert ("memory", str(256 << 20)) in ours, "each demo pod holds one 256Mi memory device"
