@@ -1,7 +1,7 @@
 """Benchmarks of a real ``numa-device-plugin serve`` process against the kubelet stand-in.
 
 Usage: python -m benchmarks.bench
-{all,reregistration,allocate,startup,footprint,polling,scale,page} [--json]
+{all,reregistration,allocate,startup,footprint,polling,scale,page,locality} [--json]
 
 Every figure but the page's comes from a real plugin process on a synthetic sysfs
 tree, talking to the in-process kubelet stand-in over unix sockets in /tmp; the
@@ -318,6 +318,90 @@ async def page(nodes_list: tuple[int, ...], runs: int = 20) -> list[Figure]:
     return figures
 
 
+# -- device locality --------------------------------------------------------------------------
+
+
+def device_machine(root: Path, pci: int, block: int) -> None:
+    """Two NUMA nodes of 16 CPUs with ``pci`` PCI devices (alternating nodes 0 and 1,
+    every tenth at -1), the first ``block`` of them NVMe controllers with a disk (serial
+    ``S<n>``) and two partitions each, the rest Ethernet controllers with a NIC."""
+    from numa_device_plugin.topology.fake import DeviceTree, build_machine
+
+    build_machine(root, nodes=2, cpus_per_node=16)
+    tree = DeviceTree(root)
+    for index in range(pci):
+        address = f"0000:{index // 32:02x}:{index % 32:02x}.0"
+        node = -1 if index % 10 == 9 else index % 2
+        if index < block:
+            tree.pci(address, node, "0x010802")
+            tree.disk(f"nvme{index}n1", address, serial=f"S{index}", partitions=2)
+        else:
+            tree.pci(address, node, "0x020000")
+            tree.nic(f"eth{index}", address)
+
+
+def _discover_rss(root: Path, *flags: str) -> tuple[float, float]:
+    """Wall seconds and peak RSS (MB) of one ``discover`` process on ``root``."""
+    import resource
+    import subprocess
+
+    started = time.perf_counter()
+    done = subprocess.run(
+        [sys.executable, "-m", "numa_device_plugin", "discover", "--sysfs-root", str(root),
+         "--output", "json", *flags],
+        capture_output=True, check=True,
+    )  # fmt: skip
+    seconds = time.perf_counter() - started
+    assert json.loads(done.stdout)["nodes"], "discover found no NUMA node"
+    peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
+    return seconds, peak
+
+
+async def locality(pci: int, block: int, runs: int) -> list[Figure]:
+    """Device locality (``bus/pci``, ``class/block``, ``class/net``) on a synthetic tree
+    of ``pci`` PCI devices and ``block`` disks (3 block devices each): read_inventory's
+    median and slowest of ``runs`` (ms), one selector of each kind resolved (ms), and
+    a ``discover`` process's wall time and peak RSS with and without the devices."""
+    import shutil
+    import tempfile
+
+    from numa_device_plugin.topology.locality import read_inventory
+    from numa_device_plugin.topology.selectors import parse_selector, select
+
+    figures = []
+    with tempfile.TemporaryDirectory(prefix="ndp-locality-") as folder:
+        root = Path(folder) / "sys"
+        device_machine(root, pci, block)
+        samples = []
+        inventory = read_inventory(root)
+        for _ in range(runs):
+            started = time.perf_counter()
+            inventory = read_inventory(root)
+            samples.append((time.perf_counter() - started) * 1000)
+        config = f"{pci} PCI devices, {block} disks ({len(inventory.block)} block devices)"
+        selectors = [parse_selector(text) for text in (
+            f"serial:S{block - 1}", "block:nvme0n1p2", f"net:eth{pci - 1}", "pci:0000:00:01.0",
+            "pci-id:144d:a808", "pci-class:0200",
+        )]  # fmt: skip
+        started = time.perf_counter()
+        for selector in selectors:
+            select(inventory, selector)
+        select_ms = (time.perf_counter() - started) * 1000 / len(selectors)
+        with_devices = _discover_rss(root, "--near", f"disk=serial:S{block - 1}")
+        for kind in ("bus", "class"):
+            shutil.rmtree(root / kind)
+        without = _discover_rss(root)
+    figures += [
+        Figure("locality", config, "read_inventory median", statistics.median(samples), "ms"),
+        Figure("locality", config, "read_inventory slowest", max(samples), "ms"),
+        Figure("locality", config, "one selector resolved", select_ms, "ms"),
+        Figure("locality", config, "discover process, with devices", with_devices[0], "s"),
+        Figure("locality", "no PCI, block or net", "discover process", without[0], "s"),
+        Figure("locality", config, "discover peak RSS, with devices", with_devices[1], "MB"),
+    ]
+    return figures
+
+
 def node_counts(text: str) -> tuple[int, ...]:
     """``8,64`` -> (8, 64); empty: none."""
     return tuple(int(part) for part in text.split(",") if part.strip())
@@ -444,6 +528,7 @@ def main(argv: list[str] | None = None) -> int:
             "polling",
             "scale",
             "page",
+            "locality",
         ),
     )
     parser.add_argument("--json", action="store_true", help="print the figures as JSON")
@@ -467,6 +552,8 @@ def main(argv: list[str] | None = None) -> int:
         default=MEMORY_NODES,
         help="scale: NUMA node counts with --memory-unit 1Gi (8,64; empty: none)",
     )
+    parser.add_argument("--pci", type=int, default=1000, help="locality: PCI devices")
+    parser.add_argument("--block", type=int, default=500, help="locality: disks among them")
     parser.add_argument(
         "--pace", type=pace_flag, default=1.0,
         help="multiply every fixed settle time (below 1 only to show a benchmark runs)",
@@ -484,6 +571,7 @@ def main(argv: list[str] | None = None) -> int:
         "polling": lambda: polling(args.idle_seconds, args.window),
         "scale": lambda: scale(args.nodes, args.memory_nodes),
         "page": lambda: page(args.nodes, args.runs * 7),
+        "locality": lambda: locality(args.pci, args.block, args.runs * 7),
     }
     selected = list(jobs) if args.which == "all" else [args.which]
     figures: list[Figure] = []

@@ -26,7 +26,7 @@ from numa_device_plugin.api.podresources.v1 import api_pb2 as pr_pb2
 from numa_device_plugin.kubelet.view import KubeletView, view_from
 from numa_device_plugin.plugin.capacity import live_devices, misalignment, node_capacity
 from numa_device_plugin.plugin.config import Config
-from numa_device_plugin.plugin.devices import CPUS, Resource
+from numa_device_plugin.plugin.devices import CPUS, Resource, device_index
 from numa_device_plugin.plugin.discovery import Discovery
 from numa_device_plugin.topology import sysfs
 from numa_device_plugin.topology.memory import format_quantity
@@ -43,9 +43,11 @@ def build_status(
     ``{"nodes": [{"id", "resource", "cpus", "capacity", "allocatable",
     "allocated", "allocatable_cpus", "assigned_cpus": {"ours", "others"},
     "free_cpus", "memory": {type: bytes} | null, "holders": [{"namespace",
-    "pod", "container", "devices", "cpus", "aligned", "problem"}]}], "memory":
+    "pod", "container", "devices", "cpus", "aligned", "problem"}], "near"}], "memory":
     [:func:`memory_status`], "misaligned": int, "miscounted": int,
     "cpu_manager_static": bool, "memory_manager_static": bool}``.
+    A resource that follows a device has an entry per NUMA node it covers (``near``:
+    its ``NAME=SELECTOR``; null for the others), each with its devices and holders there.
     ``capacity`` is the plugin's device count for the node (the slots, or in
     ``cpus`` mode its allocatable CPUs); ``allocatable`` the healthy devices the
     kubelet lists; ``allocated`` distinct held devices (an init container's device
@@ -53,6 +55,9 @@ def build_status(
     """
     view = view_from(pods, allocatable)
     free = Counter(entry.resource_name for entry in allocatable.devices for _ in entry.device_ids)
+    free_ids: dict[str, list[str]] = {}
+    for device_entry in allocatable.devices:
+        free_ids.setdefault(device_entry.resource_name, []).extend(device_entry.device_ids)
     nodes = []
     misaligned = miscounted = 0
     memory = []
@@ -62,58 +67,13 @@ def build_status(
             miscounted += sum(1 for h in entry["holders"] if h["problem"] is not None)
             memory.append(entry)
             continue
-        node_cpus = next(p.node.cpus for p in discovery.plans if p.node.id == resource.node_id)
-        devices = live_devices(
-            config.capacity, resource.node_id, node_cpus, name, resource.devices, view,
-            reserved_cpus=config.reserved_cpus, allow_unaligned=True,
-        )  # fmt: skip
-        figures = node_capacity(name, resource.node_id, node_cpus, devices, view)
-        holders: list[dict[str, Any]] = []
-        for holder in view.holders:
-            ids = list(holder.devices.get(name, ()))
-            if not ids:
-                continue
-            problem = misalignment(holder, resource.node_id, node_cpus)
-            misaligned += problem is not None
-            aligned = problem is None
-            if config.capacity == CPUS and holder.cpus and len(ids) != len(holder.cpus):
-                miscounted += 1
-                count = (
-                    f"{len(ids)} device(s) for {len(holder.cpus)} exclusive CPUs: with "
-                    "--capacity cpus a container asks as many devices as CPUs"
-                )
-                problem = count if problem is None else f"{problem}; {count}"
-            holders.append(
-                {
-                    "namespace": holder.namespace,
-                    "pod": holder.pod,
-                    "container": holder.container,
-                    "devices": ids,
-                    "cpus": sysfs.format_cpulist(holder.cpus),
-                    "aligned": aligned,
-                    "problem": problem,
-                }
-            )
-        nodes.append(
-            {
-                "id": resource.node_id,
-                "resource": name,
-                "cpus": sysfs.format_cpulist(node_cpus),
-                "capacity": len(devices),
-                "allocatable": free.get(name, 0),
-                "allocated": len(figures.held),
-                "allocatable_cpus": len(figures.allocatable_cpus),
-                "assigned_cpus": {
-                    "ours": len(figures.assigned_ours),
-                    "others": len(figures.assigned_other),
-                },
-                "free_cpus": figures.free_cpus,
-                "memory": dict(view.memory[resource.node_id])
-                if resource.node_id in view.memory
-                else None,
-                "holders": holders,
-            }
-        )
+        for node_id in resource.node_ids:
+            entry, bad, counted = _node_status(discovery, config, view, resource, node_id)
+            listed = free_ids.get(name, ())
+            entry["allocatable"] = sum(1 for i in listed if device_index(i, node_id) is not None)
+            nodes.append(entry)
+            misaligned += bad
+            miscounted += counted
     return {
         "nodes": nodes,
         "memory": memory,
@@ -122,6 +82,66 @@ def build_status(
         "cpu_manager_static": view.cpu_manager_static,
         "memory_manager_static": bool(view.memory),
     }
+
+
+def _node_status(
+    discovery: Discovery, config: Config, view: KubeletView, resource: Resource, node_id: int
+) -> tuple[dict[str, Any], int, int]:
+    """One CPU resource's entry on NUMA node ``node_id`` (a resource that follows a device
+    has one per node it covers: its devices and holders there), with the counts of
+    misaligned and miscounted holders."""
+    name = resource.name
+    misaligned = miscounted = 0
+    node_cpus = next(p.node.cpus for p in discovery.plans if p.node.id == node_id)
+    devices = live_devices(
+        config.capacity, node_id, node_cpus, name, resource.devices_on(node_id), view,
+        reserved_cpus=config.reserved_cpus, allow_unaligned=True,
+    )  # fmt: skip
+    figures = node_capacity(name, node_id, node_cpus, devices, view)
+    holders: list[dict[str, Any]] = []
+    for holder in view.holders:
+        ids = [i for i in holder.devices.get(name, ()) if device_index(i, node_id) is not None]
+        if not ids:
+            continue
+        problem = misalignment(holder, node_id, node_cpus)
+        misaligned += problem is not None
+        aligned = problem is None
+        if config.capacity == CPUS and holder.cpus and len(ids) != len(holder.cpus):
+            miscounted += 1
+            count = (
+                f"{len(ids)} device(s) for {len(holder.cpus)} exclusive CPUs: with "
+                "--capacity cpus a container asks as many devices as CPUs"
+            )
+            problem = count if problem is None else f"{problem}; {count}"
+        holders.append(
+            {
+                "namespace": holder.namespace,
+                "pod": holder.pod,
+                "container": holder.container,
+                "devices": ids,
+                "cpus": sysfs.format_cpulist(holder.cpus),
+                "aligned": aligned,
+                "problem": problem,
+            }
+        )
+    entry = {
+        "id": node_id,
+        "resource": name,
+        "cpus": sysfs.format_cpulist(node_cpus),
+        "capacity": len(devices),
+        "allocatable": 0,
+        "allocated": sum(1 for i in figures.held if device_index(i, node_id) is not None),
+        "allocatable_cpus": len(figures.allocatable_cpus),
+        "assigned_cpus": {
+            "ours": len(figures.assigned_ours),
+            "others": len(figures.assigned_other),
+        },
+        "free_cpus": figures.free_cpus,
+        "memory": dict(view.memory[node_id]) if node_id in view.memory else None,
+        "holders": holders,
+        "near": None if resource.near is None else str(resource.near),
+    }
+    return entry, misaligned, miscounted
 
 
 def memory_status(resource: Resource, view: KubeletView, allocatable: int) -> dict[str, Any]:
@@ -182,8 +202,9 @@ def render_table(document: dict[str, Any]) -> str:
             "so nothing is aligned"
         )
     for node in document["nodes"]:
+        near = f" near {node['near'].partition('=')[2]}" if node.get("near") else ""
         lines.append(
-            f"NUMA node {node['id']} ({node['resource']}, CPUs {node['cpus']}): "
+            f"NUMA node {node['id']} ({node['resource']}{near}, CPUs {node['cpus']}): "
             f"capacity {node['capacity']}, allocatable {node['allocatable']}, "
             f"allocated {node['allocated']}"
         )

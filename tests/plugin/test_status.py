@@ -234,3 +234,51 @@ async def test_demo_keep_serves_until_sigint_and_status_reads_it(two_nodes: Sysf
         if demo.poll() is None:
             demo.kill()
             demo.wait()
+
+
+async def test_status_lists_a_near_resource_per_numa_node_it_covers(
+    two_nodes: SysfsTree, sock_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """numa-align/md follows an md array over disks on both NUMA nodes: one entry per
+    node, each with its own devices and holders, a holder's CPUs checked against the
+    node of the devices it holds."""
+    from dataclasses import replace
+
+    from numa_device_plugin.plugin.devices import parse_near
+    from numa_device_plugin.topology.fake import DeviceTree
+
+    devices = DeviceTree(two_nodes.root)
+    devices.pci("0000:00:01.0", 0)
+    devices.pci("0000:41:00.0", 1)
+    devices.disk("nvme0n1", "0000:00:01.0")
+    devices.disk("nvme1n1", "0000:41:00.0")
+    devices.mapped("md0", ["nvme0n1", "nvme1n1"])
+    md = "numa-align/md"
+    config = replace(make_config(two_nodes, sock_dir / "dp"), near=(parse_near("md=block:md0"),))
+    standin = KubeletStandIn(
+        sock_dir / "dp", pod_resources_dir=sock_dir / "pr", allocatable_cpus=range(1, 8)
+    )
+    async with standin as kubelet, running(config):
+        await wait_all_live(kubelet, [*NAMES, md])
+        kubelet.add_pod("es", "data-0", [("es", {md: ["numa1-slot0002"]}, [5])])
+        kubelet.add_pod("es", "data-1", [("es", {md: ["numa0-slot0000"]}, [6])])
+        socket = kubelet.pod_resources_socket
+        assert socket is not None
+        near = ("--near", "md=block:md0")
+        assert (
+            await asyncio.to_thread(main, status_args(two_nodes, socket, *near, "--output", "json"))
+            == 0
+        )
+        document = json.loads(capsys.readouterr().out)
+        assert await asyncio.to_thread(main, status_args(two_nodes, socket, *near)) == 0
+        table = capsys.readouterr().out
+    entries = {e["id"]: e for e in document["nodes"] if e["resource"] == md}
+    assert set(entries) == {0, 1}
+    assert [(h["pod"], h["aligned"]) for h in entries[1]["holders"]] == [("data-0", True)]
+    assert [(h["pod"], h["problem"]) for h in entries[0]["holders"]] == [
+        ("data-1", "CPUs 6 are not on NUMA node 0")
+    ]
+    assert (entries[0]["capacity"], entries[0]["allocatable"], entries[0]["allocated"]) == (5, 5, 1)
+    assert entries[1]["near"] == "md=block:md0"
+    assert document["misaligned"] == 1
+    assert "NUMA node 1 (numa-align/md near block:md0, CPUs 4-7): capacity 5" in table
