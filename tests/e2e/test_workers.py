@@ -29,6 +29,8 @@ from tests.e2e.conftest import (
 )
 from tests.e2e.shipped import METRICS_PORT, ShippedPlatform
 from tests.e2e.test_cluster import (
+    DATA_DISK,
+    DATA_DISK_SERIAL,
     WHERE,
     container_processes,
     create,
@@ -594,3 +596,97 @@ def test_a_deployment_of_numa_1_replicas_spreads_without_one_topology_affinity_e
     finally:
         # The namespace fixture deletes pods; a Deployment left behind would make new ones.
         apps.delete_namespaced_deployment("numa-1-replicas", namespace)
+
+
+# What a pod prints about the guest's data disk, read from its own kernel: the serial and
+# the numa_node of the PCI device above it (the disk's folder is <pci>/virtioN/block/vdX).
+DISK = (
+    f"d=$(grep -l {DATA_DISK_SERIAL} /sys/class/block/*/serial | head -1); "
+    "echo disk_serial: $(cat $d); "
+    "echo disk_numa_node: $(cat $(readlink -f ${d%/serial})/../../../numa_node); "
+)
+
+
+def test_a_statefulset_of_one_template_runs_each_replica_on_its_own_workers_disk_node(
+    two: Workers, namespace: str
+) -> None:
+    """The harness gives worker A its data disk on NUMA node 1 and worker B on node 0,
+    with their own serials; one file of named configurations maps the same name
+    data-disk to each worker's disk by serial (its label picks it). A StatefulSet of 2
+    replicas with ONE template asking numa-align/data-disk: 1, spread over the workers:
+    each replica runs on the CPUs of its own worker's disk node, read inside the pods."""
+    platform = two.platform
+    if platform.mode != "helm":
+        pytest.skip("per-node configuration is the chart's (PLUGIN=helm)")
+    serials = {two.a: f"{DATA_DISK_SERIAL}A", two.b: f"{DATA_DISK_SERIAL}B"}
+    named = {
+        f"disk-{node[-1]}": {"near": {"data-disk": f"serial:{serial}"}}
+        for node, serial in serials.items()
+    }
+    saved = platform.plugin_settings()
+    for node in two.names:
+        label(platform.core, node, f"disk-{node[-1]}")
+    apps = client.AppsV1Api(platform.core.api_client)
+    try:
+        platform.helm_upgrade(
+            "--reuse-values", "--set-json", f"config.named={json.dumps(named)}",
+            "--set-json", "config.nodeConfigInterval=1",
+        )  # fmt: skip
+        two.rolled_out()
+        for node in two.names:
+            platform.eventually(lambda n=node: two.ours(n).get(DATA_DISK) == "100", 180,
+                                f"{node}: {DATA_DISK}=100")  # fmt: skip
+        labels = {"app": "near-disk"}
+        template = on(platform, None, "near-disk", DISK + WHERE + "; sleep 3600", 1, DATA_DISK)
+        template.spec.restart_policy = "Always"
+        template.spec.topology_spread_constraints = [
+            client.V1TopologySpreadConstraint(
+                max_skew=1, topology_key="kubernetes.io/hostname",
+                when_unsatisfiable="DoNotSchedule",
+                label_selector=client.V1LabelSelector(match_labels=labels),
+            )
+        ]  # fmt: skip
+        stateful = client.V1StatefulSet(
+            metadata=client.V1ObjectMeta(name="near-disk"),
+            spec=client.V1StatefulSetSpec(
+                service_name="near-disk", replicas=2, pod_management_policy="Parallel",
+                selector=client.V1LabelSelector(match_labels=labels),
+                template=client.V1PodTemplateSpec(
+                    metadata=client.V1ObjectMeta(labels=labels), spec=template.spec
+                ),
+            ),
+        )  # fmt: skip
+        apps.create_namespaced_stateful_set(namespace, stateful)
+
+        def running() -> list[client.V1Pod]:
+            return [p for p in platform.core.list_namespaced_pod(
+                        namespace, label_selector="app=near-disk").items
+                    if p.status.phase == "Running"]  # fmt: skip
+
+        pods = platform.eventually(lambda: len(found := running()) == 2 and found, 300,
+                                   "2 replicas Running")  # fmt: skip
+        assert sorted(p.spec.node_name for p in pods) == sorted(two.names)
+        for pod in pods:
+            node = pod.spec.node_name
+            seen = where(platform, pod.metadata.name, namespace)
+            print(
+                f"{pod.metadata.name} on {node}: disk {seen['disk_serial']} numa_node "
+                f"{seen['disk_numa_node']}; NUMA_NODE={seen['NUMA_NODE']} "
+                f"Cpus_allowed_list={seen['Cpus_allowed_list']} "
+                f"Mems_allowed_list={seen['Mems_allowed_list']}"
+            )
+            disk_node = seen["disk_numa_node"]
+            assert seen["disk_serial"] == serials[node]
+            assert seen["NUMA_NODE"] == disk_node
+            assert parse_cpulist(seen["Cpus_allowed_list"]) <= parse_cpulist(
+                seen[f"node{disk_node}_cpulist"]
+            )
+            assert seen["Mems_allowed_list"] == disk_node
+        nodes = {p.spec.node_name: where(platform, p.metadata.name, namespace) for p in pods}
+        assert (nodes[two.a]["disk_numa_node"], nodes[two.b]["disk_numa_node"]) == ("1", "0")
+        assert not admission_failures(platform, namespace)
+    finally:
+        apps.delete_namespaced_stateful_set("near-disk", namespace)
+        for node in two.names:
+            label(platform.core, node, None)
+        two.restore(saved)
