@@ -112,6 +112,10 @@ def test_the_nic_is_found_by_its_mac_and_a_missing_one_is_named() -> None:
         workers.interface_by_mac({"lo": "00:00:00:00:00:00"}, a.mac)
 
 
+def options_of(argv: list[str], flag: str) -> list[str]:
+    return [argv[i + 1] for i, a in enumerate(argv) if a == flag]
+
+
 def test_the_guest_plan_gives_worker_a_the_memory_only_node_and_each_its_nic(
     tmp_path: Path,
 ) -> None:
@@ -136,6 +140,27 @@ def test_the_guest_plan_gives_worker_a_the_memory_only_node_and_each_its_nic(
     assert "nodeid=2" not in b
     assert "dst=2" not in b
     assert [p["tests"] for p in plans] == [True, False]
+
+
+def test_each_worker_gets_its_data_disk_on_its_own_numa_node(tmp_path: Path) -> None:
+    """A's disk behind an expander bridge on NUMA node 1, B's on node 0 (one template
+    must land on different nodes), each with its own serial and a sparse image made in
+    the work folder; the NIC stays off the expander."""
+    boot = cluster.GuestBoot(Path("/k/vmlinuz"), tmp_path / "initrd", Path("/k/modules"), False)
+    plans = [cluster.guest_plan(spec(tmp_path), w, boot, 7.5, 2) for w in workers.workers(2)]
+    found = []
+    for plan in plans:
+        devices = options_of(plan["argv"], "-device")
+        (bridge,) = [d for d in devices if d.startswith("pxb-pcie,")]
+        (disk,) = [d for d in devices if d.startswith("virtio-blk-pci,")]
+        (nic,) = [d for d in devices if d.startswith("virtio-net-pci,")]
+        (drive,) = options_of(plan["argv"], "-drive")
+        image = Path(drive.split("file=")[1].split(",")[0])
+        assert image.stat().st_size == render.DATA_DISK_BYTES
+        assert "bus=rp1" in disk
+        assert "bus=" not in nic
+        found.append((bridge.split("numa_node=")[1].split(",")[0], disk.split("serial=")[1]))
+    assert found == [("1", "DATA-DISK-A"), ("0", "DATA-DISK-B")]
 
 
 def test_a_shape_without_a_memory_only_node_has_only_its_cpu_nodes() -> None:
