@@ -125,14 +125,16 @@ class _Reader:
         # Real folder -> its own numa_node (None: -1), or "" when it has no such file.
         self._numa: dict[Path, int | str | None] = {}
         self._cut: set[str] = set()
+        # Per kind: name -> (where it sits, height of its parts); names being resolved.
+        self._done: dict[str, tuple[Located, int]] = {}
+        self._busy: set[str] = set()
 
     # -- listing ---------------------------------------------------------------------------
 
     def located(self, kind: str) -> tuple[Located, ...]:
         folder = self.root / "class" / kind
         what = "block devices" if kind == "block" else "network interfaces"
-        self._done: dict[str, tuple[Located, int]] = {}
-        self._busy: set[str] = set()
+        self._done, self._busy = {}, set()
         return tuple(
             self._locate(kind, name)[0]
             for name in list_entries(folder, what, self.warnings)
