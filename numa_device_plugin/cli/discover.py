@@ -130,9 +130,10 @@ def table(document: dict[str, Any]) -> str:
     for entry in document["near"]:
         if entry["reason"] is None:
             nodes = ",".join(map(str, entry["nodes"]))
+            more = entry["matched_count"] - len(entry["matched"])
             lines.append(
                 f"near {entry['resource']} ({entry['selector']}): NUMA node(s) {nodes}, "
-                f"from {', '.join(entry['matched'])}"
+                f"from {', '.join(entry['matched'])}" + (f" and {more} more" if more else "")
             )
         else:
             lines.append(f"near {entry['resource']}: not advertised: {entry['reason']}")

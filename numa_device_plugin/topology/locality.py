@@ -87,7 +87,8 @@ class Located:
 @dataclass(frozen=True)
 class Inventory:
     """The devices of one sysfs root, each kind sorted by name: ``pci`` by address,
-    ``block`` and ``net`` by kernel name. ``warnings``: odd sysfs content, one line per
+    ``block`` and ``net`` by kernel name, numbers by value (``nvme2n1`` before
+    ``nvme10n1``). ``warnings``: odd sysfs content, one line per
     file, naming it."""
 
     pci: tuple[PciDevice, ...] = ()
@@ -137,7 +138,7 @@ class _Reader:
         self._done, self._busy = {}, set()
         return tuple(
             self._locate(kind, name)[0]
-            for name in list_entries(folder, what, self.warnings)
+            for name in list_entries(folder, what, self.warnings, natural=True)
             if name.isprintable() and "/" not in name
         )
 

@@ -142,9 +142,19 @@ parse_pci_class = _hex_parser(24, "PCI class code")
 parse_pci_id = _hex_parser(16, "PCI id")
 
 
-def list_entries(folder: Path, kind: str, warnings: list[str]) -> list[str]:
-    """The names in ``folder`` (sorted; at most :data:`MAX_DEVICES`, with a warning
-    beyond), [] when it does not exist or cannot be listed (with a warning)."""
+def natural_key(name: str) -> tuple[tuple[int, int | str], ...]:
+    """Sort key that orders numbers in names by value: ``nvme2n1`` before ``nvme10n1``."""
+    return tuple(
+        (0, int(part)) if part.isdigit() else (1, part) for part in re.split(r"(\d+)", name)
+    )
+
+
+def list_entries(
+    folder: Path, kind: str, warnings: list[str], *, natural: bool = False
+) -> list[str]:
+    """The names in ``folder`` (sorted, ``natural``: numbers by value, for kernel names;
+    at most :data:`MAX_DEVICES`, with a warning beyond), [] when it does not exist or
+    cannot be listed (with a warning)."""
     try:
         names: list[str] = []
         with os.scandir(folder) as entries:
@@ -160,7 +170,7 @@ def list_entries(folder: Path, kind: str, warnings: list[str]) -> list[str]:
     except OSError as exc:
         warnings.append(f"cannot list {folder}: {exc.strerror or exc}; no {kind} read")
         return []
-    return sorted(names)
+    return sorted(names, key=natural_key if natural else None)
 
 
 def read_pci_devices(root: Path, warnings: list[str]) -> tuple[PciDevice, ...]:

@@ -666,3 +666,57 @@ def test_serve_loads_only_what_it_uses() -> None:
         "prometheus_client",
     ):
         assert module not in loaded, module
+
+
+def test_discover_lists_each_nodes_devices_and_the_near_resources(
+    two_nodes: SysfsTree, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from numa_device_plugin.topology.fake import DeviceTree
+
+    devices = DeviceTree(two_nodes.root)
+    for index in range(20):
+        devices.pci(f"0000:{0x41 + index:02x}:00.0", 1, "0x010802")
+        devices.disk(f"nvme{index}n1", f"0000:{0x41 + index:02x}:00.0", serial=f"S{index}")
+    devices.pci("0000:00:03.0", -1, "0x020000")
+    devices.nic("eno1", "0000:00:03.0")
+    near = ["--near", "nvme=pci-class:0108", "--near", "nic=net:eno1", "--near", "d=serial:S3"]
+    args = ["discover", "--sysfs-root", str(two_nodes.root), *near]
+    code, out, _ = run_main(args, capsys)
+    assert code == 0
+    assert "  1: disks nvme0n1, nvme1n1," in out
+    assert "  no NUMA locality (numa_node -1): 1 PCI device(s)" in out
+    assert "near numa-align/nvme (pci-class:0108): NUMA node(s) 1, from 0000:41:00.0" in out
+    assert "and 4 more" in out
+    assert "near numa-align/d (serial:S3): NUMA node(s) 1, from nvme3n1" in out
+    assert (
+        "near numa-align/nic: not advertised: net:eno1: no matched device has NUMA locality" in out
+    )
+    code, out, _ = run_main([*args, "--output", "json"], capsys)
+    document = json.loads(out)
+    assert [n["devices"]["pci"] for n in document["nodes"]] == [0, 20]
+    assert [(e["resource"], e["nodes"], e["matched_count"]) for e in document["near"]] == [
+        ("numa-align/nvme", [1], 20),
+        ("numa-align/nic", [], 1),
+        ("numa-align/d", [1], 1),
+    ]
+    assert document["devices"]["numa-align/d"] == 100
+    assert "numa-align/nic" not in document["devices"]
+
+
+@pytest.mark.parametrize(
+    ("near", "why"),
+    [
+        ("numa-1=serial:S1", "would collide with the NUMA-node resources"),
+        ("d=sn:S1", "is not a selector"),
+        ("d", "is not NAME=SELECTOR"),
+    ],
+)
+def test_discover_refuses_a_bad_near_with_usage(
+    two_nodes: SysfsTree, capsys: pytest.CaptureFixture[str], near: str, why: str
+) -> None:
+    code, _, err = run_main(
+        ["discover", "--sysfs-root", str(two_nodes.root), "--near", near], capsys
+    )
+    assert code == 2
+    assert "Usage: numa-device-plugin discover" in err
+    assert why in err
