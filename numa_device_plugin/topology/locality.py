@@ -124,7 +124,9 @@ class _Reader:
             self.real_root = root
         self.warnings: list[str] = []
         # Real folder -> its own numa_node (None: -1), or "" when it has no such file.
-        self._numa: dict[Path, int | str | None] = {}
+        self._numa: dict[str, int | str | None] = {}
+        # Every real path inside the root starts with this.
+        self._root_prefix = os.path.join(str(self.real_root), "")
         self._cut: set[str] = set()
         # Per kind: name -> (where it sits, height of its parts); names being resolved.
         self._done: dict[str, tuple[Located, int]] = {}
@@ -229,35 +231,35 @@ class _Reader:
     def _inside(self, link: Path) -> Path | str:
         """The real folder ``link`` points to, or why it cannot be used."""
         try:
-            real = Path(os.path.realpath(link, strict=True))
+            real = os.path.realpath(link, strict=True)
         except FileNotFoundError:
             return f"no locality: {link} points to nothing"
         except (OSError, RuntimeError, ValueError) as exc:
             return f"no locality: {link} cannot be resolved ({getattr(exc, 'strerror', exc)})"
-        if real == self.real_root or self.real_root not in real.parents:
+        if not real.startswith(self._root_prefix):
             return f"no locality: {link} points outside the sysfs root"
-        if not real.is_dir():
+        if not os.path.isdir(real):
             return f"no locality: {link} is not a folder"
-        return real
+        return Path(real)
 
     def _nearest_pci(self, folder: Path) -> tuple[str | None, int | str | None]:
         """The nearest folder at or above ``folder`` (inside the root) with a
         ``numa_node`` file: (its name, its node or None for -1, or why it is unusable);
         (None, None) when there is none."""
-        for current in (folder, *folder.parents):
-            if current == self.real_root or self.real_root not in current.parents:
-                break
+        current = str(folder)
+        while current.startswith(self._root_prefix):
             node = self._numa_of(current)
             if node != "":
-                return current.name, node
+                return os.path.basename(current), node
+            current = os.path.dirname(current)
         return None, None
 
-    def _numa_of(self, folder: Path) -> int | str | None:
+    def _numa_of(self, folder: str) -> int | str | None:
         """``folder``'s own numa_node: the node, None for -1, "" when there is no file,
         or a reason text when it is malformed."""
         if folder in self._numa:
             return self._numa[folder]
-        path = folder / "numa_node"
+        path = Path(folder, "numa_node")
         result: int | str | None
         try:
             text = sysfs.read_text(path)
