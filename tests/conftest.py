@@ -19,6 +19,7 @@ from numa_device_plugin.topology.fake import SysfsTree, build_machine
 
 REPO = Path(__file__).resolve().parent.parent
 SNAPSHOTS = REPO.parent / "shared" / "fixtures" / "sysfs"
+PCI_SNAPSHOTS = REPO.parent / "shared" / "fixtures" / "sysfs-pci"
 
 configure_logging("debug")
 
@@ -125,18 +126,34 @@ def snapshot_names() -> list[str]:
     return sorted(path.name.removesuffix(".tar.gz") for path in SNAPSHOTS.glob("*.tar.gz"))
 
 
-@pytest.fixture(scope="session")
-def snapshots_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """All snapshots of ../shared/fixtures/sysfs unpacked, one folder each."""
-    if not SNAPSHOTS.is_dir():
-        pytest.skip(f"{SNAPSHOTS} is absent: real sysfs snapshots come from ../shared")
-    root = tmp_path_factory.mktemp("snapshots")
-    for archive in SNAPSHOTS.glob("*.tar.gz"):
+def unpacked(source: Path, root: Path) -> Path:
+    """Every ``NAME.tar.gz`` of ``source`` unpacked into ``root/NAME``; returns ``root``."""
+    for archive in source.glob("*.tar.gz"):
         target = root / archive.name.removesuffix(".tar.gz")
         target.mkdir()
         with tarfile.open(archive) as tar:
             tar.extractall(target, filter="tar")
     return root
+
+
+@pytest.fixture(scope="session")
+def snapshots_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """All snapshots of ../shared/fixtures/sysfs unpacked, one folder each."""
+    if not SNAPSHOTS.is_dir():
+        pytest.skip(f"{SNAPSHOTS} is absent: real sysfs snapshots come from ../shared")
+    return unpacked(SNAPSHOTS, tmp_path_factory.mktemp("snapshots"))
+
+
+@pytest.fixture(scope="session")
+def pci_snapshots(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The whole sysfs roots of ../shared/fixtures/sysfs-pci (PCI devices, disks, NICs)
+    unpacked, one folder each; skipped without them, a failure under CI."""
+    if not PCI_SNAPSHOTS.is_dir():
+        message = f"{PCI_SNAPSHOTS} is absent: sysfs roots with PCI devices come from ../shared"
+        if under_ci(os.environ.get("CI")):
+            pytest.fail(message)
+        pytest.skip(message)
+    return unpacked(PCI_SNAPSHOTS, tmp_path_factory.mktemp("sysfs-pci"))
 
 
 @pytest.fixture(autouse=True)

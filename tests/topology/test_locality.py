@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import os
-import tarfile
 from pathlib import Path
 
 import pytest
@@ -18,9 +17,6 @@ from numa_device_plugin.topology.locality import (
     read_inventory,
     unlocated_pci,
 )
-from tests.conftest import REPO, under_ci
-
-PCI_SNAPSHOTS = REPO.parent / "shared" / "fixtures" / "sysfs-pci"
 
 
 @pytest.fixture
@@ -251,24 +247,6 @@ PCI_TABLE = {
         {0: 14, 1: 4, 2: 6, 3: 6},
     ),
 }
-
-
-@pytest.fixture(scope="module")
-def pci_snapshots(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    if not PCI_SNAPSHOTS.is_dir():
-        message = (
-            f"{PCI_SNAPSHOTS} is absent: real sysfs trees with PCI devices come from ../shared"
-        )
-        if under_ci(os.environ.get("CI")):
-            pytest.fail(message)
-        pytest.skip(message)
-    root = tmp_path_factory.mktemp("sysfs-pci")
-    for archive in PCI_SNAPSHOTS.glob("*.tar.gz"):
-        target = root / archive.name.removesuffix(".tar.gz")
-        target.mkdir()
-        with tarfile.open(archive) as tar:
-            tar.extractall(target, filter="tar")
-    return root
 
 
 @pytest.mark.parametrize("name", sorted(PCI_TABLE))
