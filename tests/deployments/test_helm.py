@@ -145,6 +145,10 @@ def test_every_rendering_passes_kubernetes_validate_strict(name: str, version: s
         (["--set", "config.memoryUnit=512Ki"], "memoryUnit"),
         (["--set", "config.memoryUnit=1M"], "memoryUnit"),
         (["--set-json", 'config.named={"a": {"memoryUnit": "1048575"}}'], "memoryUnit"),
+        (["--set-json", 'config.near={"data-disk": "sn:S1"}'], "data-disk"),
+        (["--set-json", 'config.near={"numa-1": "serial:S1"}'], "propertyName 'numa-1'"),
+        (["--set-json", 'config.near={"d": 1}'], "near"),
+        (["--set-json", 'config.named={"a": {"near": {"d": "block:"}}}'], "near"),
     ],
 )
 def test_the_schema_refuses_bad_values(args: list[str], needle: str) -> None:
@@ -318,6 +322,27 @@ def test_memory_settings_reach_the_plugin(monkeypatch: pytest.MonkeyPatch) -> No
         "memory_unit": 4 * 2**30,
         "reserved_memory": ((0, "memory", 2**30),),
     }
+
+
+def test_near_settings_reach_the_plugin_from_values_and_named_configurations(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """config.near (a map) becomes NUMA_NEAR, which serve parses back to the same
+    resources; config.named's near lands in the file of named configurations."""
+    documents = template(
+        "--set-string", "config.near.data-disk=serial:S3EVNX0K123",
+        "--set-string", "config.near.nic=pci:0000:41:00.0",
+    )  # fmt: skip
+    assert of_kind(documents, "ConfigMap")["data"]["NUMA_NEAR"] == (
+        "data-disk=serial:S3EVNX0K123 nic=pci:0000:41:00.0"
+    )
+    config = options.config_from_params(serve_args(documents, monkeypatch))
+    assert [str(n) for n in config.near] == ["data-disk=serial:S3EVNX0K123", "nic=pci:0000:41:00.0"]
+    named = template("--set-json", 'config.named={"a": {"near": {"data-disk": "wwid:eui.1"}}}')
+    text = of_kind(named, "ConfigMap", f"{RELEASE}-node-configs")["data"]["configs.yaml"]
+    params = serve_args(named, monkeypatch)
+    configs = parse_node_configs(Path("/etc/numa-device-plugin/configs.yaml"), text, params)
+    assert [str(n) for n in configs.configs["a"]["near"]] == ["data-disk=wwid:eui.1"]
 
 
 def test_a_settings_change_rolls_the_pods() -> None:
