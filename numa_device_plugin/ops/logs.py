@@ -25,16 +25,20 @@ class _CurrentStderr:
         sys.stderr.flush()
 
 
+# The level configure_logging set last.
+_configured = {"level": "info"}
+
+
 class _QuietShutdownRace(logging.Filter):
     """watchdog's inotify emitter logs an error when its read loop wakes after the
     observer stopped it ("queue_events() called when the thread is inactive"): a race
-    of its own stop that loses nothing. Shown at debug, not as an error at every
-    shutdown that hits it."""
+    of its own stop that loses nothing. Shown at debug (``--log-level debug``), not as
+    an error at every shutdown that hits it."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         if record.name.startswith("watchdog.") and "thread is inactive" in record.getMessage():
             record.levelno, record.levelname = logging.DEBUG, "DEBUG"
-            return logging.getLogger().isEnabledFor(logging.DEBUG)
+            return _configured["level"] == "debug"
         return True
 
 
@@ -61,6 +65,7 @@ def configure_logging(level: str = "info", fmt: LogFormat = "text") -> None:
         renderer = structlog.processors.KeyValueRenderer(
             key_order=["timestamp", "level", "event"], drop_missing=True
         )
+    _configured["level"] = level
     stamp = structlog.processors.TimeStamper(fmt="iso", utc=True)
     structlog.configure(
         processors=[
@@ -96,8 +101,10 @@ def configure_logging(level: str = "info", fmt: LogFormat = "text") -> None:
     for old in [h for h in root.handlers if isinstance(h, _StdlibHandler)]:
         root.removeHandler(old)
     root.addHandler(handler)
-    # Libraries' own info lines are theirs to chatter: warnings and up, all at debug.
-    root.setLevel(logging.DEBUG if level == "debug" else logging.WARNING)
+    # Libraries' warnings and errors only, at every level: their debug records are
+    # theirs to chatter, and grpc's format the repr of an object it is deallocating
+    # (its AioServer.__dealloc__), which crashed the interpreter (SIGSEGV) under pytest.
+    root.setLevel(max(logging.WARNING, logging.getLevelNamesMapping()[level.upper()]))
 
 
 class LevelSwitch:

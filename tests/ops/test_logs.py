@@ -55,14 +55,15 @@ def test_every_line_is_written_whole_in_one_call(stderr: Writes) -> None:
     assert "timestamp" in library
 
 
-def test_libraries_info_lines_show_only_at_debug(stderr: Writes) -> None:
-    configure_logging("info", "text")
-    logging.getLogger("watchdog.observers").info("watching")
+def test_libraries_lines_below_warning_never_show(stderr: Writes) -> None:
+    """grpc's debug records format the repr of an object it is deallocating: creating
+    them crashed the interpreter under pytest. Libraries speak at warning and up only."""
+    for level in ("info", "debug"):
+        configure_logging(level, "text")
+        logging.getLogger("grpc._cython.cygrpc").debug("__dealloc__ called on %r", object())
+        logging.getLogger("watchdog.observers").info("watching")
     assert stderr.calls == []
-    configure_logging("debug", "text")
-    logging.getLogger("watchdog.observers").info("watching")
-    assert len(stderr.calls) == 1
-    assert "event='watching'" in stderr.calls[0]
+    assert not logging.getLogger("grpc._cython.cygrpc").isEnabledFor(logging.DEBUG)
 
 
 def test_watchdogs_stop_race_is_a_debug_line_not_an_error(stderr: Writes) -> None:
