@@ -299,3 +299,50 @@ def test_each_interface_is_resolved_once_however_many_share_it(
     net = by_name(read_inventory(tree.root).net)
     assert net["b5x0"].nodes == {1}
     assert sorted(calls) == sorted(net)
+
+
+def test_caps_leave_the_rest_out_with_a_warning(
+    tree: DeviceTree, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from numa_device_plugin.topology import locality, pci
+
+    monkeypatch.setattr(pci, "MAX_DEVICES", 2)
+    monkeypatch.setattr(locality, "MAX_PARTS", 1)
+    tree.mapped("md0", ["nvme0n1", "nvme1n1"])
+    inventory = read_inventory(tree.root)
+    assert len(inventory.pci) == 2
+    assert len(inventory.block) == 2
+    assert any("lists more than 2 PCI devices" in w for w in inventory.warnings)
+    assert any("lists more than 2 block devices" in w for w in inventory.warnings)
+    monkeypatch.setattr(pci, "MAX_DEVICES", 100)
+    md0 = by_name(read_inventory(tree.root).block)["md0"]
+    assert md0.parts == ("nvme0n1",)
+    assert any("names over 1 parts" in w for w in read_inventory(tree.root).warnings)
+
+
+def test_odd_entries_give_no_locality_or_are_left_out_saying_why(tree: DeviceTree) -> None:
+    (tree.root / "devices" / "a-file").write_text("x")
+    (tree.root / "class" / "block" / "to-a-file").symlink_to("../../devices/a-file")
+    (tree.pci_folder("0000:42:00.0") / "class").unlink()
+    serial = tree.pci_folder("0000:41:00.0") / "nvme" / "nvme0" / "nvme1n1" / "serial"
+    serial.unlink()
+    os.mkfifo(serial)
+    inventory = read_inventory(tree.root)
+    block = by_name(inventory.block)
+    assert block["to-a-file"].reason is not None
+    assert block["to-a-file"].reason.endswith("is not a folder")
+    assert inventory.pci_device("0000:42:00.0") is None
+    assert any(
+        "lacks class, vendor or device; PCI device 0000:42:00.0" in w for w in inventory.warnings
+    )
+    assert block["nvme1n1"].serial is None
+    assert block["nvme1n1"].nodes == {1}
+    assert any("a FIFO" in w and "the serial is left unknown" in w for w in inventory.warnings)
+
+
+def test_a_class_folder_that_is_a_file_is_an_empty_kind_with_a_warning(tmp_path: Path) -> None:
+    (tmp_path / "class").mkdir()
+    (tmp_path / "class" / "net").write_text("not a folder")
+    inventory = read_inventory(tmp_path)
+    assert inventory.net == ()
+    assert any("cannot list" in w and "no network interfaces read" in w for w in inventory.warnings)
