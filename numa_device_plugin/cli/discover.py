@@ -13,7 +13,7 @@ from numa_device_plugin.ops.logs import configure_logging
 from numa_device_plugin.plugin.config import Config
 from numa_device_plugin.plugin.discovery import Discovery, discover, near_document
 from numa_device_plugin.topology import sysfs
-from numa_device_plugin.topology.locality import node_devices, unlocated_pci
+from numa_device_plugin.topology.locality import NO_DEVICES, devices_by_node, unlocated_pci
 from numa_device_plugin.topology.memory import format_quantity
 
 
@@ -59,9 +59,10 @@ def discovery_json(discovery: Discovery) -> dict[str, Any]:
     accelerators (``address class``) and its PCI device count."""
     nodes = []
     inventory = discovery.inventory
+    found = devices_by_node(inventory)
     for plan in sorted(discovery.plans, key=lambda plan: plan.node.id):
         node = plan.node
-        here = node_devices(inventory, node.id)
+        here = found.get(node.id, NO_DEVICES)
         nodes.append(
             {
                 "id": node.id,

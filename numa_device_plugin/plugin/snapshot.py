@@ -19,7 +19,7 @@ from numa_device_plugin.plugin.config import Config
 from numa_device_plugin.plugin.devices import HEALTHY, Device, Resource
 from numa_device_plugin.plugin.discovery import NearPlan, near_document
 from numa_device_plugin.topology import sysfs
-from numa_device_plugin.topology.locality import Inventory, node_devices
+from numa_device_plugin.topology.locality import NO_DEVICES, Inventory, devices_by_node
 from numa_device_plugin.topology.numa import NodePlan
 
 if TYPE_CHECKING:
@@ -134,6 +134,7 @@ def debug_document(state: PluginState) -> dict[str, Any]:
     """
     view = state.view
     age = state.pod_resources_age
+    on_node = devices_by_node(state.inventory)
     return {
         "taken_at": state.taken_at,
         "ready": not state.problems,
@@ -147,7 +148,7 @@ def debug_document(state: PluginState) -> dict[str, Any]:
                 "cpus": sysfs.format_cpulist(plan.node.cpus),
                 "advertised": plan.advertised,
                 "reason": plan.reason,
-                "devices": node_devices(state.inventory, plan.node.id).document(),
+                "devices": on_node.get(plan.node.id, NO_DEVICES).document(),
             }
             for plan in state.plans
         ],

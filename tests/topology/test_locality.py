@@ -11,9 +11,10 @@ import pytest
 from numa_device_plugin.topology.fake import DeviceTree
 from numa_device_plugin.topology.locality import (
     MAX_DEPTH,
+    NO_DEVICES,
     Inventory,
     Located,
-    node_devices,
+    devices_by_node,
     read_inventory,
     unlocated_pci,
 )
@@ -128,7 +129,9 @@ def test_a_bond_and_a_vlan_follow_their_lower_interfaces(tree: DeviceTree) -> No
     net = by_name(read_inventory(tree.root).net)
     assert net["bond0"].nodes == {0, 1}
     assert net["bond0.100"].nodes == {0, 1}
-    assert node_devices(read_inventory(tree.root), 1).nics == ("eth0",)  # not the bond
+    assert devices_by_node(read_inventory(tree.root)).get(1, NO_DEVICES).nics == (
+        "eth0",
+    )  # not the bond
 
 
 def test_loops_of_parts_end_with_no_locality(tree: DeviceTree) -> None:
@@ -224,14 +227,15 @@ def test_a_root_without_bus_or_class_folders_is_an_empty_inventory(tmp_path: Pat
     assert read_inventory(tmp_path) == Inventory()
 
 
-def test_node_devices_lists_disks_nics_and_accelerators(tree: DeviceTree) -> None:
+def test_devices_by_node_lists_disks_nics_and_accelerators(tree: DeviceTree) -> None:
     inventory = read_inventory(tree.root)
-    one = node_devices(inventory, 1)
+    one = devices_by_node(inventory).get(1, NO_DEVICES)
     assert one.disks == ("nvme1n1",)
     assert one.nics == ("eth0",)
     assert one.accelerators == ("0000:42:00.0 3D controller",)
     assert one.pci == 3
-    zero = node_devices(inventory, 0)
+    zero = devices_by_node(inventory).get(0, NO_DEVICES)
+    assert devices_by_node(inventory).get(7, NO_DEVICES) == NO_DEVICES
     assert zero.disks == ("nvme0n1",)  # partitions are not listed as disks
 
 
@@ -270,8 +274,8 @@ def test_real_machines_ib0_is_an_infiniband_controller_of_its_vendor(pci_snapsho
     ib = inventory.pci_device("0000:43:00.0")
     assert ib is not None
     assert (ib.vendor, ib.device, ib.class_name) == (0x1077, 0x7322, "InfiniBand controller")
-    assert node_devices(inventory, 0).disks == ("sda", "sr0")
-    assert node_devices(inventory, 0).nics == ("eth0", "eth1", "eth2", "eth3")
+    assert devices_by_node(inventory).get(0, NO_DEVICES).disks == ("sda", "sr0")
+    assert devices_by_node(inventory).get(0, NO_DEVICES).nics == ("eth0", "eth1", "eth2", "eth3")
 
 
 def test_each_interface_is_resolved_once_however_many_share_it(

@@ -23,11 +23,11 @@ from __future__ import annotations
 
 import socket
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from numa_device_plugin.plugin.snapshot import PluginState
 from numa_device_plugin.topology import sysfs
-from numa_device_plugin.topology.locality import NodeDevices, node_devices
+from numa_device_plugin.topology.locality import NO_DEVICES, NodeDevices, devices_by_node
 from numa_device_plugin.topology.memory import MEMORY, hugepages_type
 from numa_device_plugin.topology.numa import NodePlan
 
@@ -110,7 +110,7 @@ class NumaBox:
     memory: tuple[MemoryBar, ...]
     resources: tuple[ResourceRow, ...]
     holders: Mapping[str, str]
-    devices: NodeDevices = field(default_factory=lambda: NodeDevices((), (), (), 0))
+    devices: NodeDevices = NO_DEVICES
 
 
 @dataclass(frozen=True)
@@ -152,6 +152,7 @@ def build_page(state: PluginState, node: str | None = None) -> NodePage:
             for cpu in holder.cpus:
                 holders.setdefault(cpu, (label, OTHER))
     reserved = state.config.reserved_cpus if state.config is not None else frozenset()
+    on_node = devices_by_node(state.inventory)
     boxes = []
     for plan in state.plans:
         cells = tuple(_cell(cpu, plan, state, holders, reserved) for cpu in _all_cpus(plan))
@@ -168,7 +169,7 @@ def build_page(state: PluginState, node: str | None = None) -> NodePage:
                 memory=_memory_bars(plan, state, our_memory),
                 resources=_resources(plan.node.id, state),
                 holders={h: sysfs.format_cpulist(c) for h, c in sorted(by_holder.items())},
-                devices=node_devices(state.inventory, plan.node.id),
+                devices=on_node.get(plan.node.id, NO_DEVICES),
             )
         )
     ids = tuple(plan.node.id for plan in state.plans)
