@@ -181,10 +181,19 @@ def parse_near(text: str) -> Near:
     return Near(name, parse_selector(selector))
 
 
+# Resources that follow a device, at most: each is a gRPC server, a socket and a
+# registration of its own; real servers name a few (data disk, NIC, accelerator).
+MAX_NEAR = 64
+
+
 def check_near(prefix: str, near: Iterable[Near]) -> None:
-    """Raise ValueError when a name is invalid under ``prefix`` or given twice."""
+    """Raise ValueError when a name is invalid under ``prefix`` or given twice, or when
+    there are more than :data:`MAX_NEAR`."""
+    entries = list(near)
+    if len(entries) > MAX_NEAR:
+        raise ValueError(f"{len(entries)} near resources: at most {MAX_NEAR}")
     seen: set[str] = set()
-    for entry in near:
+    for entry in entries:
         validate_near_name(prefix, entry.name)
         if entry.name in seen:
             raise ValueError(f"near resource {entry.name!r} is given twice")

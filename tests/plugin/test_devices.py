@@ -8,6 +8,7 @@ import pytest
 
 from numa_device_plugin.plugin.devices import (
     MAX_DEVICE_ID_LENGTH,
+    MAX_NEAR,
     Near,
     build_resources,
     check_near,
@@ -170,3 +171,12 @@ def test_parse_near() -> None:
 def test_check_near_refuses_a_name_given_twice() -> None:
     with pytest.raises(ValueError, match="given twice"):
         check_near("numa-align", [near(), near(selector="serial:S2")])
+
+
+def test_check_near_refuses_more_than_max_near() -> None:
+    """Each is a server, a socket and a registration: a file of thousands would exhaust
+    the node's descriptors."""
+    many = [near(f"d{i}", f"serial:S{i}") for i in range(MAX_NEAR + 1)]
+    check_near("numa-align", many[:MAX_NEAR])
+    with pytest.raises(ValueError, match=f"at most {MAX_NEAR}"):
+        check_near("numa-align", many)
