@@ -26,13 +26,16 @@ from numa_device_plugin.kubelet_standin.apiserver import json_api
 @dataclass(frozen=True)
 class Raw:
     """A hostile answer: ``status``, ``content_type`` and ``body`` as given; ``silent``:
-    accept the request and never answer; ``drip``: seconds between single bytes."""
+    accept the request and never answer; ``drip``: seconds between single bytes;
+    ``close``: ``Connection: close`` and no ``Content-Length`` (the body ends when the
+    connection does), the head sent whole and only the body dripped."""
 
     status: int = 200
     content_type: str = "application/json"
     body: bytes = b""
     silent: bool = False
     drip: float = 0.0
+    close: bool = False
 
 
 class NodeApi:
@@ -89,13 +92,18 @@ def _handler(api: NodeApi) -> type[BaseHTTPRequestHandler]:
             if raw.silent:
                 api.stop.wait(30)
                 return
+            length = "Connection: close" if raw.close else f"Content-Length: {len(raw.body)}"
             head = (
                 f"HTTP/1.1 {raw.status} X\r\nContent-Type: {raw.content_type}\r\n"
-                f"Content-Length: {len(raw.body)}\r\n\r\n"
+                f"{length}\r\n\r\n"
             ).encode()
             data = head + raw.body
             step = 1 if raw.drip else len(data)
-            for at in range(0, len(data), step):
+            # With close, the head arrives whole and only the body drips.
+            starts = range(len(head) if raw.close else 0, len(data), step)
+            if raw.close:
+                self.wfile.write(head)
+            for at in starts:
                 if api.stop.is_set():
                     return
                 try:

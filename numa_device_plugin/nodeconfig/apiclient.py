@@ -26,14 +26,9 @@ the one request with :mod:`http.client` and :mod:`ssl`:
 
 from __future__ import annotations
 
-import contextlib
-import http.client
 import os
-import socket
 import ssl
 import tempfile
-import threading
-import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,8 +37,14 @@ from urllib.parse import urlsplit
 
 import yaml
 
+from numa_device_plugin.ops.bounded import Answer, BoundError, http_get, one_line, read_file
+
 # Bytes of an answer: a Node object with a long image list is ~100 KB.
 MAX_ANSWER = 4 << 20
+# Bytes of a kubeconfig, and of a file it names (a CA bundle, a client certificate).
+MAX_KUBECONFIG = 4 << 20
+# Bytes of a token file.
+MAX_TOKEN = 64 << 10
 # Where a pod's service account is mounted (token, ca.crt).
 SERVICE_ACCOUNT = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 
@@ -56,17 +57,6 @@ class ApiConfigError(Exception):
 class ApiRequestError(Exception):
     """No whole answer: the server could not be reached, broke off, or did not answer
     within the deadline. The message says which, in one line."""
-
-
-@dataclass(frozen=True)
-class Answer:
-    """An HTTP answer: ``status`` (200), ``content_type`` (``application/json``, the
-    media type alone, lower case), ``reason`` and ``body`` (at most MAX_ANSWER bytes)."""
-
-    status: int
-    reason: str
-    content_type: str
-    body: bytes
 
 
 @dataclass(frozen=True)
@@ -86,90 +76,27 @@ class ApiTarget:
 
     def get(self, path: str, deadline: float) -> Answer:
         """GET ``path`` (``/api/v1/nodes/n1``), the whole of it within ``deadline``
-        seconds. Raises :class:`ApiRequestError` (no whole answer) or
-        :class:`ApiConfigError` (the token file cannot be read)."""
+        seconds (:func:`numa_device_plugin.ops.bounded.http_get`: a total deadline
+        that a dripping server cannot extend, at most :data:`MAX_ANSWER` bytes).
+        Raises :class:`ApiRequestError` (no whole answer) or :class:`ApiConfigError`
+        (the token file cannot be read, or the token cannot go in a header)."""
         headers = {"Accept": "application/json", "User-Agent": "numa-device-plugin"}
         token = self.token()
         if token:
+            if not token.isprintable() or not token.isascii():
+                raise ApiConfigError(
+                    f"{self.origin}: the token has control or non-ASCII characters "
+                    "(a line break?); it cannot be sent"
+                )
             headers["Authorization"] = f"Bearer {token}"
-        if self.context is None:
-            conn: http.client.HTTPConnection = http.client.HTTPConnection(
-                self.host, self.port, timeout=deadline
-            )
-        else:
-            conn = _TLSConnection(
-                self.host, self.port, self.context, self.server_name, timeout=deadline
-            )
-        started = time.monotonic()
-        expired = threading.Event()
-
-        def expire() -> None:
-            expired.set()
-            sock = conn.sock
-            if sock is not None:
-                with contextlib.suppress(OSError):
-                    sock.shutdown(socket.SHUT_RDWR)
-
-        timer = threading.Timer(deadline, expire)
-        timer.daemon = True
-        timer.start()
         try:
-            conn.request("GET", path, headers=headers)
-            response = conn.getresponse()
-            body = _read_capped(response)
-            answer = Answer(
-                response.status,
-                response.reason,
-                response.headers.get_content_type(),
-                body,
-            )
-        except (OSError, http.client.HTTPException, ValueError) as exc:
-            if expired.is_set() or time.monotonic() - started >= deadline:
-                raise ApiRequestError(
-                    f"no whole answer from the API server at {self.scheme}://{self.host}:"
-                    f"{self.port} within {deadline:g} s"
-                ) from None
-            raise ApiRequestError(
-                f"cannot reach the API server at {self.scheme}://{self.host}:{self.port}: "
-                f"{type(exc).__name__}: {_one_line(str(exc))}"
-            ) from None
-        finally:
-            timer.cancel()
-            conn.close()
-        if expired.is_set():
-            raise ApiRequestError(f"no whole answer within {deadline:g} s")
-        return answer
-
-
-class _TLSConnection(http.client.HTTPSConnection):
-    """HTTPS with a server name to check other than the host (``tls-server-name``)."""
-
-    def __init__(
-        self,
-        host: str,
-        port: int,
-        context: ssl.SSLContext,
-        server_name: str | None,
-        timeout: float,
-    ) -> None:
-        super().__init__(host, port, timeout=timeout, context=context)
-        self._server_name = server_name or host
-        self._tls = context
-
-    def connect(self) -> None:
-        http.client.HTTPConnection.connect(self)
-        self.sock = self._tls.wrap_socket(self.sock, server_hostname=self._server_name)
-
-
-def _read_capped(response: http.client.HTTPResponse) -> bytes:
-    chunks: list[bytes] = []
-    size = 0
-    while chunk := response.read1(65536):
-        size += len(chunk)
-        if size > MAX_ANSWER:
-            raise ValueError(f"the answer is over {MAX_ANSWER} bytes")
-        chunks.append(chunk)
-    return b"".join(chunks)
+            return http_get(
+                self.host, self.port, path, deadline=deadline, limit=MAX_ANSWER,
+                headers=headers, context=self.context, server_name=self.server_name,
+                name="the API server",
+            )  # fmt: skip
+        except BoundError as exc:
+            raise ApiRequestError(str(exc)) from None
 
 
 def in_cluster(account: Path = SERVICE_ACCOUNT, env: Mapping[str, str] | None = None) -> ApiTarget:
@@ -197,16 +124,24 @@ def in_cluster(account: Path = SERVICE_ACCOUNT, env: Mapping[str, str] | None = 
     )
 
 
-def from_kubeconfig(path: Path, *, run_exec: bool = False) -> ApiTarget:
+def from_kubeconfig(
+    path: Path, *, run_exec: bool = False, exec_deadline: float = 60.0
+) -> ApiTarget:
     """The current context of the kubeconfig at ``path``. Relative file names in it
     are taken from its folder, as kubectl does. With ``run_exec``, an ``exec``
-    credential plugin is run (:func:`exec_credential`). Raises :class:`ApiConfigError`
+    credential plugin is run (:func:`exec_credential`), killed after ``exec_deadline``
+    seconds. The file and those it names are read up to :data:`MAX_KUBECONFIG` bytes,
+    regular files only. Raises :class:`ApiConfigError`
     naming the file and the field for anything missing, malformed or unsupported
     (``auth-provider`` plugins; ``exec`` ones without ``run_exec``)."""
     try:
-        document = yaml.safe_load(path.read_text())
-    except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
+        document = yaml.safe_load(read_file(path, MAX_KUBECONFIG).decode())
+    except BoundError as exc:
+        raise ApiConfigError(f"kubeconfig: {exc}") from None
+    except (UnicodeDecodeError, yaml.YAMLError) as exc:
         raise ApiConfigError(f"cannot read kubeconfig {path}: {_one_line(str(exc))}") from None
+    except RecursionError:
+        raise ApiConfigError(f"cannot read kubeconfig {path}: nested too deeply") from None
     where = f"kubeconfig {path}"
     if not isinstance(document, dict):
         raise ApiConfigError(f"{where}: not a mapping")
@@ -220,20 +155,22 @@ def from_kubeconfig(path: Path, *, run_exec: bool = False) -> ApiTarget:
     if run_exec and isinstance(user.get("exec"), dict):
         from numa_device_plugin.nodeconfig.execcredential import exec_credential
 
-        exec_token, client_pem = exec_credential(user["exec"], path.parent, where)
+        exec_token, client_pem = exec_credential(
+            user["exec"], path.parent, where, timeout=exec_deadline
+        )
         user = {key: value for key, value in user.items() if key != "exec"}
         if client_pem is not None:
             user["client-certificate-data"], user["client-key-data"] = client_pem
     for plugin in ("exec", "auth-provider"):
         if user.get(plugin):
             raise ApiConfigError(
-                f"{where}: user {context.get('user')!r} uses an {plugin} credential plugin, "
+                f"{where}: user {_shown(context.get('user'))} uses an {plugin} credential plugin, "
                 "which the plugin never runs; give a token, a tokenFile or a client certificate"
             )
     server = cluster.get("server")
     parts = urlsplit(server) if isinstance(server, str) else None
     if parts is None or parts.scheme not in ("http", "https") or not parts.hostname:
-        raise ApiConfigError(f"{where}: cluster server {server!r} is not an http(s) URL")
+        raise ApiConfigError(f"{where}: cluster server {_shown(server)} is not an http(s) URL")
     base = path.parent
     context_tls = None
     if parts.scheme == "https":
@@ -276,7 +213,7 @@ def _named(
             if isinstance(found, dict):
                 return found
             break
-    raise ApiConfigError(f"{where}: no {key} named {name!r} in {section}")
+    raise ApiConfigError(f"{where}: no {key} named {_shown(name)} in {section}")
 
 
 # A PEM source: a file path or the PEM bytes themselves.
@@ -319,33 +256,41 @@ def _tls_context(
         elif isinstance(ca, bytes):
             context.load_verify_locations(cadata=ca.decode("ascii", errors="replace"))
         elif ca is not None:
-            context.load_verify_locations(cafile=str(ca))
+            context.load_verify_locations(cadata=read_file(ca, MAX_KUBECONFIG).decode())
         if client is not None:
             with tempfile.TemporaryDirectory(prefix="ndp-tls-") as folder:
                 cert, key = (_as_file(part, Path(folder) / name) for part, name in
                              zip(client, ("cert.pem", "key.pem"), strict=True))  # fmt: skip
                 context.load_cert_chain(cert, key)
-    except (OSError, ssl.SSLError, ValueError) as exc:
+    except (OSError, ssl.SSLError, ValueError, BoundError) as exc:
         raise ApiConfigError(f"{where}: cannot load TLS files: {_one_line(str(exc))}") from None
     return context
 
 
 def _as_file(source: Source, path: Path) -> str:
-    if isinstance(source, bytes):
-        path.touch(mode=0o600)
-        path.write_bytes(source)
-        return str(path)
-    return str(source)
+    """A PEM source as a private file (ssl loads a certificate chain from files only);
+    a named file is read bounded first, so a FIFO or a device never blocks."""
+    data = source if isinstance(source, bytes) else read_file(Path(str(source)), MAX_KUBECONFIG)
+    path.touch(mode=0o600)
+    path.write_bytes(data)
+    return str(path)
 
 
 def _read_token(path: Path) -> str | None:
     try:
-        with path.open("rb") as file:
-            data = file.read(64 << 10)
-    except OSError as exc:
-        raise ApiConfigError(f"cannot read the token {path}: {exc.strerror or exc}") from None
+        data = read_file(path, MAX_TOKEN)
+    except BoundError as exc:
+        raise ApiConfigError(f"token: {exc}") from None
     return data.decode(errors="replace").strip() or None
 
 
 def _one_line(text: str) -> str:
-    return " ".join(text.split())[:300]
+    return one_line(text)
+
+
+def _shown(value: Any) -> str:
+    """A kubeconfig value for a message: a string quoted and cut, anything else by its
+    type only (the repr of an alias bomb is exponential in the file's size)."""
+    if value is None or isinstance(value, str | int | float | bool):
+        return repr(one_line(str(value), 120)) if isinstance(value, str) else repr(value)
+    return f"<a {type(value).__name__}>"

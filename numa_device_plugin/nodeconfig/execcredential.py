@@ -12,15 +12,19 @@ from __future__ import annotations
 import base64
 import json
 import os
-import subprocess
 from pathlib import Path
 from typing import Any
 
 from numa_device_plugin.nodeconfig.apiclient import ApiConfigError
+from numa_device_plugin.ops.bounded import BoundError, one_line, run_command
+
+# Bytes an exec credential plugin may print: an ExecCredential with a client
+# certificate chain is a few KB.
+MAX_OUTPUT = 1 << 20
 
 
 def _one_line(text: str) -> str:
-    return " ".join(text.split())[:300]
+    return one_line(text)
 
 
 def exec_credential(
@@ -29,34 +33,38 @@ def exec_credential(
     """Run a kubeconfig's ``exec`` credential plugin as kubectl does: ``command`` (a
     name with a ``/`` is taken from the kubeconfig's folder) with ``args``, ``env``
     added to the environment and ``KUBERNETES_EXEC_INFO`` describing the request,
-    non-interactive. Returns the ExecCredential's ``status.token`` and its client
-    certificate and key as base64 PEM (``clientCertificateData``, ``clientKeyData``),
-    each None when absent. Raises :class:`ApiConfigError` when it cannot run, fails
-    (its stderr's end quoted) or prints no usable ExecCredential."""
+    non-interactive, in a process group of its own that is killed when it runs past
+    ``timeout`` seconds or prints more than :data:`MAX_OUTPUT` bytes. Returns the
+    ExecCredential's ``status.token`` and its client certificate and key as base64
+    PEM (``clientCertificateData``, ``clientKeyData``), each None when absent.
+    Raises :class:`ApiConfigError` when it cannot run, fails (its stderr's end
+    quoted) or prints no usable ExecCredential."""
     command = spec.get("command")
     if not isinstance(command, str) or not command:
         raise ApiConfigError(f"{where}: exec has no command")
     if "/" in command and not command.startswith("/"):
         command = str(base / command)
-    args = [str(arg) for arg in spec.get("args") or []]
+    args = spec.get("args") or []
+    if not isinstance(args, list) or not all(isinstance(arg, str) for arg in args):
+        raise ApiConfigError(f"{where}: exec args is not a list of strings")
     env = dict(os.environ)
     for entry in spec.get("env") or []:
         if isinstance(entry, dict) and "name" in entry:
-            env[str(entry["name"])] = str(entry.get("value", ""))
+            name, value = entry["name"], entry.get("value", "")
+            if not isinstance(name, str) or not isinstance(value, str | int | float):
+                raise ApiConfigError(f"{where}: exec env entries need a string name and value")
+            env[name] = str(value)
     api_version = str(spec.get("apiVersion") or "client.authentication.k8s.io/v1")
     env["KUBERNETES_EXEC_INFO"] = json.dumps(
         {"apiVersion": api_version, "kind": "ExecCredential", "spec": {"interactive": False}}
     )
     try:
-        done = subprocess.run(
-            [command, *args], env=env, capture_output=True, timeout=timeout,
-            stdin=subprocess.DEVNULL, check=False,
-        )  # fmt: skip
-    except (OSError, subprocess.TimeoutExpired) as exc:
+        done = run_command([command, *args], env, deadline=timeout, limit=MAX_OUTPUT)
+    except BoundError as exc:
         hint = spec.get("installHint")
         raise ApiConfigError(
-            f"{where}: cannot run the exec credential plugin {command!r}: "
-            f"{_one_line(str(exc))}" + (f" ({_one_line(str(hint))})" if hint else "")
+            f"{where}: the exec credential plugin: {exc}"
+            + (f" ({_one_line(str(hint))})" if hint and not exc.timed_out else "")
         ) from None
     if done.returncode != 0:
         raise ApiConfigError(
@@ -67,7 +75,7 @@ def exec_credential(
         status = json.loads(done.stdout)["status"]
         token = status.get("token") or None
         cert, key = status.get("clientCertificateData"), status.get("clientKeyData")
-    except (ValueError, KeyError, TypeError, AttributeError):
+    except (ValueError, KeyError, TypeError, AttributeError, RecursionError):
         raise ApiConfigError(
             f"{where}: the exec credential plugin {command!r} printed no ExecCredential "
             "with a status"

@@ -1,0 +1,282 @@
+"""Bounded reads of inputs the plugin does not control: one place for each bound.
+
+- :func:`read_file`: a file expected to be a regular file (a kubeconfig, a token, a
+  CA bundle), read up to a byte cap; a FIFO, a device (``/dev/zero``) or a folder is
+  refused without blocking.
+- :func:`http_get`: one HTTP(S) GET whose whole exchange (connect, TLS, request,
+  answer) ends within a total deadline that nothing extends, with an answer cap. A
+  timer shuts the connection's socket down through a duplicate of its descriptor, so
+  the cut-off holds however :mod:`http.client` passes the socket around (it drops its
+  own reference in ``getresponse()`` when the server says ``Connection: close``).
+- :func:`run_command`: a command (a kubeconfig's exec credential plugin) with a total
+  deadline and an output cap, in its own process group, killed with its children when
+  either bound is passed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import http.client
+import os
+import selectors
+import signal
+import socket
+import ssl
+import stat
+import subprocess
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+
+class BoundError(Exception):
+    """An input could not be read within its bounds; the message says what and why, in
+    one line. ``timed_out`` is True when the deadline passed."""
+
+    def __init__(self, message: str, *, timed_out: bool = False) -> None:
+        super().__init__(message)
+        self.timed_out = timed_out
+
+
+def one_line(text: str, limit: int = 300) -> str:
+    """``text`` on one line, control characters shown as ``\\xNN`` escapes, at most
+    ``limit`` characters (an error message that echoes an input)."""
+    flat = " ".join(text.split())
+    shown = "".join(c if c.isprintable() else repr(c)[1:-1] for c in flat[: limit + 1])
+    return shown if len(shown) <= limit else shown[:limit] + "..."
+
+
+def read_file(path: Path, limit: int) -> bytes:
+    """The bytes of the regular file ``path``, at most ``limit`` bytes. Raises
+    :class:`BoundError` naming the file when it cannot be opened, is not a regular
+    file (a FIFO is opened non-blocking, so it never waits for a writer) or is larger
+    than ``limit``."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as exc:
+        raise BoundError(f"cannot read {path}: {exc.strerror or exc}") from None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise BoundError(f"cannot read {path}: not a regular file")
+        chunks: list[bytes] = []
+        size = 0
+        while chunk := os.read(fd, min(1 << 20, limit + 1 - size)):
+            chunks.append(chunk)
+            size += len(chunk)
+            if size > limit:
+                raise BoundError(f"cannot read {path}: larger than {limit} bytes")
+        return b"".join(chunks)
+    except OSError as exc:
+        raise BoundError(f"cannot read {path}: {exc.strerror or exc}") from None
+    finally:
+        os.close(fd)
+
+
+@dataclass(frozen=True)
+class Answer:
+    """An HTTP answer: ``status`` (200), ``reason``, ``content_type`` (the media type
+    alone, lower case: ``application/json``) and ``body`` (at most the cap)."""
+
+    status: int
+    reason: str
+    content_type: str
+    body: bytes
+
+
+class _Cutoff:
+    """Shuts down every socket a connection opened once the deadline passes, through
+    duplicates of their descriptors (``http.client`` may have dropped or closed its own
+    reference by then)."""
+
+    def __init__(self, deadline: float) -> None:
+        self.end = time.monotonic() + deadline
+        self.expired = False
+        self._lock = threading.Lock()
+        self._watched: list[socket.socket] = []
+        self._timer = threading.Timer(deadline, self.expire)
+        self._timer.daemon = True
+
+    def remaining(self) -> float:
+        """Seconds left; raises :class:`BoundError` when none are."""
+        left = self.end - time.monotonic()
+        if left <= 0 or self.expired:
+            raise BoundError("deadline passed", timed_out=True)
+        return left
+
+    def watch(self, sock: socket.socket) -> None:
+        with self._lock:
+            self._watched.append(sock.dup())
+            if self.expired:
+                self._shut()
+
+    def expire(self) -> None:
+        with self._lock:
+            self.expired = True
+            self._shut()
+
+    def _shut(self) -> None:
+        for sock in self._watched:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+
+    def __enter__(self) -> _Cutoff:
+        self._timer.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._timer.cancel()
+        with self._lock:
+            for sock in self._watched:
+                sock.close()
+            self._watched.clear()
+
+
+class _Connection(http.client.HTTPConnection):
+    """HTTP, or HTTPS when given a TLS context (checking ``server_name``, default the
+    host), whose sockets a :class:`_Cutoff` watches."""
+
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        cutoff: _Cutoff,
+        context: ssl.SSLContext | None,
+        server_name: str | None,
+    ) -> None:
+        super().__init__(host, port, timeout=cutoff.remaining())
+        self._cutoff = cutoff
+        self._tls = context
+        self._server_name = server_name or host
+
+    def connect(self) -> None:
+        self.timeout = self._cutoff.remaining()
+        super().connect()
+        assert self.sock is not None
+        self._cutoff.watch(self.sock)
+        if self._tls is not None:
+            self.sock = self._tls.wrap_socket(self.sock, server_hostname=self._server_name)
+
+
+def http_get(
+    host: str,
+    port: int,
+    path: str,
+    *,
+    deadline: float,
+    limit: int,
+    headers: Mapping[str, str] | None = None,
+    context: ssl.SSLContext | None = None,
+    server_name: str | None = None,
+    name: str = "the server",
+) -> Answer:
+    """GET ``path`` from ``host:port`` (HTTPS with ``context``), the whole exchange
+    within ``deadline`` seconds, the body at most ``limit`` bytes; ``name`` says whom
+    the messages are about (``the API server``). Raises
+    :class:`BoundError` (``timed_out`` when the deadline passed) for no whole answer:
+    refused, broken off, too large, malformed."""
+    where = f"{name} at {'https' if context else 'http'}://{host}:{port}"
+    with _Cutoff(deadline) as cutoff:
+        conn = _Connection(host, port, cutoff, context, server_name)
+        try:
+            conn.request("GET", path, headers=dict(headers or {}))
+            response = conn.getresponse()
+            chunks: list[bytes] = []
+            size = 0
+            while True:
+                cutoff.remaining()
+                chunk = response.read1(65536)
+                if not chunk:
+                    break
+                size += len(chunk)
+                if size > limit:
+                    raise BoundError(f"the answer from {where} is over {limit} bytes")
+                chunks.append(chunk)
+            cutoff.remaining()
+            return Answer(
+                response.status,
+                one_line(response.reason, 80),
+                response.headers.get_content_type(),
+                b"".join(chunks),
+            )
+        except BoundError as exc:
+            if exc.timed_out:
+                raise BoundError(f"no whole answer from {where} within {deadline:g} s",
+                                 timed_out=True) from None  # fmt: skip
+            raise
+        except (OSError, http.client.HTTPException, ValueError) as exc:
+            if cutoff.expired or time.monotonic() >= cutoff.end:
+                raise BoundError(f"no whole answer from {where} within {deadline:g} s",
+                                 timed_out=True) from None  # fmt: skip
+            raise BoundError(
+                f"cannot reach {where}: {type(exc).__name__}: {one_line(str(exc))}"
+            ) from None
+        finally:
+            conn.close()
+
+
+@dataclass(frozen=True)
+class Finished:
+    """A command that ended: ``returncode``, ``stdout`` (at most the cap) and the last
+    ``stderr`` bytes (at most the cap)."""
+
+    returncode: int
+    stdout: bytes
+    stderr: bytes
+
+
+def run_command(
+    argv: Sequence[str], env: Mapping[str, str], *, deadline: float, limit: int
+) -> Finished:
+    """Run ``argv`` with ``env``, stdin from ``/dev/null``, in a process group of its
+    own. Raises :class:`BoundError` when it cannot start, when it has not ended within
+    ``deadline`` seconds (``timed_out``) or prints more than ``limit`` bytes on stdout;
+    in both cases the whole process group is killed (SIGKILL) first."""
+    end = time.monotonic() + deadline
+    try:
+        process = subprocess.Popen(
+            list(argv), env=dict(env), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE, start_new_session=True,
+        )  # fmt: skip
+    except (OSError, ValueError) as exc:
+        raise BoundError(f"cannot run {argv[0]!r}: {one_line(str(exc))}") from None
+    assert process.stdout is not None
+    assert process.stderr is not None
+    out, err = bytearray(), bytearray()
+    failure: BoundError | None = None
+    with selectors.DefaultSelector() as selector:
+        selector.register(process.stdout, selectors.EVENT_READ, out)
+        selector.register(process.stderr, selectors.EVENT_READ, err)
+        while selector.get_map() and failure is None:
+            left = end - time.monotonic()
+            if left <= 0:
+                failure = BoundError(f"{argv[0]!r} did not end within {deadline:g} s",
+                                     timed_out=True)  # fmt: skip
+                break
+            for key, _ in selector.select(left):
+                chunk = os.read(key.fd, 65536)
+                if not chunk:
+                    selector.unregister(key.fileobj)
+                    continue
+                buffer: bytearray = key.data
+                buffer += chunk
+                if buffer is out and len(out) > limit:
+                    failure = BoundError(f"{argv[0]!r} printed more than {limit} bytes")
+                elif buffer is err and len(err) > limit:
+                    del err[: len(err) - limit]
+    if failure is None:
+        try:
+            returncode = process.wait(max(0.0, end - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            failure = BoundError(f"{argv[0]!r} did not end within {deadline:g} s",
+                                 timed_out=True)  # fmt: skip
+    if failure is not None:
+        with contextlib.suppress(OSError):
+            os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+    process.stdout.close()
+    process.stderr.close()
+    if failure is not None:
+        raise failure
+    return Finished(returncode, bytes(out), bytes(err))

@@ -1,0 +1,153 @@
+"""The API client's inputs from the kubeconfig: the file and those it names are read
+bounded (regular files only, a byte cap), hostile YAML ends in one line, a token
+that cannot go in a header is refused without echoing it, and an exec credential
+plugin is bounded in time and output (killed with its children)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import resource
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from numa_device_plugin.nodeconfig.apiclient import (
+    ApiConfigError,
+    _read_token,
+    from_kubeconfig,
+)
+
+
+def kubeconfig(tmp_path: Path, user: dict[str, Any] | None = None, **cluster: Any) -> Path:
+    path = tmp_path / "kubeconfig"
+    path.write_text(json.dumps({
+        "current-context": "c",
+        "contexts": [{"name": "c", "context": {"cluster": "k", "user": "u"}}],
+        "clusters": [{"name": "k", "cluster": {"server": "https://127.0.0.1:1", **cluster}}],
+        "users": [{"name": "u", "user": user or {"token": "t"}}],
+    }))  # fmt: skip
+    return path
+
+
+@pytest.mark.parametrize(
+    ("make", "fault"),
+    [
+        (lambda p: os.mkfifo(p), "not a regular file"),
+        (lambda p: p.symlink_to("/dev/zero"), "not a regular file"),
+        (lambda p: p.write_bytes(b"#" * (5 << 20)), "larger than 4194304 bytes"),
+    ],
+    ids=["fifo", "dev-zero", "huge"],
+)
+def test_a_kubeconfig_that_is_no_regular_file_or_too_large_is_refused_at_once(
+    tmp_path: Path, make: Any, fault: str
+) -> None:
+    path = tmp_path / "kubeconfig"
+    make(path)
+    started = time.monotonic()
+    with pytest.raises(ApiConfigError, match=fault):
+        from_kubeconfig(path)
+    assert time.monotonic() - started < 2
+
+
+@pytest.mark.parametrize("field", ["tokenFile", "certificate-authority", "client-certificate"])
+def test_a_fifo_named_by_the_kubeconfig_is_refused_without_blocking(
+    tmp_path: Path, field: str
+) -> None:
+    os.mkfifo(tmp_path / "fifo")
+    (tmp_path / "key.pem").write_text("x")
+    if field == "tokenFile":
+        target = from_kubeconfig(kubeconfig(tmp_path, {"tokenFile": "fifo"}))
+        with pytest.raises(ApiConfigError, match="fifo: not a regular file"):
+            target.get("/", 1)
+        return
+    if field == "certificate-authority":
+        path = kubeconfig(tmp_path, None, **{field: "fifo"})
+    else:
+        path = kubeconfig(tmp_path, {"client-certificate": "fifo", "client-key": "key.pem"})
+    with pytest.raises(ApiConfigError, match="not a regular file"):
+        from_kubeconfig(path)
+
+
+def test_an_alias_bomb_as_current_context_is_named_by_its_type_not_expanded(
+    tmp_path: Path,
+) -> None:
+    bomb = 'a: &a ["lol","lol","lol","lol","lol","lol","lol","lol","lol"]\n' + "".join(
+        f"{chr(98 + i)}: &{chr(98 + i)} [{','.join([f'*{chr(97 + i)}'] * 9)}]\n" for i in range(8)
+    )
+    path = tmp_path / "kubeconfig"
+    path.write_text(bomb + "current-context: *i\ncontexts: []\n")
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    with pytest.raises(ApiConfigError, match=re.escape("no context named <a list> in contexts")):
+        from_kubeconfig(path)
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before < 50_000  # KiB
+
+
+def test_a_deeply_nested_kubeconfig_is_one_line_not_a_recursion_error(tmp_path: Path) -> None:
+    path = tmp_path / "kubeconfig"
+    path.write_text("a: " + "[" * 100_000 + "]" * 100_000)
+    with pytest.raises(ApiConfigError, match="cannot read kubeconfig") as caught:
+        from_kubeconfig(path)
+    assert len(str(caught.value)) < 400
+
+
+def test_a_token_with_a_line_break_is_refused_without_echoing_it(tmp_path: Path) -> None:
+    target = from_kubeconfig(kubeconfig(tmp_path, {"token": "secret-value\r\nX-Evil: 1"}))
+    with pytest.raises(ApiConfigError, match="control or non-ASCII characters") as caught:
+        target.get("/api/v1/nodes/n1", 1)
+    assert "secret-value" not in str(caught.value)
+
+
+def test_a_token_file_is_read_at_each_request_up_to_its_cap(tmp_path: Path) -> None:
+    token = tmp_path / "token"
+    token.write_text(" t1\n")
+    assert _read_token(token) == "t1"
+    token.write_bytes(b"t" * (65 << 10))
+    with pytest.raises(ApiConfigError, match="larger than 65536 bytes"):
+        _read_token(token)
+
+
+def exec_user(tmp_path: Path, script: str) -> dict[str, Any]:
+    plugin = tmp_path / "plugin"
+    plugin.write_text(f"#!{sys.executable}\n{script}")
+    plugin.chmod(0o755)
+    return {"exec": {"apiVersion": "client.authentication.k8s.io/v1", "command": "./plugin"}}
+
+
+def test_an_exec_plugin_that_hangs_is_killed_at_the_deadline(tmp_path: Path) -> None:
+    user = exec_user(tmp_path, "import time\ntime.sleep(600)\n")
+    started = time.monotonic()
+    with pytest.raises(ApiConfigError, match=r"did not end within 0\.5 s"):
+        from_kubeconfig(kubeconfig(tmp_path, user), run_exec=True, exec_deadline=0.5)
+    assert time.monotonic() - started < 5
+
+
+def test_an_exec_plugin_with_endless_output_is_stopped_at_the_cap(tmp_path: Path) -> None:
+    user = exec_user(tmp_path, "import sys\nwhile True: sys.stdout.write('x' * 65536)\n")
+    with pytest.raises(ApiConfigError, match="printed more than 1048576 bytes"):
+        from_kubeconfig(kubeconfig(tmp_path, user), run_exec=True)
+
+
+def test_deeply_nested_exec_output_is_one_line_not_a_recursion_error(tmp_path: Path) -> None:
+    user = exec_user(tmp_path, "print('[' * 200000 + ']' * 200000)\n")
+    with pytest.raises(ApiConfigError, match="printed no ExecCredential"):
+        from_kubeconfig(kubeconfig(tmp_path, user), run_exec=True)
+
+
+@pytest.mark.parametrize(
+    ("spec", "fault"),
+    [
+        ({"command": "x", "args": [["nested"]]}, "exec args is not a list of strings"),
+        ({"command": "x", "env": [{"name": ["n"], "value": "v"}]}, "exec env entries"),
+        ({"command": ""}, "exec has no command"),
+    ],
+)
+def test_an_exec_spec_of_the_wrong_shape_is_refused(
+    tmp_path: Path, spec: dict[str, Any], fault: str
+) -> None:
+    with pytest.raises(ApiConfigError, match=fault):
+        from_kubeconfig(kubeconfig(tmp_path, {"exec": spec}), run_exec=True)
