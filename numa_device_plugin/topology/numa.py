@@ -18,6 +18,12 @@ The rules follow the kernel's sysfs ABI:
   one value per online node in id order (some kernels and dumps give one per
   *possible* node, ``node/possible``; that is read too).
 
+Bounds: a NUMA node id is at most :data:`MAX_NUMA_NODE_ID` (the kernel's
+``MAX_NUMNODES`` is ``1 << CONFIG_NODES_SHIFT``, and that shift is at most 10), and
+the NUMA nodes' cpulists add up to at most :data:`MAX_CPU_MEMBERSHIPS` CPUs (each CPU
+sits in one NUMA node; broken firmware tables may list some in several, but never
+every CPU in every node), so discovery's work stays linear in the machine.
+
 Only node ids and CPU sets decide what is advertised, so only their files
 (``node/online``, ``cpulist``, ``cpumap``, ``cpu/online``) stop discovery when
 malformed. Informative fields never refuse a real machine: a malformed
@@ -30,6 +36,7 @@ online (as hwloc reads it), with a warning. Warnings are collected in
 from __future__ import annotations
 
 import re
+import stat
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -47,6 +54,13 @@ TOPOLOGY_MANAGER_MAX_NUMA_NODES = 8
 # each naming at most this many NUMA nodes.
 MAX_OVERLAP_LINES = 5
 MAX_OVERLAP_NODES = 16
+
+# The kernel's largest NUMA node id: MAX_NUMNODES = 1 << CONFIG_NODES_SHIFT, and
+# Kconfig bounds CONFIG_NODES_SHIFT by 10 (include/linux/numa.h, mm/Kconfig).
+MAX_NUMA_NODE_ID = 1023
+# CPUs the NUMA nodes' cpulists may list in all: twice the most CPUs a kernel can
+# have, room for overlapping firmware tables but not for every CPU in every node.
+MAX_CPU_MEMBERSHIPS = 2 * (sysfs.MAX_CPU_ID + 1)
 
 T = TypeVar("T")
 
@@ -117,7 +131,7 @@ def read_topology(sysfs_root: Path) -> Topology:
     warnings: list[str] = []
     online = _OnlineCpus(cpu_dir)
 
-    if not node_dir.is_dir():
+    if not _folder_exists(node_dir):
         every_cpu = online.listed or frozenset(_numbered(cpu_dir, _CPU_DIR))
         nodes: tuple[NumaNode, ...] = (
             NumaNode(id=0, cpus=online.filter(every_cpu), all_cpus=every_cpu),
@@ -125,16 +139,55 @@ def read_topology(sysfs_root: Path) -> Topology:
     else:
         node_ids = _node_ids(node_dir)
         possible = _possible_ids(node_dir)
-        nodes = tuple(
-            _read_node(node_dir, node_id, node_ids, possible, online, warnings)
-            for node_id in node_ids
-        )
+        read: list[NumaNode] = []
+        listed = 0
+        for node_id in node_ids:
+            node = _read_node(node_dir, node_id, node_ids, possible, online, warnings)
+            listed += len(node.all_cpus)
+            if listed > MAX_CPU_MEMBERSHIPS:
+                raise sysfs.SysfsFormatError(
+                    node_dir / f"node{node_id}" / "cpulist",
+                    sysfs.format_cpulist(node.all_cpus),
+                    f"the NUMA nodes' cpulists list over {MAX_CPU_MEMBERSHIPS} CPUs in all "
+                    "(every CPU in many NUMA nodes: broken firmware tables)",
+                )
+            read.append(node)
+        nodes = tuple(read)
     if online.empty_flags:
         cpus = sysfs.format_cpulist(online.empty_flags)
         warnings.append(
             f"{cpu_dir}/cpuN/online is empty for CPUs {cpus} (content: ''); taken as online"
         )
     return Topology(nodes=nodes, numa_in_sysfs=node_dir.is_dir(), warnings=tuple(warnings))
+
+
+def _folder_exists(folder: Path) -> bool:
+    """Whether ``folder`` exists as a folder; raises
+    :class:`~numa_device_plugin.topology.sysfs.SysfsError` for anything but a folder
+    or nothing (a symbolic link loop, a file, no permission), never reading it as
+    "no NUMA"."""
+    try:
+        mode = folder.stat().st_mode
+    except FileNotFoundError:
+        return False
+    except OSError as exc:
+        raise sysfs.SysfsError(f"cannot read {folder}: {exc.strerror or exc}") from None
+    if not stat.S_ISDIR(mode):
+        raise sysfs.SysfsError(f"{folder} is not a folder ({sysfs.file_kind(mode)})")
+    return True
+
+
+def _check_ids(ids: frozenset[int] | list[int], where: Path, content: str) -> None:
+    """Raise :class:`~numa_device_plugin.topology.sysfs.SysfsFormatError` naming
+    ``where`` when an id is above :data:`MAX_NUMA_NODE_ID`."""
+    highest = max(ids, default=0)
+    if highest > MAX_NUMA_NODE_ID:
+        raise sysfs.SysfsFormatError(
+            where,
+            content,
+            f"NUMA node id {highest} is above the kernel's limit of {MAX_NUMA_NODE_ID} "
+            "(CONFIG_NODES_SHIFT is at most 10)",
+        )
 
 
 def _possible_ids(node_dir: Path) -> tuple[int, ...] | None:
@@ -144,7 +197,9 @@ def _possible_ids(node_dir: Path) -> tuple[int, ...] | None:
         possible = sysfs.read_parsed(node_dir / "possible", sysfs.parse_cpulist)
     except sysfs.SysfsError:
         return None
-    return tuple(sorted(possible)) if possible else None
+    if not possible or max(possible) > MAX_NUMA_NODE_ID:
+        return None
+    return tuple(sorted(possible))
 
 
 def _node_ids(node_dir: Path) -> tuple[int, ...]:
@@ -152,10 +207,12 @@ def _node_ids(node_dir: Path) -> tuple[int, ...]:
     if online is not None:
         if not online:
             raise sysfs.SysfsFormatError(node_dir / "online", "", "no NUMA node is online")
+        _check_ids(online, node_dir / "online", sysfs.format_cpulist(online))
         return tuple(sorted(online))
     found = sorted(_numbered(node_dir, _NODE_DIR))
     if not found:
         raise sysfs.SysfsError(f"{node_dir} has neither an 'online' file nor nodeN folders")
+    _check_ids(found, node_dir / f"node{found[-1]}", "(a folder)")
     return tuple(found)
 
 
@@ -174,6 +231,8 @@ class _OnlineCpus:
     def __init__(self, cpu_dir: Path) -> None:
         self._cpu_dir = cpu_dir
         self.empty_flags: set[int] = set()
+        # Each CPU's flag read once, however many NUMA nodes list the CPU.
+        self._flags: dict[int, bool | None] = {}
         self.listed = sysfs.read_parsed(cpu_dir / "online", sysfs.parse_cpulist) or None
 
     def filter(self, cpus: frozenset[int]) -> frozenset[int]:
@@ -182,6 +241,11 @@ class _OnlineCpus:
         return frozenset(cpu for cpu in sorted(cpus) if self._own_flag(cpu) is not False)
 
     def _own_flag(self, cpu: int) -> bool | None:
+        if cpu not in self._flags:
+            self._flags[cpu] = self._read_flag(cpu)
+        return self._flags[cpu]
+
+    def _read_flag(self, cpu: int) -> bool | None:
         path = self._cpu_dir / f"cpu{cpu}" / "online"
         text = sysfs.read_text(path)
         if text == "":

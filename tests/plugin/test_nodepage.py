@@ -23,6 +23,7 @@ from numa_device_plugin.kubelet.view import Holder, KubeletView
 from numa_device_plugin.plugin.config import Config
 from numa_device_plugin.plugin.devices import CPUS, UNHEALTHY, Device, Resource
 from numa_device_plugin.plugin.nodepage import (
+    MAX_BOXES,
     OFFLINE,
     OTHER,
     OURS,
@@ -476,3 +477,32 @@ def test_debug_state_lists_near_resources_and_each_nodes_devices() -> None:
     assert document["numa_nodes"][1]["devices"] == {
         "disks": ["nvme0n1"], "nics": [], "accelerators": ["0000:42:00.0 3D controller"], "pci": 2,
     }  # fmt: skip
+
+
+def many_nodes_state(count: int, distances: bool) -> PluginState:
+    nodes = tuple(
+        NumaNode(i, frozenset({i}), GiB, {i: 10} if distances else None, frozenset({i}))
+        for i in range(count)
+    )
+    resources = {
+        f"numa-align/numa-{i}": served(f"numa-align/numa-{i}", i, [i]) for i in range(count)
+    }
+    return state(None, plans=tuple(NodePlan(n, True) for n in nodes), served=resources)
+
+
+def test_a_page_of_1024_numa_nodes_draws_the_first_64_and_says_what_is_left_out() -> None:
+    """``node/online`` 0-65535 once grew one GET / to 3 GB without an answer."""
+    page = build_page(many_nodes_state(1024, distances=True), node="n1")
+    assert [box.id for box in page.boxes] == list(range(MAX_BOXES))
+    assert page.left_out == 1024 - MAX_BOXES
+    assert len(page.distances) == MAX_BOXES
+    assert all(len(row) == MAX_BOXES for row in page.distances)
+    assert [r.name for r in page.boxes[5].resources] == ["numa-align/numa-5"]
+    body = render_page(page).decode()
+    assert f"... and {1024 - MAX_BOXES} more NUMA nodes, not drawn" in body
+
+
+def test_without_distances_in_sysfs_the_page_has_no_matrix_of_unknowns() -> None:
+    page = build_page(many_nodes_state(4, distances=False), node="n1")
+    assert (page.ids, page.distances) == ((), ())
+    assert "sysfs gives no distances" in render_page(page).decode()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -10,6 +11,8 @@ import pytest
 from numa_device_plugin.topology import sysfs
 from numa_device_plugin.topology.fake import SysfsTree
 from numa_device_plugin.topology.numa import (
+    MAX_CPU_MEMBERSHIPS,
+    MAX_NUMA_NODE_ID,
     MAX_OVERLAP_LINES,
     NumaNode,
     Topology,
@@ -267,6 +270,79 @@ def test_many_distinct_overlaps_end_in_a_summary(sysfs_tree: SysfsTree) -> None:
     overlaps = [w for w in topology_warnings(plan_nodes(read_topology(sysfs_tree.root)))]
     assert len(overlaps) == MAX_OVERLAP_LINES + 2  # + the over-8-nodes warning
     assert overlaps[-1] == "... and 15 more groups of NUMA nodes sharing CPUs"
+
+
+def test_node_ids_above_the_kernels_limit_are_refused_naming_node_online(
+    sysfs_tree: SysfsTree,
+) -> None:
+    """``node/online`` = 0-65535 once made the node page quadratic (3 GB, no answer)."""
+    sysfs_tree.cpus(2, online="0-1")
+    sysfs_tree.write("node/online", "0-65535\n")
+    with pytest.raises(sysfs.SysfsFormatError, match="NUMA node id 65535 is above") as caught:
+        read_topology(sysfs_tree.root)
+    assert str(sysfs_tree.system / "node" / "online") in str(caught.value)
+
+
+def test_the_highest_node_id_the_kernel_allows_is_read(sysfs_tree: SysfsTree) -> None:
+    sysfs_tree.cpus(2, online="0-1")
+    sysfs_tree.write("node/online", f"0,{MAX_NUMA_NODE_ID}\n")
+    sysfs_tree.node(0, "0").node(MAX_NUMA_NODE_ID, "1")
+    assert usable(sysfs_tree) == {0: "0", MAX_NUMA_NODE_ID: "1"}
+
+
+def test_a_node_folder_beyond_any_integer_is_refused_naming_it(sysfs_tree: SysfsTree) -> None:
+    """``node9223372036854775808`` (no ``node/online``) once passed discovery and
+    made ``serve`` exit in ``device_message`` (``ValueError: Value out of range``)."""
+    sysfs_tree.cpus(2, online="0-1")
+    sysfs_tree.node(0, "0-1").node(9223372036854775808, "")
+    with pytest.raises(sysfs.SysfsFormatError, match="node9223372036854775808"):
+        read_topology(sysfs_tree.root)
+
+
+def test_a_node_folder_that_is_a_symlink_loop_is_an_error_not_no_numa(
+    sysfs_tree: SysfsTree,
+) -> None:
+    sysfs_tree.cpus(2, online="0-1")
+    (sysfs_tree.system / "node").symlink_to("node")
+    with pytest.raises(sysfs.SysfsError, match="Too many levels of symbolic links"):
+        read_topology(sysfs_tree.root)
+
+
+def test_dense_overlapping_cpulists_are_refused_once_they_pass_the_bound(
+    sysfs_tree: SysfsTree,
+) -> None:
+    """1,024 NUMA nodes each listing 0-65535 once cost 1.3 s and 9 MB per node."""
+    sysfs_tree.cpus(4, online="0-3")
+    sysfs_tree.write("node/online", "0-1023\n")
+    for node in range(4):
+        sysfs_tree.node(node, "0-65535", mem_kb=None)
+    with pytest.raises(sysfs.SysfsFormatError, match=f"over {MAX_CPU_MEMBERSHIPS} CPUs") as caught:
+        read_topology(sysfs_tree.root)
+    assert "node2/cpulist" in str(caught.value), "the third node passes the bound"
+
+
+def test_each_cpus_online_flag_is_read_once_however_many_nodes_list_it(
+    sysfs_tree: SysfsTree, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    sysfs_tree.cpus(4)
+    for cpu in range(4):
+        sysfs_tree.write(f"cpu/cpu{cpu}/online", "1\n")
+    sysfs_tree.write("node/online", "0-7\n")
+    for node in range(8):
+        sysfs_tree.node(node, "0-3", mem_kb=None)
+    reads: list[str] = []
+    real = sysfs.read_text
+
+    def counted(path: Path) -> str | None:
+        reads.append(path.name + str(path.parent.name))
+        return real(path)
+
+    monkeypatch.setattr(sysfs, "read_text", counted)
+    read_topology(sysfs_tree.root)
+    per_cpu = Counter(r for r in reads if r.startswith("onlinecpu") and r != "onlinecpu")
+    assert set(per_cpu) == {f"onlinecpu{cpu}" for cpu in range(4)}
+    # One look at each flag (read, then parsed), not one per NUMA node listing it (8).
+    assert max(per_cpu.values()) <= 2, per_cpu
 
 
 def test_not_a_sysfs_root(tmp_path: Path) -> None:

@@ -8,6 +8,7 @@ thread: :func:`build_page` (:mod:`.model`) turns a
 
 from numa_device_plugin.plugin.nodepage.model import (
     CPU_STATES,
+    MAX_BOXES,
     OFFLINE,
     OTHER,
     OURS,
@@ -25,6 +26,7 @@ from numa_device_plugin.plugin.nodepage.render import REFRESH, render_page
 
 __all__ = [
     "CPU_STATES",
+    "MAX_BOXES",
     "OFFLINE",
     "OTHER",
     "OURS",

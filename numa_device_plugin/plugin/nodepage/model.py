@@ -117,8 +117,9 @@ class NumaBox:
 class NodePage:
     """The whole page: ``node`` (host name), ``taken_at`` (``time.time()``), the
     boxes by NUMA node id, the distance matrix (``ids`` x ``ids``; None where sysfs
-    gave none), what the pod resources API last said (one line) and the readiness
-    problems."""
+    gave none; both empty when sysfs gave no distance at all), what the pod resources
+    API last said (one line) and the readiness problems; ``left_out``: NUMA nodes past
+    :data:`MAX_BOXES` that are not drawn."""
 
     node: str
     taken_at: float
@@ -129,11 +130,18 @@ class NodePage:
     problems: tuple[str, ...]
     configuration: str
     near: tuple[NearRow, ...] = ()
+    left_out: int = 0
+
+
+# NUMA nodes one page draws (boxes, rows, the distance table): real machines have up
+# to 32; a sysfs claiming up to the kernel's 1,024 still gets a page in bounded time.
+MAX_BOXES = 64
 
 
 def build_page(state: PluginState, node: str | None = None) -> NodePage:
     """The :class:`NodePage` of ``state``; pure apart from the host name default
-    (``socket.gethostname()``)."""
+    (``socket.gethostname()``). Work is linear in the CPUs, devices and pods shown,
+    and the first :data:`MAX_BOXES` NUMA nodes are drawn."""
     view = state.view
     ours_names = set(state.served)
     holders: dict[int, tuple[str, str]] = {}  # cpu -> (holder, OURS | OTHER)
@@ -153,8 +161,10 @@ def build_page(state: PluginState, node: str | None = None) -> NodePage:
                 holders.setdefault(cpu, (label, OTHER))
     reserved = state.config.reserved_cpus if state.config is not None else frozenset()
     on_node = devices_by_node(state.inventory)
+    drawn = state.plans[:MAX_BOXES]
+    resources = _resources(state)
     boxes = []
-    for plan in state.plans:
+    for plan in drawn:
         cells = tuple(_cell(cpu, plan, state, holders, reserved) for cpu in _all_cpus(plan))
         by_holder: dict[str, list[int]] = {}
         for cell in cells:
@@ -167,15 +177,18 @@ def build_page(state: PluginState, node: str | None = None) -> NodePage:
                 reason=plan.reason,
                 cpus=cells,
                 memory=_memory_bars(plan, state, our_memory),
-                resources=_resources(plan.node.id, state),
+                resources=resources.get(plan.node.id, ()),
                 holders={h: sysfs.format_cpulist(c) for h, c in sorted(by_holder.items())},
                 devices=on_node.get(plan.node.id, NO_DEVICES),
             )
         )
-    ids = tuple(plan.node.id for plan in state.plans)
-    matrix = tuple(
-        tuple((plan.node.distances or {}).get(other) for other in ids) for plan in state.plans
-    )
+    ids: tuple[int, ...] = ()
+    matrix: tuple[tuple[int | None, ...], ...] = ()
+    if any(plan.node.distances for plan in drawn):
+        ids = tuple(plan.node.id for plan in drawn)
+        matrix = tuple(
+            tuple((plan.node.distances or {}).get(other) for other in ids) for plan in drawn
+        )
     configuration = ""
     if state.configuration:
         configuration = f"{state.configuration['name']}: {state.configuration['why']}"
@@ -198,6 +211,7 @@ def build_page(state: PluginState, node: str | None = None) -> NodePage:
             )
             for entry in state.near
         ),
+        left_out=len(state.plans) - len(drawn),
     )
 
 
@@ -259,26 +273,32 @@ def _type_order(item: tuple[str, int]) -> tuple[int, str]:
     return (item[0] != MEMORY, item[0])
 
 
-def _resources(node_id: int, state: PluginState) -> tuple[ResourceRow, ...]:
+def _resources(state: PluginState) -> dict[int, tuple[ResourceRow, ...]]:
+    """Each NUMA node's resource rows, in one pass over the held ids and one over the
+    resources (not one of each per NUMA node)."""
     held: dict[str, set[str]] = {}
     if state.view is not None:
         for holder in state.view.holders:
             for name, ids in holder.devices.items():
                 held.setdefault(name, set()).update(ids)
-    return tuple(
-        ResourceRow(
-            name,
-            node_id,
-            len(served.devices),
-            served.healthy,
-            len(held.get(name, ())),
-            served.registered,
-            ",".join(map(str, served.resource.node_ids)),
-            None if served.resource.near is None else str(served.resource.near),
-        )
-        for name, served in sorted(state.served.items())
-        if node_id in served.resource.node_ids
-    )
+    rows: dict[int, list[ResourceRow]] = {}
+    for name, served in sorted(state.served.items()):
+        nodes = ",".join(map(str, served.resource.node_ids))
+        near = None if served.resource.near is None else str(served.resource.near)
+        for node_id in served.resource.node_ids:
+            rows.setdefault(node_id, []).append(
+                ResourceRow(
+                    name,
+                    node_id,
+                    len(served.devices),
+                    served.healthy,
+                    len(held.get(name, ())),
+                    served.registered,
+                    nodes,
+                    near,
+                )
+            )
+    return {node_id: tuple(listed) for node_id, listed in rows.items()}
 
 
 def _pod_resources_line(state: PluginState) -> str:

@@ -69,6 +69,11 @@ def render_page(page: NodePage, refresh: int = REFRESH) -> bytes:
     parts.append('<div class="boxes">')
     parts.extend(_box_svg(box) for box in page.boxes)
     parts.append("</div>")
+    if page.left_out:
+        parts.append(
+            f'<p class="meta">... and {page.left_out} more NUMA nodes, not drawn: the page '
+            f"draws the first {len(page.boxes)} (<code>/debug/state</code> lists every one)</p>"
+        )
     parts.append(_resource_table(page))
     parts.append(_near_table(page))
     parts.append(_distance_table(page))
@@ -219,6 +224,11 @@ def _near_table(page: NodePage) -> str:
 
 
 def _distance_table(page: NodePage) -> str:
+    if not page.ids:
+        return (
+            '<h2>Distances</h2><p class="meta">sysfs gives no distances '
+            "(no <code>nodeN/distance</code> files).</p>"
+        )
     head = "".join(f"<th>{i}</th>" for i in page.ids)
     rows = "".join(
         f"<tr><th>{i}</th>" + "".join(f"<td>{'?' if d is None else d}</td>" for d in row) + "</tr>"
