@@ -50,14 +50,16 @@ def unix_target(path: Path) -> str:
 
 
 def file_identity(path: Path) -> tuple[int, int, int] | None:
-    """``(st_dev, st_ino, st_ctime_ns)`` of ``path``, None when it does not exist.
+    """``(st_dev, st_ino, st_ctime_ns)`` of ``path``, None when it does not exist or
+    cannot be looked at (a symbolic link loop, no permission): nobody can connect to
+    it then either.
 
     Two different files at one path (deleted and re-created) differ in inode
     or change time even when the file system reuses the inode number.
     """
     try:
         info = path.stat()
-    except FileNotFoundError:
+    except OSError:
         return None
     return info.st_dev, info.st_ino, info.st_ctime_ns
 

@@ -256,7 +256,11 @@ class PluginManager:
             self.wakeups.set_idle(delay is None)
             await self.wakeups.sleep(delay, self.config.debounce)
             self.wakeups.set_idle(False)
-            self._evaluate(self.wakeups.drain())
+            try:
+                self._evaluate(self.wakeups.drain())
+            except Exception:
+                log.exception("unexpected error deciding what to serve; serving it all again")
+                self._to_restart |= set(self.resources) | set(self.endpoints.running)
 
     def _evaluate(self, reasons: list[tuple[str, str]]) -> None:
         """Decide which resources to serve (again), from the state found now.

@@ -268,6 +268,30 @@ async def test_kubelet_gone_for_good_then_back(two_nodes: SysfsTree, sock_dir: P
             await kubelet.stop()
 
 
+async def test_a_kubelet_sock_that_becomes_a_symlink_loop_is_survived(
+    two_nodes: SysfsTree, sock_dir: Path
+) -> None:
+    """It once ended serve: "unexpected error ... starting over", then ``_evaluate``
+    raised the same OSError (ELOOP) out of the main loop, exit 1."""
+    kubelet = KubeletStandIn(sock_dir)
+    await kubelet.start()
+    async with running(make_config(two_nodes, sock_dir)) as manager:
+        await wait_all_live(kubelet, NAMES)
+        await kubelet.stop()
+        looped = sock_dir / "kubelet.sock"
+        looped.unlink(missing_ok=True)
+        looped.symlink_to("kubelet.sock")
+        manager.wake("test")
+        await eventually(lambda: manager.registered == set())
+        await manager.wait_settled()
+        looped.unlink()
+        await kubelet.restart()
+        try:
+            await wait_all_live(kubelet, NAMES)
+        finally:
+            await kubelet.stop()
+
+
 async def test_reload_discovers_again(two_nodes: SysfsTree, sock_dir: Path) -> None:
     async with KubeletStandIn(sock_dir) as kubelet, running(make_config(two_nodes, sock_dir)) as m:
         await wait_all_live(kubelet, NAMES)
@@ -496,6 +520,32 @@ async def test_an_error_in_the_loop_schedules_a_restart(
     async with KubeletStandIn(sock_dir) as kubelet, running(make_config(two_nodes, sock_dir)) as m:
         await wait_all_live(kubelet, NAMES)
         await eventually(lambda: m.registered == set(NAMES))
+    assert raised == [True]
+
+
+async def test_an_error_deciding_what_to_serve_is_logged_and_retried(
+    two_nodes: SysfsTree, sock_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``_evaluate`` runs after the loop's own error handler: a failure there is
+    caught too ("logged and retried, never raised")."""
+    from numa_device_plugin.plugin.manager import PluginManager
+
+    real_evaluate = PluginManager._evaluate
+    raised: list[bool] = []
+
+    def explode_once(self: PluginManager, reasons: list[tuple[str, str]]) -> None:
+        if not raised:
+            raised.append(True)
+            raise OSError(40, "Too many levels of symbolic links")
+        real_evaluate(self, reasons)
+
+    monkeypatch.setattr(PluginManager, "_evaluate", explode_once)
+    async with KubeletStandIn(sock_dir) as kubelet, running(make_config(two_nodes, sock_dir)) as m:
+        await wait_all_live(kubelet, NAMES)
+        m.wake("test")
+        await eventually(lambda: bool(raised))
+        await kubelet.restart()
+        await wait_all_live(kubelet, NAMES)
     assert raised == [True]
 
 
