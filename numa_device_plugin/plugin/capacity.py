@@ -23,11 +23,17 @@ unless ``allow_unaligned``. Without the API (``view`` None) the check is
 skipped and allocatable CPUs are N's usable CPUs minus ``reserved_cpus``. The
 manager passes None only while the API has never answered since start; during
 a later outage it keeps passing the last answer.
+
+Held ids are the kubelet's word, not trusted blindly: one counts only when it is an
+id this plugin advertises for that NUMA node in this mode (:func:`admissible`: a CPU
+of the node in ``cpus`` mode, a slot under :data:`MAX_CAPACITY`, a unit of that
+memory pool under :data:`MAX_MEMORY_DEVICES`), so a confused or hostile kubelet can
+never make a list longer than the mode allows.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -35,6 +41,7 @@ from numa_device_plugin.kubelet.view import Holder, KubeletView
 from numa_device_plugin.plugin.devices import (
     CPUS,
     HEALTHY,
+    MAX_CAPACITY,
     UNHEALTHY,
     Capacity,
     Device,
@@ -42,7 +49,9 @@ from numa_device_plugin.plugin.devices import (
     cpu_device_id,
     device_index,
 )
+from numa_device_plugin.plugin.devices import device_id as slot_id
 from numa_device_plugin.topology import sysfs
+from numa_device_plugin.topology.memory import MAX_MEMORY_DEVICES, memory_device_id
 
 # The label value of our own containers in numa_node_assigned_cpus{holder=...}.
 OURS = "numa-align"
@@ -171,7 +180,7 @@ def live_devices(
         allocatable = node_cpus - reserved_cpus
     else:
         allocatable = view.allocatable_cpus & node_cpus
-    held = held_devices(view, resource, node_id)
+    held = _held_in_cpus_mode(held_devices(view, resource, node_id), node_id, node_cpus)
     assigned = frozenset() if view is None else view.assigned_cpus & allocatable
     ordered = [(cpu, _cpu_id(node_id, cpu)) for cpu in sorted(allocatable)]
     free = len(allocatable - assigned)  # assigned ⊆ allocatable: never negative
@@ -220,18 +229,70 @@ def held_devices(view: KubeletView | None, resource: str, node_id: int) -> set[s
     }
 
 
+def admissible(
+    capacity: Capacity, resource: Resource | None, node_id: int, node_cpus: frozenset[int]
+) -> Callable[[str], bool]:
+    """Whether a held id is one this plugin advertises on NUMA node ``node_id`` in this
+    mode: for a memory resource (``resource.memory`` set), a unit of its pool under
+    :data:`MAX_MEMORY_DEVICES`; in ``cpus`` mode, the id of one of ``node_cpus`` (or a
+    slot id of an earlier slots-mode run: :func:`_held_in_cpus_mode` bounds how many);
+    with slots, a slot under :data:`MAX_CAPACITY`. The test is exact (``numa0-cpu0100``
+    is no CPU of a 4-CPU node; a slot id is no CPU id)."""
+    pool = None if resource is None else resource.memory
+    if pool is not None:
+        kind = pool.memory_type
+
+        def memory_unit(held: str) -> bool:
+            index = device_index(held, node_id)
+            return (
+                index is not None
+                and index < MAX_MEMORY_DEVICES
+                and held == memory_device_id(node_id, kind, index)
+            )
+
+        return memory_unit
+
+    def slot(held: str) -> bool:
+        index = device_index(held, node_id)
+        return index is not None and index < MAX_CAPACITY and held == slot_id(node_id, index)
+
+    if capacity == CPUS:
+        cpu_ids = frozenset(_cpu_id(node_id, cpu) for cpu in node_cpus)
+        return lambda held: held in cpu_ids or slot(held)
+    return slot
+
+
+def _held_in_cpus_mode(held: set[str], node_id: int, node_cpus: frozenset[int]) -> set[str]:
+    """The held ids that count in ``cpus`` mode: those of ``node_cpus``, and slot ids
+    from an earlier slots-mode run (a running pod still holds them; the kubelet
+    re-admits it by them), at most one per CPU of the node, lowest first: the list
+    never grows past twice the node's CPUs, whatever the kubelet says."""
+    cpu_ids = {_cpu_id(node_id, cpu) for cpu in node_cpus}
+    slot = admissible(0, None, node_id, node_cpus)  # 0: slots mode's test
+    slots = sorted(
+        (i for i in held if i not in cpu_ids and slot(i)), key=lambda i: _held_index(i, node_id)
+    )
+    return (held & cpu_ids) | set(slots[: len(node_cpus)])
+
+
 def foreign_devices(
-    view: KubeletView | None, resource: str, node_ids: int | Iterable[int]
-) -> set[str]:
+    view: KubeletView | None, resource: str, node_ids: int | Iterable[int],
+    ours: Mapping[int, Callable[[str], bool]] | None = None,
+) -> set[str]:  # fmt: skip
     """Held ids of ``resource`` that this plugin never advertises on its NUMA node(s)
     ``node_ids`` (another form, another node, non-ASCII digits, an index of over 9
-    digits): they count for nothing. The kubelet reports only ids a plugin advertised,
-    so these mean a confused or hostile kubelet; the caller says so once per id."""
+    digits; with ``ours`` (NUMA node id -> :func:`admissible`), any id it refuses):
+    they count for nothing. The kubelet reports only ids a plugin advertised, so these
+    mean a confused or hostile kubelet; the caller says so once per id."""
     nodes = (node_ids,) if isinstance(node_ids, int) else tuple(node_ids)
     return {
         device_id
         for device_id in _held_ids(view, resource)
-        if all(device_index(device_id, node_id) is None for node_id in nodes)
+        if all(
+            device_index(device_id, node_id) is None
+            or (ours is not None and not ours[node_id](device_id))
+            for node_id in nodes
+        )
     }
 
 
@@ -318,13 +379,9 @@ def live_memory_devices(
         assigned = view.assigned_memory.get(resource.node_id, {}).get(pool.memory_type, 0)
     ordered = [(device.index, device.id) for device in resource.devices]
     free = (allocatable - assigned) // pool.unit  # below 0 (over-assigned): none free
-    return _with_health(
-        resource.node_id,
-        ordered,
-        held_devices(view, resource.name, resource.node_id),
-        free,
-        unaligned,
-    )
+    ours = admissible(CPUS, resource, resource.node_id, frozenset())
+    held = {i for i in held_devices(view, resource.name, resource.node_id) if ours(i)}
+    return _with_health(resource.node_id, ordered, held, free, unaligned)
 
 
 @lru_cache(maxsize=65536)

@@ -32,6 +32,7 @@ from numa_device_plugin.kubelet.podresources import PodResourcesClient, PodResou
 from numa_device_plugin.kubelet.view import KubeletView
 from numa_device_plugin.plugin.capacity import (
     NodeCapacity,
+    admissible,
     assigned_memory,
     foreign_devices,
     live_resource_devices,
@@ -180,7 +181,13 @@ class CapacityPoller:
         self._applied = True
         for name, resource in self.catalog.resources.items():
             servicer = self.catalog.servicers[name]
-            self._warn_foreign(name, foreign_devices(view, name, resource.node_ids))
+            ours = {
+                node_id: admissible(
+                    self.config.capacity, resource, node_id, self.catalog.node_cpus(node_id)
+                )
+                for node_id in resource.node_ids
+            }
+            self._warn_foreign(name, foreign_devices(view, name, resource.node_ids, ours))
             devices = live_resource_devices(
                 self.config.capacity,
                 resource,

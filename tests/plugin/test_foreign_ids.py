@@ -11,7 +11,12 @@ from typing import Any
 import pytest
 
 from numa_device_plugin.kubelet.view import Holder, KubeletView
-from numa_device_plugin.plugin.capacity import foreign_devices, live_devices, live_memory_devices
+from numa_device_plugin.plugin.capacity import (
+    admissible,
+    foreign_devices,
+    live_devices,
+    live_memory_devices,
+)
 from numa_device_plugin.plugin.devices import CPUS, HEALTHY, device_index
 from tests.plugin.test_capacity import NODE1, R1
 from tests.topology.test_numamemory import ALL, GI, M1, counts, machine, memory_mode
@@ -76,6 +81,45 @@ def test_a_foreign_held_id_counts_for_nothing_for_memory(device_id: str, tmp_pat
     devices = live_memory_devices(resource, view)
     assert len(devices) == len(resource.devices)
     assert sum(d.health == HEALTHY for d in devices) == 6  # (7 - 1) GiB over 1 GiB
+
+
+def test_held_ids_of_cpus_the_node_does_not_have_add_no_device() -> None:
+    """50,004 devices were once advertised for a 4-CPU node (over the 10,000 cap; at
+    180,000 ids ListAndWatch passed 4 MiB and the plugin re-registered in a loop)."""
+    ids = tuple(f"numa1-cpu{cpu:04d}" for cpu in range(100, 50_100))
+    view = KubeletView(frozenset(range(8)), (Holder("ns", "evil", "c", frozenset({5}), {R1: ids}),))
+    devices = live_devices(CPUS, 1, NODE1, R1, (), view)
+    assert [d.id for d in devices] == [f"numa1-cpu000{c}" for c in range(4, 8)]
+    assert len(foreign_devices(view, R1, 1, {1: admissible(CPUS, None, 1, NODE1)})) == 50_000
+
+
+def test_slot_ids_held_in_cpus_mode_count_at_most_one_per_cpu() -> None:
+    """Slot ids of an earlier slots-mode run stay listed for the pods holding them,
+    but never more of them than the node has CPUs (104 devices on 4 CPUs once)."""
+    ids = tuple(f"numa1-slot{index:04d}" for index in range(100))
+    view = KubeletView(frozenset(range(8)), (Holder("ns", "old", "c", frozenset({5}), {R1: ids}),))
+    devices = live_devices(CPUS, 1, NODE1, R1, (), view)
+    assert [d.id for d in devices if "slot" in d.id] == [f"numa1-slot000{i}" for i in range(4)]
+    assert len(devices) == 2 * len(NODE1)
+
+
+@pytest.mark.parametrize(
+    "device_id", ["numa1-mem10000", "numa1-mem999999999", "numa1-hp2m0001", "numa1-cpu0001"]
+)
+def test_a_held_id_of_another_kind_or_past_the_pool_cap_adds_no_memory_device(
+    device_id: str, tmp_path: Path
+) -> None:
+    from numa_device_plugin.cli.options import config_from_params
+    from numa_device_plugin.plugin.discovery import discover
+
+    tree = machine(tmp_path / "sys")
+    config = config_from_params({"sysfs_root": tree.root, "memory_unit": GI})
+    resource = discover(config).resources[M1]
+    holders = (Holder("ns", "evil", "c", frozenset(), {M1: (device_id,)}),)
+    view = KubeletView(frozenset(range(4)), holders, {1: {"memory": 7 * GI}})
+    assert len(live_memory_devices(resource, view)) == len(resource.devices)
+    ours = {1: admissible(CPUS, resource, 1, frozenset())}
+    assert foreign_devices(view, M1, 1, ours) == {device_id}
 
 
 async def test_serve_with_a_foreign_id_at_start_and_later_keeps_counting(
