@@ -1,6 +1,7 @@
 """Figures of a real ``serve`` under hostile input: a ``/metrics`` flood, readers that
-never read, a YAML alias bomb as the per-node configuration file, and a silent API
-server. Prints probe latencies, RSS and the time a SIGTERM takes; asserts nothing
+never read, a YAML alias bomb as the per-node configuration file, a silent API
+server and a pod resources API listing 69,000 containers. Prints probe latencies,
+RSS and the time a SIGTERM takes; asserts nothing
 (the tests assert behaviour: tests/ops/test_scrape_flood.py,
 tests/nodeconfig/test_nodeconfig_hostile.py).
 
@@ -168,21 +169,61 @@ async def bomb(folder: Path) -> dict[str, Any]:
     return figures
 
 
+async def big_pod_resources(folder: Path, containers: int, seconds: float) -> dict[str, Any]:
+    """``serve --capacity cpus`` polling a pod resources API that lists ``containers``
+    containers (each holding one device) every 2 s: the probes' latencies."""
+    from numa_device_plugin.api.podresources.v1 import api_pb2 as pr_pb2
+    from numa_device_plugin.kubelet_standin import KubeletStandIn
+
+    tree = build_machine(folder / "sys", nodes=2, cpus_per_node=4)
+    health = free_port()
+    standin = KubeletStandIn(folder / "dp", pod_resources_dir=folder / "pr",
+                             allocatable_cpus=range(1, 8))  # fmt: skip
+    per_pod = 100
+    for index in range(containers // per_pod):
+        pod = pr_pb2.PodResources(name=f"pod-{index:05d}", namespace="bench")
+        for number in range(per_pod):
+            container = pod.containers.add(name=f"c{number:03d}")
+            container.devices.add(resource_name="numa-align/numa-0",
+                                  device_ids=[f"numa0-cpu{number % 4:04d}"])  # fmt: skip
+        standin.model.pods.append(pod)
+    size = pr_pb2.ListPodResourcesResponse(pod_resources=standin.model.pods).ByteSize()
+    socket_path = str(folder / "pr" / "kubelet.sock")
+    flags = ("--capacity", "cpus", "--pod-resources-socket", socket_path,
+             "--pod-resources-interval", "2",
+             "--health-address", f"127.0.0.1:{health}")  # fmt: skip
+    figures: dict[str, Any] = {"containers": containers, "answer_bytes": size}
+    async with standin as kubelet, serve_process(tree, folder / "dp", *flags) as plugin:
+        await until(lambda: get(health, "/healthz")[0] == 200, 60)
+        await until(lambda: kubelet.pod_resources_calls >= 2, 60)
+        seen = await asyncio.to_thread(latencies, (health,), seconds)
+        figures["pod_resources_calls"] = kubelet.pod_resources_calls
+        figures["probes"] = summary(seen)
+        figures["rss_mb"] = rss_mb(plugin.pid)
+        figures["sigterm_s"] = await sigterm_seconds(plugin)
+    return figures
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.hostile", description=__doc__)
     parser.add_argument("--scrapers", type=int, default=32)
     parser.add_argument("--seconds", type=float, default=10.0)
+    parser.add_argument("--containers", type=int, default=69_000)
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="ndph-", dir="/tmp") as folder:
         root = Path(folder)
         (root / "a").mkdir()
         (root / "b").mkdir()
+        (root / "c").mkdir()
         document = {
             "machine": machine_info(),
             "load": os.getloadavg()[0],
             "metrics_flood": asyncio.run(flood(root / "a", args.scrapers, args.seconds)),
             "yaml_bomb_and_silent_api": asyncio.run(bomb(root / "b")),
+            "big_pod_resources": asyncio.run(
+                big_pod_resources(root / "c", args.containers, args.seconds)
+            ),
         }
     print(json.dumps(document, indent=2) if args.json else json.dumps(document, indent=1))
     return 0

@@ -6,16 +6,22 @@ device-plugin folder (``/var/lib/kubelet/pod-resources/kubelet.sock``).
 ``GetAllocatableResources`` the CPUs the CPU manager may hand out (all but the
 reserved ones under the ``static`` policy, none under ``none``), healthy
 devices and, under the Memory Manager's ``Static`` policy, memory per NUMA node.
+
+An answer can be large (69,000 containers are 2.2 MB): it is taken as bytes and
+parsed and converted in a worker thread, so the event loop (and the probes it
+answers) never waits on it. gRPC bounds its size (4 MiB, the default receive limit).
 """
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
+from typing import Any
 
 import grpc
+from google.protobuf.message import DecodeError
 
 from numa_device_plugin.api.podresources.v1 import api_pb2 as pr_pb2
-from numa_device_plugin.api.podresources.v1 import api_pb2_grpc as pr_grpc
 from numa_device_plugin.kubelet.grpcserver import unix_target
 from numa_device_plugin.kubelet.registration import FRESH_CONNECTION
 from numa_device_plugin.kubelet.view import KubeletView, view_from
@@ -41,6 +47,26 @@ async def fetch(
         return await client.responses(timeout)
 
 
+_LIST = "/v1.PodResourcesLister/List"
+_ALLOCATABLE = "/v1.PodResourcesLister/GetAllocatableResources"
+
+Answers = tuple[pr_pb2.ListPodResourcesResponse, pr_pb2.AllocatableResourcesResponse]
+
+
+def parse_answers(socket: Path, pods: bytes, allocatable: bytes) -> Answers:
+    """The ``List`` and ``GetAllocatableResources`` answers from their bytes; raises
+    :class:`PodResourcesError` (INTERNAL) when they are not those messages."""
+    try:
+        return (
+            pr_pb2.ListPodResourcesResponse.FromString(pods),
+            pr_pb2.AllocatableResourcesResponse.FromString(allocatable),
+        )
+    except (DecodeError, RecursionError) as exc:
+        raise PodResourcesError(
+            socket, grpc.StatusCode.INTERNAL, f"an answer that does not parse: {exc}"[:200]
+        ) from None
+
+
 class PodResourcesClient:
     """Keeps one connection to the API for repeated polls; a failed call drops it,
     so the next poll dials the (possibly new) kubelet afresh."""
@@ -48,24 +74,27 @@ class PodResourcesClient:
     def __init__(self, socket: Path) -> None:
         self.socket = socket
         self._channel: grpc.aio.Channel | None = None
-        self._allocatable: pr_pb2.AllocatableResourcesResponse | None = None
+        self._allocatable: bytes | None = None
 
-    async def responses(
-        self, timeout: float, *, allocatable: bool = True
-    ) -> tuple[pr_pb2.ListPodResourcesResponse, pr_pb2.AllocatableResourcesResponse]:
-        """``List`` and ``GetAllocatableResources``; with ``allocatable`` False the last
-        ``GetAllocatableResources`` answer is reused (it changes only when the kubelet
-        restarts with other settings), saving a call. Raises
-        :class:`PodResourcesError` (and drops the connection and that answer)."""
+    async def _raw(self, timeout: float, allocatable: bool) -> tuple[bytes, bytes]:
+        """The bytes of ``List`` and ``GetAllocatableResources`` (the last answer of
+        the latter reused unless ``allocatable``)."""
         if self._channel is None:
             self._channel = grpc.aio.insecure_channel(
                 unix_target(self.socket), options=FRESH_CONNECTION
             )
-        stub = pr_grpc.PodResourcesListerStub(self._channel)
+        list_call: grpc.aio.UnaryUnaryMultiCallable[Any, bytes] = self._channel.unary_unary(
+            _LIST, request_serializer=pr_pb2.ListPodResourcesRequest.SerializeToString
+        )
         try:
-            pods = await stub.List(pr_pb2.ListPodResourcesRequest(), timeout=timeout)
+            pods: bytes = await list_call(pr_pb2.ListPodResourcesRequest(), timeout=timeout)
             if allocatable or self._allocatable is None:
-                self._allocatable = await stub.GetAllocatableResources(
+                allocatable_call: grpc.aio.UnaryUnaryMultiCallable[Any, bytes]
+                allocatable_call = self._channel.unary_unary(
+                    _ALLOCATABLE,
+                    request_serializer=pr_pb2.AllocatableResourcesRequest.SerializeToString,
+                )
+                self._allocatable = await allocatable_call(
                     pr_pb2.AllocatableResourcesRequest(), timeout=timeout
                 )
         except grpc.aio.AioRpcError as exc:
@@ -73,9 +102,32 @@ class PodResourcesClient:
             raise PodResourcesError(self.socket, exc.code(), exc.details() or "") from exc
         return pods, self._allocatable
 
+    async def responses(self, timeout: float, *, allocatable: bool = True) -> Answers:
+        """``List`` and ``GetAllocatableResources`` (``timeout`` seconds per call),
+        parsed in a worker thread; with ``allocatable`` False the last
+        ``GetAllocatableResources`` answer is reused (it changes only when the kubelet
+        restarts with other settings), saving a call. Raises
+        :class:`PodResourcesError` (and drops the connection and that answer)."""
+        pods, allocatable_raw = await self._raw(timeout, allocatable)
+        try:
+            return await asyncio.to_thread(parse_answers, self.socket, pods, allocatable_raw)
+        except PodResourcesError:
+            await self.close()
+            raise
+
     async def view(self, timeout: float, *, allocatable: bool = True) -> KubeletView:
-        """The answers as a :class:`KubeletView`; raises :class:`PodResourcesError`."""
-        return view_from(*await self.responses(timeout, allocatable=allocatable))
+        """The answers as a :class:`KubeletView`, parsed and converted in a worker
+        thread; raises :class:`PodResourcesError`."""
+        pods, allocatable_raw = await self._raw(timeout, allocatable)
+
+        def convert() -> KubeletView:
+            return view_from(*parse_answers(self.socket, pods, allocatable_raw))
+
+        try:
+            return await asyncio.to_thread(convert)
+        except PodResourcesError:
+            await self.close()
+            raise
 
     async def close(self) -> None:
         self._allocatable = None

@@ -90,12 +90,10 @@ def view_from(
                     foreign.update(cpus)
                     others.append(Holder(pod.namespace, pod.name, container.name, cpus))
                 continue
-            devices: dict[str, tuple[str, ...]] = {}
-            for entry in container.devices:
-                devices[entry.resource_name] = (
-                    *devices.get(entry.resource_name, ()),
-                    *entry.device_ids,
-                )
+            listed: dict[str, list[str]] = {}
+            for entry in container.devices:  # one list per name: linear in the entries
+                listed.setdefault(entry.resource_name, []).extend(entry.device_ids)
+            devices = {name: tuple(ids) for name, ids in listed.items()}
             held: Mapping[tuple[int, str], int] = own or MappingProxyType({})
             holders.append(Holder(pod.namespace, pod.name, container.name, cpus, devices, held))
     memory: dict[int, dict[str, int]] = {}

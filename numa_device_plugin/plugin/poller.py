@@ -24,7 +24,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import operator
 import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 
 import structlog
 
@@ -40,10 +43,22 @@ from numa_device_plugin.plugin.capacity import (
 )
 from numa_device_plugin.plugin.catalog import Catalog
 from numa_device_plugin.plugin.config import Config
-from numa_device_plugin.plugin.devices import HEALTHY
+from numa_device_plugin.plugin.devices import HEALTHY, Device, Resource
 from numa_device_plugin.plugin.recorder import Recorder
 
 log = structlog.get_logger(__name__)
+
+
+@dataclass(frozen=True)
+class Planned:
+    """What one answer of the pod resources API calls for: per resource its device
+    list and the held ids it never advertises, and the recorder's figures."""
+
+    lists: Mapping[str, tuple[tuple[Device, ...], set[str]]]
+    capacities: list[NodeCapacity]
+    memory: Mapping[int, Mapping[str, int]]
+    assigned_memory: Mapping[tuple[int, str, str], int]
+
 
 # Seconds after an Allocate to read the pod resources API again.
 ALLOCATE_POLL_DELAY = 0.5
@@ -95,15 +110,23 @@ class CapacityPoller:
         """Per advertised NUMA node, its CPUs and devices as the kubelet last showed them
         (holders of a resource that follows a device count for the node of the device
         they hold)."""
-        resources = self.catalog.resources
+        servicers = self.catalog.servicers
+        return self._capacities(self.view, self.catalog.resources, lambda n: servicers[n].devices)
+
+    def _capacities(
+        self,
+        view: KubeletView | None,
+        resources: Mapping[str, Resource],
+        devices: Callable[[str], tuple[Device, ...]],
+    ) -> list[NodeCapacity]:
         near = [r for r in resources.values() if r.near is not None]
         return [
             node_capacity(
                 name,
                 resource.node_id,
                 self.catalog.node_cpus(resource.node_id),
-                self.catalog.servicers[name].devices,
-                self.view,
+                devices(name),
+                view,
                 self.config.reserved_cpus,
                 related=[r.name for r in near if resource.node_id in r.near_nodes],
             )
@@ -176,18 +199,31 @@ class CapacityPoller:
     # -- feeding the servicers --------------------------------------------------------------
 
     def apply(self, view: KubeletView | None) -> None:
-        """Advertise the device lists ``view`` calls for, on every servicer."""
-        self.view = view
-        self._applied = True
-        for name, resource in self.catalog.resources.items():
-            servicer = self.catalog.servicers[name]
+        """Advertise the device lists ``view`` calls for, on every servicer (on the
+        event loop: after a rediscovery, for the new servicers)."""
+        resources = self.catalog.resources
+        self._publish(view, self._plan(view, resources))
+
+    async def apply_off_loop(self, view: KubeletView | None) -> None:
+        """:meth:`apply`, its work (linear in the containers, for every resource) done
+        in a worker thread; only the new lists are handed to the servicers on the loop."""
+        resources = self.catalog.resources
+        planned = await asyncio.to_thread(self._plan, view, resources)
+        if self.catalog.resources is not resources:  # rediscovered meanwhile
+            planned = self._plan(view, self.catalog.resources)
+        self._publish(view, planned)
+
+    def _plan(self, view: KubeletView | None, resources: Mapping[str, Resource]) -> Planned:
+        """Pure: each resource's device list and foreign held ids, and the figures the
+        recorder takes, for ``view``."""
+        lists: dict[str, tuple[tuple[Device, ...], set[str]]] = {}
+        for name, resource in resources.items():
             ours = {
                 node_id: admissible(
                     self.config.capacity, resource, node_id, self.catalog.node_cpus(node_id)
                 )
                 for node_id in resource.node_ids
             }
-            self._warn_foreign(name, foreign_devices(view, name, resource.node_ids, ours))
             devices = live_resource_devices(
                 self.config.capacity,
                 resource,
@@ -196,6 +232,20 @@ class CapacityPoller:
                 reserved_cpus=self.config.reserved_cpus,
                 allow_unaligned=self.config.allow_unaligned,
             )
+            lists[name] = (devices, foreign_devices(view, name, resource.node_ids, ours))
+        return Planned(
+            lists,
+            self._capacities(view, resources, lambda name: lists[name][0]),
+            view.memory if view is not None else {},
+            assigned_memory(view, resources),
+        )
+
+    def _publish(self, view: KubeletView | None, planned: Planned) -> None:
+        self.view = view
+        self._applied = True
+        for name, (devices, foreign) in planned.lists.items():
+            servicer = self.catalog.servicers[name]
+            self._warn_foreign(name, foreign)
             if devices != servicer.devices:
                 healthy = sum(1 for device in devices if device.health == HEALTHY)
                 log.info(
@@ -203,11 +253,7 @@ class CapacityPoller:
                 )
                 servicer.set_devices(devices)
             self.recorder.devices(name, servicer.devices)
-        self.recorder.capacity(
-            self.capacities(),
-            view.memory if view is not None else {},
-            assigned_memory(view, self.catalog.resources),
-        )
+        self.recorder.capacity(planned.capacities, planned.memory, planned.assigned_memory)
 
     def _warn_foreign(self, resource: str, ids: set[str]) -> None:
         """One warning per held id of ``resource`` this plugin never advertises (they
@@ -262,10 +308,10 @@ class CapacityPoller:
             self._reachable = True
             self._read_at = time.time()
             self.recorder.pod_resources(True, self._read_at)
-        if self._applied and view == self.view:
+        if self._applied and await asyncio.to_thread(operator.eq, view, self.view):
             return  # nothing changed since the last read: the usual case, kept cheap
         was_cpus, was_memory = self.unaligned(), self.memory_unaligned()
-        self.apply(view)
+        await self.apply_off_loop(view)
         if self.unaligned() and not was_cpus:
             self.warn_unaligned(self._resources(memory=False))
         memory = self._resources(memory=True)

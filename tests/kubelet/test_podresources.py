@@ -1,0 +1,95 @@
+"""The pod resources client: answers taken as bytes and parsed and converted in a
+worker thread (a 2.2 MB answer once held the event loop, and the probes, for 2.4 s),
+a malformed answer a :class:`PodResourcesError`, and the view built in time linear
+in the device entries."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import grpc
+import pytest
+
+from numa_device_plugin.api.podresources.v1 import api_pb2 as pr_pb2
+from numa_device_plugin.kubelet import podresources, view
+from numa_device_plugin.kubelet.podresources import (
+    PodResourcesClient,
+    PodResourcesError,
+    parse_answers,
+)
+from numa_device_plugin.kubelet_standin import KubeletStandIn
+
+
+async def test_the_view_is_parsed_and_converted_off_the_event_loop(
+    sock_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    seen: list[str] = []
+    real = view.view_from
+
+    def recording(*args: object) -> view.KubeletView:
+        seen.append(threading.current_thread().name)
+        return real(*args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(podresources, "view_from", recording)
+    standin = KubeletStandIn(sock_dir / "dp", pod_resources_dir=sock_dir / "pr",
+                             allocatable_cpus=[1, 2])  # fmt: skip
+    async with standin as kubelet:
+        kubelet.add_pod("ns", "p", [("c", {"numa-align/numa-0": ["numa0-cpu0001"]}, [1])])
+        async with PodResourcesClient(sock_dir / "pr" / "kubelet.sock") as client:
+            got = await client.view(5)
+            parsed = await client.responses(5, allocatable=False)
+    assert got.allocatable_cpus == frozenset({1, 2})
+    assert [h.devices for h in got.holders] == [{"numa-align/numa-0": ("numa0-cpu0001",)}]
+    assert len(parsed[0].pod_resources) == 1
+    assert seen
+    assert threading.main_thread().name not in seen
+
+
+def test_an_answer_that_does_not_parse_is_a_pod_resources_error(tmp_path: Path) -> None:
+    with pytest.raises(PodResourcesError, match="an answer that does not parse") as caught:
+        parse_answers(tmp_path / "kubelet.sock", b"\xff\xff\xff", b"")
+    assert caught.value.code == grpc.StatusCode.INTERNAL
+
+
+def test_many_device_entries_of_one_resource_are_joined_in_linear_time() -> None:
+    """One container listing 20,000 entries of one resource: once re-tupled at each
+    entry (quadratic: 200 million copies)."""
+    pods = pr_pb2.ListPodResourcesResponse()
+    container = pods.pod_resources.add(name="p", namespace="ns").containers.add(name="c")
+    for index in range(20_000):
+        container.devices.add(resource_name="r", device_ids=[f"numa0-slot{index:04d}"])
+    got = view.view_from(pods, pr_pb2.AllocatableResourcesResponse())
+    assert len(got.holders[0].devices["r"]) == 20_000
+
+
+async def test_the_device_lists_an_answer_calls_for_are_worked_out_off_the_event_loop(
+    sock_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from numa_device_plugin.plugin import capacity, poller
+    from numa_device_plugin.plugin.config import Config
+    from numa_device_plugin.topology.fake import build_machine
+    from tests.standin_helpers import running, wait_all_live
+
+    seen: list[str] = []
+    real = capacity.live_resource_devices
+
+    def recording(*args: object, **kwargs: object) -> object:
+        seen.append(threading.current_thread().name)
+        return real(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(poller, "live_resource_devices", recording)
+    tree = build_machine(sock_dir / "sys", nodes=2, cpus_per_node=2)
+    config = Config(sysfs_root=tree.root, socket_dir=sock_dir / "dp", capacity="cpus",
+                    pod_resources_socket=sock_dir / "pr" / "kubelet.sock",
+                    pod_resources_interval=0.2, shutdown_grace=0.5)  # fmt: skip
+    standin = KubeletStandIn(sock_dir / "dp", pod_resources_dir=sock_dir / "pr",
+                             allocatable_cpus=[1, 2, 3])  # fmt: skip
+    async with standin as kubelet, running(config) as manager:
+        names = ["numa-align/numa-0", "numa-align/numa-1"]
+        await wait_all_live(kubelet, names, timeout=20)
+        kubelet.add_pod("ns", "p", [("c", {names[1]: ["numa1-cpu0002"]}, [2])])
+        await kubelet.wait_until(lambda: kubelet.allocatable(names[1]) == 2, timeout=10)
+        assert manager.registered == set(names)
+    workers = [name for name in seen if name != threading.main_thread().name]
+    assert workers, "each poll's answer is applied from a worker thread"
