@@ -20,7 +20,7 @@ from numa_device_plugin.kubelet_standin import KubeletStandIn
 from numa_device_plugin.nodeconfig.supervisor import ConfigSupervisor, Selector
 from numa_device_plugin.ops.logs import configure_logging
 from numa_device_plugin.plugin.config import Config
-from numa_device_plugin.plugin.discovery import Discovery, discover
+from numa_device_plugin.plugin.discovery import Discovery
 from numa_device_plugin.plugin.manager import PluginManager
 from numa_device_plugin.topology.memory import MEMORY, hugepages_type
 from numa_device_plugin.topology.numa import NumaNode
@@ -59,7 +59,7 @@ def command(ctx: click.Context, /, **params: Any) -> int:
             "only applies with --config-file", ctx, param=options.param(ctx, "node_label")
         )
     try:
-        return asyncio.run(_demo(params))
+        return asyncio.run(_demo(ctx, params))
     except ListenerError as exc:
         raise click.BadParameter(str(exc), ctx, param=options.param(ctx, exc.option)) from None
 
@@ -76,7 +76,7 @@ async def _until(serving: asyncio.Task[None], awaitable: Awaitable[Any]) -> bool
     return True
 
 
-async def _demo(params: dict[str, Any]) -> int:
+async def _demo(ctx: click.Context, params: dict[str, Any]) -> int:
     with tempfile.TemporaryDirectory(prefix="ndp-") as tmp, contextlib.ExitStack() as stack:
         folder = Path(tmp)
         base = {
@@ -87,7 +87,7 @@ async def _demo(params: dict[str, Any]) -> int:
         config = options.config_from_params(base)
         # A kubelet with the static CPU manager policy that reserves no CPU, and the
         # Memory Manager's Static policy that hands out each NUMA node's memory.
-        discovery = discover(config)
+        discovery = options.discover_or_usage(ctx, config)
         cpus = sorted({cpu for plan in discovery.plans for cpu in plan.node.cpus})
         memory = {plan.node.id: _allocatable_memory(plan.node) for plan in discovery.plans}
         standin = KubeletStandIn(

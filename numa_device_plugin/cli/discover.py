@@ -11,7 +11,7 @@ import click
 from numa_device_plugin.cli import options
 from numa_device_plugin.ops.logs import configure_logging
 from numa_device_plugin.plugin.config import Config
-from numa_device_plugin.plugin.discovery import Discovery, discover, near_document
+from numa_device_plugin.plugin.discovery import Discovery, near_document
 from numa_device_plugin.topology import sysfs
 from numa_device_plugin.topology.locality import NO_DEVICES, devices_by_node, unlocated_pci
 from numa_device_plugin.topology.memory import format_quantity
@@ -42,7 +42,7 @@ def command(ctx: click.Context, /, **params: Any) -> int:
         )
     except ValueError as exc:
         raise click.UsageError(str(exc), ctx) from None
-    document = discovery_json(discover(config))
+    document = discovery_json(options.discover_or_usage(ctx, config))
     click.echo(json.dumps(document, indent=2) if params["output"] == "json" else table(document))
     return 0
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -25,6 +25,10 @@ from numa_device_plugin.plugin.devices import (
     parse_near,
     validate_resource_prefix,
 )
+
+if TYPE_CHECKING:
+    from numa_device_plugin.plugin.config import Config
+    from numa_device_plugin.plugin.discovery import Discovery
 from numa_device_plugin.plugin.values import (
     MIN_INTERVAL,
     address,
@@ -91,6 +95,19 @@ class Option(click.Option):
 def param(ctx: click.Context, name: str) -> click.Parameter:
     """The command's parameter named ``name`` (for errors found after parsing)."""
     return next(p for p in ctx.command.params if p.name == name)
+
+
+def discover_or_usage(ctx: click.Context, config: Config) -> Discovery:
+    """:func:`~numa_device_plugin.plugin.discovery.discover` for a command: a
+    ``--memory-unit`` that makes too many devices is a usage error naming the flag
+    (exit 2), as ``serve`` gives it, never a traceback."""
+    from numa_device_plugin.plugin.discovery import discover
+    from numa_device_plugin.topology.memory import MemoryUnitError
+
+    try:
+        return discover(config)
+    except MemoryUnitError as exc:
+        raise click.BadParameter(str(exc), ctx, param=param(ctx, "memory_unit")) from None
 
 
 def variable(flag: str) -> str:

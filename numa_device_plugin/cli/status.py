@@ -15,7 +15,6 @@ import click
 
 from numa_device_plugin.cli import options
 from numa_device_plugin.ops.logs import configure_logging
-from numa_device_plugin.plugin.discovery import discover
 
 
 @click.command(
@@ -48,7 +47,7 @@ def command(ctx: click.Context, /, **params: Any) -> int:
         config = options.config_from_params(params)
     except ValueError as exc:
         raise click.UsageError(str(exc), ctx) from None
-    discovery = discover(config)
+    discovery = options.discover_or_usage(ctx, config)
     socket = config.pod_resources_path
     problem = socket_problem(socket)
     if problem is None:

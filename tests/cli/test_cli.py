@@ -356,6 +356,24 @@ def test_discover_shows_memory_resources_with_memory_unit(
     assert "numa-align/numa-1-memory (3)" in out.splitlines()[-1]
 
 
+@pytest.mark.parametrize("command", ["discover", "status", "demo", "serve"])
+def test_a_memory_unit_that_makes_too_many_devices_is_a_usage_error_in_every_command(
+    two_nodes: SysfsTree, capsys: pytest.CaptureFixture[str], tmp_path: Path, command: str
+) -> None:
+    """1 MiB over 16 GiB per NUMA node is over 10,000 devices: ``discover``, ``status``
+    and ``demo`` once ended in a MemoryUnitError traceback (``serve`` exited 2)."""
+    for node in (0, 1):
+        two_nodes.node(node, mem_kb=16 << 20)
+    args = [command, "--sysfs-root", str(two_nodes.root), "--memory-unit", "1Mi"]
+    if command == "serve":
+        args += ["--socket-dir", str(tmp_path / "dp")]
+    code, _, err = run_main(args, capsys)
+    assert code == 2, err
+    assert "Invalid value for '--memory-unit'" in err
+    assert "more than 10000" in err
+    assert "Traceback" not in err
+
+
 def test_discover_table(two_nodes: SysfsTree, capsys: pytest.CaptureFixture[str]) -> None:
     code, out, _ = run_main(["discover", "--sysfs-root", str(two_nodes.root)], capsys)
     assert code == 0
