@@ -94,8 +94,7 @@ def _handler(api: NodeApi) -> type[BaseHTTPRequestHandler]:
                 return
             length = "Connection: close" if raw.close else f"Content-Length: {len(raw.body)}"
             head = (
-                f"HTTP/1.1 {raw.status} X\r\nContent-Type: {raw.content_type}\r\n"
-                f"{length}\r\n\r\n"
+                f"HTTP/1.1 {raw.status} X\r\nContent-Type: {raw.content_type}\r\n{length}\r\n\r\n"
             ).encode()
             data = head + raw.body
             step = 1 if raw.drip else len(data)

@@ -4,16 +4,15 @@ the API server, and why a Pending pod fits nowhere (``--explain``).
 It lists Nodes and Pods (``GET /api/v1/nodes`` and ``/api/v1/pods``, paged with
 ``limit`` and ``continue``) with the kubeconfig kubectl would use (``--kubeconfig``,
 else the first file of ``$KUBECONFIG``, else ``~/.kube/config``; in a pod without
-any, the service account), running its ``exec`` credential plugin as kubectl does.
-The figures are :mod:`numa_device_plugin.cli.clusterview`'s.
+any, the service account), running its ``exec`` credential plugin as kubectl does,
+all within one total deadline (``--timeout``): :mod:`numa_device_plugin.cluster.kubeapi`.
+The figures are :mod:`numa_device_plugin.cluster.fit`'s.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import sys
-from collections.abc import Mapping
 from fractions import Fraction
 from pathlib import Path
 from typing import Any
@@ -22,7 +21,7 @@ from urllib.parse import quote
 import click
 
 from numa_device_plugin.cli import options
-from numa_device_plugin.cli.clusterview import (
+from numa_device_plugin.cluster.fit import (
     Amounts,
     NodeUse,
     explain,
@@ -36,15 +35,10 @@ from numa_device_plugin.cli.clusterview import (
 )
 
 # Objects per list request: a Node with a long image list is ~100 KB, a Pod up to
-# ~30 KB; the answers stay under apiclient.MAX_ANSWER (4 MiB).
+# ~30 KB; the answers stay under kubeapi.MAX_ANSWER (4 MiB).
 NODES_PER_PAGE = 25
 PODS_PER_PAGE = 100
 NOT_ENDED = "status.phase!=Succeeded,status.phase!=Failed"
-
-
-class TopError(Exception):
-    """The API server could not be read or answered something unusable; the message
-    says which request and why."""
 
 
 @click.command(
@@ -74,12 +68,13 @@ class TopError(Exception):
 )
 @click.option(
     "--timeout",
-    type=click.FloatRange(min=0.1, max=600),
-    default=10.0,
+    type=click.FloatRange(min=0.1, max=3600),
+    default=30.0,
     show_default=True,
     envvar="NUMA_TIMEOUT",
     show_envvar=True,
-    help="seconds each request to the API server may take",
+    help="seconds the whole command may take: the kubeconfig, its exec credential plugin "
+    "and every request to the API server",
 )
 @options.apply(options.resource_prefix, options.output)
 @click.pass_context
@@ -88,22 +83,39 @@ def command(ctx: click.Context, /, **params: Any) -> int:
     pod_ref = params["explain_pod"]
     if pod_ref is not None and (pod_ref.count("/") != 1 or "" in pod_ref.split("/")):
         raise click.BadParameter("give NAMESPACE/POD", ctx, param=options.param(ctx, "explain_pod"))
+    from numa_device_plugin.cluster.kubeapi import ApiError, DeadlinePassed, KubeApi, total_deadline
+
     try:
-        reader = ApiReader(params["kubeconfig"], params["timeout"])
-        nodes = reader.list(f"/api/v1/nodes?limit={NODES_PER_PAGE}", "Node")
-        pods = reader.list(
-            f"/api/v1/pods?limit={PODS_PER_PAGE}&fieldSelector={quote(NOT_ENDED)}", "Pod"
-        )
+        with total_deadline(params["timeout"]) as deadline:
+            api = KubeApi(params["kubeconfig"], deadline)
+            try:
+                nodes = api.list(f"/api/v1/nodes?limit={NODES_PER_PAGE}", "Node")
+                pods = api.list(
+                    f"/api/v1/pods?limit={PODS_PER_PAGE}&fieldSelector={quote(NOT_ENDED)}", "Pod"
+                )
+                pod = None
+                if pod_ref is not None:
+                    namespace, name = pod_ref.split("/")
+                    pod = api.get(
+                        f"/api/v1/namespaces/{quote(namespace)}/pods/{quote(name)}", "Pod"
+                    )
+            finally:
+                api.close()
         usage = node_usage(nodes, pods)
-        if pod_ref is None:
+        if pod is None:
             document = top_document(usage, params["resource_prefix"])
             text = render_top(document)
         else:
-            namespace, name = pod_ref.split("/")
-            pod = reader.get(f"/api/v1/namespaces/{quote(namespace)}/pods/{quote(name)}", "Pod")
             document = explain_document(pod, usage)
             text = render_explain(document)
-    except (TopError, ValueError) as exc:
+    except DeadlinePassed:
+        print(
+            f"numa-device-plugin top: not done within {params['timeout']:g} s (--timeout): "
+            "the API server, or the kubeconfig's exec credential plugin, is too slow",
+            file=sys.stderr,
+        )
+        return 1
+    except (ApiError, ValueError) as exc:
         print(f"numa-device-plugin top: {exc}", file=sys.stderr)
         return 1
     except (AttributeError, TypeError) as exc:  # a field of the wrong JSON type
@@ -122,67 +134,6 @@ def kubectl_main() -> int:
     from numa_device_plugin.cli import main
 
     return main(["top", *sys.argv[1:]])
-
-
-class ApiReader:
-    """GETs against the API server chosen as the module docstring says; raises
-    :class:`TopError`."""
-
-    def __init__(self, kubeconfig: Path | None, timeout: float) -> None:
-        from numa_device_plugin.nodeconfig.apiclient import (
-            ApiConfigError,
-            from_kubeconfig,
-            in_cluster,
-        )
-
-        self.timeout = timeout
-        path = kubeconfig or default_kubeconfig(os.environ)
-        try:
-            self.target = from_kubeconfig(path, run_exec=True) if path else in_cluster()
-        except ApiConfigError as exc:
-            raise TopError(str(exc)) from None
-
-    def get(self, path: str, kind: str) -> dict[str, Any]:
-        """The object at ``path``, which must be of ``kind`` (``Node``, ``NodeList``)."""
-        from numa_device_plugin.nodeconfig.apiclient import ApiConfigError, ApiRequestError
-
-        try:
-            answer = self.target.get(path, self.timeout)
-        except (ApiRequestError, ApiConfigError) as exc:
-            raise TopError(f"GET {path}: {exc}") from None
-        try:
-            document = json.loads(answer.body)
-        except (ValueError, RecursionError):
-            document = None
-        if answer.status != 200:
-            message = document.get("message") if isinstance(document, dict) else None
-            raise TopError(f"GET {path}: {answer.status} {answer.reason}: {message or ''}".strip())
-        if not isinstance(document, dict) or document.get("kind") != kind:
-            raise TopError(f"GET {path}: the answer is not a {kind} object")
-        return document
-
-    def list(self, path: str, kind: str) -> list[dict[str, Any]]:
-        """Every item of the list at ``path`` (which has ``?limit=``), page by page."""
-        items: list[dict[str, Any]] = []
-        token = ""
-        for _ in range(100_000):
-            page = self.get(path + (f"&continue={quote(token)}" if token else ""), kind + "List")
-            items += [item for item in page.get("items") or [] if isinstance(item, dict)]
-            token = str((page.get("metadata") or {}).get("continue") or "")
-            if not token:
-                return items
-        raise TopError(f"GET {path}: the list never ended")
-
-
-def default_kubeconfig(env: Mapping[str, str]) -> Path | None:
-    """kubectl's choice: the first existing file of ``$KUBECONFIG`` (``:``-separated),
-    else ``~/.kube/config`` when it exists; None (in-cluster) otherwise."""
-    for entry in env.get("KUBECONFIG", "").split(os.pathsep):
-        if entry and Path(entry).is_file():
-            return Path(entry)
-    home = Path(env.get("HOME") or Path.home())
-    default = home / ".kube" / "config"
-    return default if default.is_file() else None
 
 
 def _number(resource: str, value: Fraction) -> int | str:

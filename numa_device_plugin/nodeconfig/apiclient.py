@@ -11,12 +11,11 @@ the one request with :mod:`http.client` and :mod:`ssl`:
   ``client-certificate(-data)``/``client-key(-data)``) or the pod's service account
   (:func:`in_cluster`: ``KUBERNETES_SERVICE_HOST``/``_PORT``, ``ca.crt`` and the
   ``token`` file, read again at each request because the kubelet rotates it);
-- credential plugins (``exec``, ``auth-provider``) are refused, never run, by the
-  plugin: a kubeconfig is a path given on the command line, and running a command
-  named in it would make that file a way to run code in the plugin's container.
-  ``top``, which people run with their own kubeconfig as they run kubectl, runs an
-  ``exec`` plugin (``run_exec``: the ``client.authentication.k8s.io`` ExecCredential
-  protocol, once per run);
+- credential plugins (``exec``, ``auth-provider``) are refused, never run: a
+  kubeconfig is a path given on the command line, and running a command named in it
+  would make that file a way to run code in the plugin's container. (``top``, which
+  people run with their own kubeconfig as they run kubectl, reads the API server
+  through the ``kubernetes`` client instead: :mod:`numa_device_plugin.cluster`.)
 - one whole request (connect, TLS, request, answer) ends within its ``deadline``:
   a timer shuts the socket down then, so neither a silent server nor one dripping a
   byte a second holds a look for longer. There are no retries: the caller looks
@@ -124,16 +123,12 @@ def in_cluster(account: Path = SERVICE_ACCOUNT, env: Mapping[str, str] | None = 
     )
 
 
-def from_kubeconfig(
-    path: Path, *, run_exec: bool = False, exec_deadline: float = 60.0
-) -> ApiTarget:
+def from_kubeconfig(path: Path) -> ApiTarget:
     """The current context of the kubeconfig at ``path``. Relative file names in it
-    are taken from its folder, as kubectl does. With ``run_exec``, an ``exec``
-    credential plugin is run (:func:`exec_credential`), killed after ``exec_deadline``
-    seconds. The file and those it names are read up to :data:`MAX_KUBECONFIG` bytes,
-    regular files only. Raises :class:`ApiConfigError`
+    are taken from its folder, as kubectl does. The file and those it names are read
+    up to :data:`MAX_KUBECONFIG` bytes, regular files only. Raises :class:`ApiConfigError`
     naming the file and the field for anything missing, malformed or unsupported
-    (``auth-provider`` plugins; ``exec`` ones without ``run_exec``)."""
+    (``exec`` and ``auth-provider`` credential plugins)."""
     try:
         document = yaml.safe_load(read_file(path, MAX_KUBECONFIG).decode())
     except BoundError as exc:
@@ -151,16 +146,6 @@ def from_kubeconfig(
     user = (
         _named(document, "users", "user", context.get("user"), where) if context.get("user") else {}
     )
-    exec_token: str | None = None
-    if run_exec and isinstance(user.get("exec"), dict):
-        from numa_device_plugin.nodeconfig.execcredential import exec_credential
-
-        exec_token, client_pem = exec_credential(
-            user["exec"], path.parent, where, timeout=exec_deadline
-        )
-        user = {key: value for key, value in user.items() if key != "exec"}
-        if client_pem is not None:
-            user["client-certificate-data"], user["client-key-data"] = client_pem
     for plugin in ("exec", "auth-provider"):
         if user.get(plugin):
             raise ApiConfigError(
@@ -181,7 +166,7 @@ def from_kubeconfig(
             bool(cluster.get("insecure-skip-tls-verify")),
             where,
         )
-    token = exec_token or user.get("token")
+    token = user.get("token")
     token_file = user.get("tokenFile")
     if token is not None and not isinstance(token, str):
         raise ApiConfigError(f"{where}: token is not a string")

@@ -243,17 +243,35 @@ def run_command(
         raise BoundError(f"cannot run {argv[0]!r}: {one_line(str(exc))}") from None
     assert process.stdout is not None
     assert process.stderr is not None
+    try:
+        out, err, returncode = _collect(process, argv[0], end, deadline, limit)
+    except BaseException:  # a bound passed, or the caller's own deadline (a signal)
+        with contextlib.suppress(OSError):
+            os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+        raise
+    finally:
+        process.stdout.close()
+        process.stderr.close()
+    return Finished(returncode, out, err)
+
+
+def _collect(
+    process: subprocess.Popen[bytes], name: str, end: float, deadline: float, limit: int
+) -> tuple[bytes, bytes, int]:
+    """Read ``process``'s stdout (at most ``limit`` bytes) and the end of its stderr
+    until both close and it exits, by ``end`` (monotonic); raises :class:`BoundError`."""
+    assert process.stdout is not None
+    assert process.stderr is not None
     out, err = bytearray(), bytearray()
-    failure: BoundError | None = None
+    late = BoundError(f"{name!r} did not end within {deadline:g} s", timed_out=True)
     with selectors.DefaultSelector() as selector:
         selector.register(process.stdout, selectors.EVENT_READ, out)
         selector.register(process.stderr, selectors.EVENT_READ, err)
-        while selector.get_map() and failure is None:
+        while selector.get_map():
             left = end - time.monotonic()
             if left <= 0:
-                failure = BoundError(f"{argv[0]!r} did not end within {deadline:g} s",
-                                     timed_out=True)  # fmt: skip
-                break
+                raise late
             for key, _ in selector.select(left):
                 chunk = os.read(key.fd, 65536)
                 if not chunk:
@@ -262,21 +280,11 @@ def run_command(
                 buffer: bytearray = key.data
                 buffer += chunk
                 if buffer is out and len(out) > limit:
-                    failure = BoundError(f"{argv[0]!r} printed more than {limit} bytes")
-                elif buffer is err and len(err) > limit:
+                    raise BoundError(f"{name!r} printed more than {limit} bytes")
+                if buffer is err and len(err) > limit:
                     del err[: len(err) - limit]
-    if failure is None:
-        try:
-            returncode = process.wait(max(0.0, end - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            failure = BoundError(f"{argv[0]!r} did not end within {deadline:g} s",
-                                 timed_out=True)  # fmt: skip
-    if failure is not None:
-        with contextlib.suppress(OSError):
-            os.killpg(process.pid, signal.SIGKILL)
-        process.wait()
-    process.stdout.close()
-    process.stderr.close()
-    if failure is not None:
-        raise failure
-    return Finished(returncode, bytes(out), bytes(err))
+    try:
+        returncode = process.wait(max(0.0, end - time.monotonic()))
+    except subprocess.TimeoutExpired:
+        raise late from None
+    return bytes(out), bytes(err), returncode

@@ -3,8 +3,10 @@
 The ``client.authentication.k8s.io`` ExecCredential protocol: the command named in the
 kubeconfig's ``users[].user.exec`` prints a JSON ExecCredential whose ``status`` holds a
 bearer ``token`` or a client certificate and key. Only ``top`` runs it
-(:func:`numa_device_plugin.nodeconfig.apiclient.from_kubeconfig` with ``run_exec``): the plugin
-never does.
+(:mod:`.kubeapi`, which hands the credential to the ``kubernetes`` client in place of
+the ``exec`` entry): the plugin never does. It is run here, not by the client, so
+that ``--timeout`` bounds it, its output is capped and, past either bound, it is
+killed with its children (:func:`numa_device_plugin.ops.bounded.run_command`).
 """
 
 from __future__ import annotations
@@ -15,12 +17,16 @@ import os
 from pathlib import Path
 from typing import Any
 
-from numa_device_plugin.nodeconfig.apiclient import ApiConfigError
 from numa_device_plugin.ops.bounded import BoundError, one_line, run_command
 
 # Bytes an exec credential plugin may print: an ExecCredential with a client
 # certificate chain is a few KB.
 MAX_OUTPUT = 1 << 20
+
+
+class ExecCredentialError(Exception):
+    """The exec credential plugin cannot run, failed, timed out or printed no usable
+    ExecCredential; the message names the kubeconfig and the command."""
 
 
 def _one_line(text: str) -> str:
@@ -37,22 +43,22 @@ def exec_credential(
     ``timeout`` seconds or prints more than :data:`MAX_OUTPUT` bytes. Returns the
     ExecCredential's ``status.token`` and its client certificate and key as base64
     PEM (``clientCertificateData``, ``clientKeyData``), each None when absent.
-    Raises :class:`ApiConfigError` when it cannot run, fails (its stderr's end
+    Raises :class:`ExecCredentialError` when it cannot run, fails (its stderr's end
     quoted) or prints no usable ExecCredential."""
     command = spec.get("command")
     if not isinstance(command, str) or not command:
-        raise ApiConfigError(f"{where}: exec has no command")
+        raise ExecCredentialError(f"{where}: exec has no command")
     if "/" in command and not command.startswith("/"):
         command = str(base / command)
     args = spec.get("args") or []
     if not isinstance(args, list) or not all(isinstance(arg, str) for arg in args):
-        raise ApiConfigError(f"{where}: exec args is not a list of strings")
+        raise ExecCredentialError(f"{where}: exec args is not a list of strings")
     env = dict(os.environ)
     for entry in spec.get("env") or []:
         if isinstance(entry, dict) and "name" in entry:
             name, value = entry["name"], entry.get("value", "")
             if not isinstance(name, str) or not isinstance(value, str | int | float):
-                raise ApiConfigError(f"{where}: exec env entries need a string name and value")
+                raise ExecCredentialError(f"{where}: exec env entries need a string name and value")
             env[name] = str(value)
     api_version = str(spec.get("apiVersion") or "client.authentication.k8s.io/v1")
     env["KUBERNETES_EXEC_INFO"] = json.dumps(
@@ -62,12 +68,12 @@ def exec_credential(
         done = run_command([command, *args], env, deadline=timeout, limit=MAX_OUTPUT)
     except BoundError as exc:
         hint = spec.get("installHint")
-        raise ApiConfigError(
+        raise ExecCredentialError(
             f"{where}: the exec credential plugin: {exc}"
             + (f" ({_one_line(str(hint))})" if hint and not exc.timed_out else "")
         ) from None
     if done.returncode != 0:
-        raise ApiConfigError(
+        raise ExecCredentialError(
             f"{where}: the exec credential plugin {command!r} exited {done.returncode}: "
             f"{_one_line(done.stderr.decode(errors='replace')[-300:])}"
         )
@@ -76,7 +82,7 @@ def exec_credential(
         token = status.get("token") or None
         cert, key = status.get("clientCertificateData"), status.get("clientKeyData")
     except (ValueError, KeyError, TypeError, AttributeError, RecursionError):
-        raise ApiConfigError(
+        raise ExecCredentialError(
             f"{where}: the exec credential plugin {command!r} printed no ExecCredential "
             "with a status"
         ) from None
@@ -87,7 +93,7 @@ def exec_credential(
             base64.b64encode(str(key).encode()).decode(),
         )
     if token is None and client is None:
-        raise ApiConfigError(
+        raise ExecCredentialError(
             f"{where}: the exec credential plugin {command!r} gave neither a token nor a "
             "client certificate"
         )

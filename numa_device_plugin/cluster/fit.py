@@ -15,7 +15,10 @@ scheduler's ``NodeResourcesFit``:
   defaults it; ``pods`` counts 1;
 - free: allocatable minus requested.
 
-Quantities are exact (:class:`fractions.Fraction`): ``500m`` CPU is 1/2.
+Quantities are exact (:class:`fractions.Fraction`): ``500m`` CPU is 1/2. They are
+read as the API server reads them (:func:`parse_quantity`): its syntax, binary and
+decimal suffixes and exponents, magnitudes capped at 2^63-1 and fractions rounded up
+to 10^-9, so that ``1e9999999`` costs no more than ``1``.
 """
 
 from __future__ import annotations
@@ -23,34 +26,52 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from decimal import ROUND_CEILING, Decimal, localcontext
 from fractions import Fraction
 from typing import Any
 
 _QUANTITY = re.compile(
     r"^([+-]?)(\d+(?:\.\d*)?|\.\d+)([eE][+-]?\d+|Ki|Mi|Gi|Ti|Pi|Ei|m|k|M|G|T|P|E)?$"
 )
-_MULTIPLIERS = {
-    "Ki": Fraction(1 << 10), "Mi": Fraction(1 << 20), "Gi": Fraction(1 << 30),
-    "Ti": Fraction(1 << 40), "Pi": Fraction(1 << 50), "Ei": Fraction(1 << 60),
-    "m": Fraction(1, 1000), "k": Fraction(10**3), "M": Fraction(10**6), "G": Fraction(10**9),
-    "T": Fraction(10**12), "P": Fraction(10**15), "E": Fraction(10**18),
-}  # fmt: skip
 ENDED_PHASES = ("Succeeded", "Failed")
 
 
+# The API server's bounds of a quantity (k8s.io/apimachinery resource.Quantity): no
+# magnitude above 2^63-1, no precision below 10^-9 (a smaller non-zero value is
+# rounded up to it).
+MAX_QUANTITY = Decimal(2**63 - 1)
+NANO = Decimal("1e-9")
+# Characters of a quantity's text: the longest canonical one is under 30.
+MAX_QUANTITY_CHARS = 64
+
+
 def parse_quantity(text: str) -> Fraction:
-    """A Kubernetes quantity (``4``, ``500m``, ``1.5Gi``, ``2e3``) as an exact number.
-    Raises ValueError naming the text for anything else."""
-    match = _QUANTITY.match(text.strip())
+    """A Kubernetes quantity (``4``, ``500m``, ``1.5Gi``, ``2e3``, ``1Ei``) as an exact
+    number, bounded as the API server bounds it (:data:`MAX_QUANTITY`, rounded up to
+    :data:`NANO`). The arithmetic is ``kubernetes.utils.parse_quantity``'s, on text
+    that matches the API server's syntax. Raises ValueError naming the text for
+    anything else."""
+    from kubernetes.utils import parse_quantity as library_parse
+
+    shown = text if len(text) <= MAX_QUANTITY_CHARS else text[:MAX_QUANTITY_CHARS] + "..."
+    stripped = text.strip()
+    match = _QUANTITY.match(stripped) if len(stripped) <= MAX_QUANTITY_CHARS else None
     if match is None:
-        raise ValueError(f"{text!r} is not a Kubernetes quantity")
+        raise ValueError(f"{shown!r} is not a Kubernetes quantity")
     sign, number, suffix = match.groups()
-    value = Fraction(number)
-    if suffix and suffix[0] in "eE" and len(suffix) > 1:
-        value *= Fraction(10) ** int(suffix[1:])
-    elif suffix:
-        value *= _MULTIPLIERS[suffix]
-    return -value if sign == "-" else value
+    with localcontext() as context:
+        context.prec = 60
+        context.Emax, context.Emin = 999_999_999, -999_999_999
+        try:
+            value = abs(library_parse(number + (suffix or "")))  # type: ignore[no-untyped-call]
+        except ValueError:
+            raise ValueError(f"{shown!r} is not a Kubernetes quantity") from None
+        if value > MAX_QUANTITY:
+            value = MAX_QUANTITY
+        elif value != 0:
+            value = max(NANO, value.quantize(NANO, rounding=ROUND_CEILING))
+    exact = Fraction(value)
+    return -exact if sign == "-" else exact
 
 
 def format_quantity(resource: str, value: Fraction) -> str:
