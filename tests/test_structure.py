@@ -85,6 +85,7 @@ LAYERS = {
     "ops": {"topology"},
     "plugin": {"topology", "kubelet", "ops", "api"},
     "nodeconfig": {"topology", "kubelet", "ops", "plugin", "api"},
+    "cluster": {"ops"},
 }
 
 

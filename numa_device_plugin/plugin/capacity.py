@@ -24,11 +24,9 @@ skipped and allocatable CPUs are N's usable CPUs minus ``reserved_cpus``. The
 manager passes None only while the API has never answered since start; during
 a later outage it keeps passing the last answer.
 
-Held ids are the kubelet's word, not trusted blindly: one counts only when it is an
-id this plugin advertises for that NUMA node in this mode (:func:`admissible`: a CPU
-of the node in ``cpus`` mode, a slot under :data:`MAX_CAPACITY`, a unit of that
-memory pool under :data:`MAX_MEMORY_DEVICES`), so a confused or hostile kubelet can
-never make a list longer than the mode allows.
+Held ids count only when they are ids this plugin advertises for that NUMA node in
+this mode (:func:`admissible`), so a confused or hostile kubelet can never make a
+list longer than the mode allows.
 """
 
 from __future__ import annotations
