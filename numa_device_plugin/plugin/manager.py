@@ -202,11 +202,8 @@ class PluginManager:
                 raise_errors=first, stopping=lambda: self.wakeups.stopping, nap=self.wakeups.nap
             ):
                 first = False
-                log.info(
-                    "device plugin started",
-                    socket_dir=str(self.config.socket_dir),
-                    resources=list(self.resources),
-                )
+                folder, names = str(self.config.socket_dir), list(self.resources)
+                log.info("device plugin started", socket_dir=folder, resources=names)
                 self._to_restart = set(self.resources)
                 await self.poller.poll_once()  # advertise live counts from the start
                 poller = asyncio.create_task(self.poller.run(), name="pod resources")
@@ -230,8 +227,11 @@ class PluginManager:
 
     async def _main_loop(self) -> None:
         """Act, sleep until woken, decide; until stopped or the lock is lost."""
+        reasons: list[tuple[str, str]] | None = None  # why it woke; None at first
         while not self.wakeups.stopping and not self.lock_keeper.lost:
             try:
+                if reasons is not None:
+                    self._evaluate(reasons)
                 if self.wakeups.take_reload():
                     await self._rediscover()
                 if self._to_restart:
@@ -256,11 +256,7 @@ class PluginManager:
             self.wakeups.set_idle(delay is None)
             await self.wakeups.sleep(delay, self.config.debounce)
             self.wakeups.set_idle(False)
-            try:
-                self._evaluate(self.wakeups.drain())
-            except Exception:
-                log.exception("unexpected error deciding what to serve; serving it all again")
-                self._to_restart |= set(self.resources) | set(self.endpoints.running)
+            reasons = self.wakeups.drain()
 
     def _evaluate(self, reasons: list[tuple[str, str]]) -> None:
         """Decide which resources to serve (again), from the state found now.

@@ -111,28 +111,10 @@ class CapacityPoller:
         (holders of a resource that follows a device count for the node of the device
         they hold)."""
         servicers = self.catalog.servicers
-        return self._capacities(self.view, self.catalog.resources, lambda n: servicers[n].devices)
-
-    def _capacities(
-        self,
-        view: KubeletView | None,
-        resources: Mapping[str, Resource],
-        devices: Callable[[str], tuple[Device, ...]],
-    ) -> list[NodeCapacity]:
-        near = [r for r in resources.values() if r.near is not None]
-        return [
-            node_capacity(
-                name,
-                resource.node_id,
-                self.catalog.node_cpus(resource.node_id),
-                devices(name),
-                view,
-                self.config.reserved_cpus,
-                related=[r.name for r in near if resource.node_id in r.near_nodes],
-            )
-            for name, resource in resources.items()
-            if resource.memory is None and resource.near is None
-        ]
+        return node_capacities(
+            self.config, self.catalog, self.view, self.catalog.resources,
+            lambda name: servicers[name].devices,
+        )  # fmt: skip
 
     def memory_unaligned(self) -> bool:
         """True when the kubelet's Memory Manager reports no memory (its policy is not
@@ -202,43 +184,16 @@ class CapacityPoller:
         """Advertise the device lists ``view`` calls for, on every servicer (on the
         event loop: after a rediscovery, for the new servicers)."""
         resources = self.catalog.resources
-        self._publish(view, self._plan(view, resources))
+        self._publish(view, plan(self.config, self.catalog, view, resources))
 
     async def apply_off_loop(self, view: KubeletView | None) -> None:
         """:meth:`apply`, its work (linear in the containers, for every resource) done
         in a worker thread; only the new lists are handed to the servicers on the loop."""
         resources = self.catalog.resources
-        planned = await asyncio.to_thread(self._plan, view, resources)
+        planned = await asyncio.to_thread(plan, self.config, self.catalog, view, resources)
         if self.catalog.resources is not resources:  # rediscovered meanwhile
-            planned = self._plan(view, self.catalog.resources)
+            planned = plan(self.config, self.catalog, view, self.catalog.resources)
         self._publish(view, planned)
-
-    def _plan(self, view: KubeletView | None, resources: Mapping[str, Resource]) -> Planned:
-        """Pure: each resource's device list and foreign held ids, and the figures the
-        recorder takes, for ``view``."""
-        lists: dict[str, tuple[tuple[Device, ...], set[str]]] = {}
-        for name, resource in resources.items():
-            ours = {
-                node_id: admissible(
-                    self.config.capacity, resource, node_id, self.catalog.node_cpus(node_id)
-                )
-                for node_id in resource.node_ids
-            }
-            devices = live_resource_devices(
-                self.config.capacity,
-                resource,
-                self.catalog.node_cpus,
-                view,
-                reserved_cpus=self.config.reserved_cpus,
-                allow_unaligned=self.config.allow_unaligned,
-            )
-            lists[name] = (devices, foreign_devices(view, name, resource.node_ids, ours))
-        return Planned(
-            lists,
-            self._capacities(view, resources, lambda name: lists[name][0]),
-            view.memory if view is not None else {},
-            assigned_memory(view, resources),
-        )
 
     def _publish(self, view: KubeletView | None, planned: Planned) -> None:
         self.view = view
@@ -363,3 +318,57 @@ class CapacityPoller:
         if self._timer is not None:
             self._timer.cancel()
         await self.client.close()
+
+
+def plan(
+    config: Config, catalog: Catalog, view: KubeletView | None, resources: Mapping[str, Resource]
+) -> Planned:
+    """Pure (thread-safe): each resource's device list and foreign held ids, and the
+    figures the recorder takes, for ``view``."""
+    lists: dict[str, tuple[tuple[Device, ...], set[str]]] = {}
+    for name, resource in resources.items():
+        ours = {
+            node_id: admissible(config.capacity, resource, node_id, catalog.node_cpus(node_id))
+            for node_id in resource.node_ids
+        }
+        devices = live_resource_devices(
+            config.capacity,
+            resource,
+            catalog.node_cpus,
+            view,
+            reserved_cpus=config.reserved_cpus,
+            allow_unaligned=config.allow_unaligned,
+        )
+        lists[name] = (devices, foreign_devices(view, name, resource.node_ids, ours))
+    return Planned(
+        lists,
+        node_capacities(config, catalog, view, resources, lambda name: lists[name][0]),
+        view.memory if view is not None else {},
+        assigned_memory(view, resources),
+    )
+
+
+def node_capacities(
+    config: Config,
+    catalog: Catalog,
+    view: KubeletView | None,
+    resources: Mapping[str, Resource],
+    devices: Callable[[str], tuple[Device, ...]],
+) -> list[NodeCapacity]:
+    """Per advertised NUMA node its figures (:func:`node_capacity`), each resource's
+    devices given by ``devices(name)``; holders of a resource that follows a device
+    count for the node of the device they hold."""
+    near = [r for r in resources.values() if r.near is not None]
+    return [
+        node_capacity(
+            name,
+            resource.node_id,
+            catalog.node_cpus(resource.node_id),
+            devices(name),
+            view,
+            config.reserved_cpus,
+            related=[r.name for r in near if resource.node_id in r.near_nodes],
+        )
+        for name, resource in resources.items()
+        if resource.memory is None and resource.near is None
+    ]

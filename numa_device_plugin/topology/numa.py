@@ -18,11 +18,8 @@ The rules follow the kernel's sysfs ABI:
   one value per online node in id order (some kernels and dumps give one per
   *possible* node, ``node/possible``; that is read too).
 
-Bounds: a NUMA node id is at most :data:`MAX_NUMA_NODE_ID` (the kernel's
-``MAX_NUMNODES`` is ``1 << CONFIG_NODES_SHIFT``, and that shift is at most 10), and
-the NUMA nodes' cpulists add up to at most :data:`MAX_CPU_MEMBERSHIPS` CPUs (each CPU
-sits in one NUMA node; broken firmware tables may list some in several, but never
-every CPU in every node), so discovery's work stays linear in the machine.
+Bounds keep discovery linear in the machine: NUMA node ids up to
+:data:`MAX_NUMA_NODE_ID`, cpulists adding up to :data:`MAX_CPU_MEMBERSHIPS` CPUs.
 
 Only node ids and CPU sets decide what is advertised, so only their files
 (``node/online``, ``cpulist``, ``cpumap``, ``cpu/online``) stop discovery when
@@ -36,7 +33,6 @@ online (as hwloc reads it), with a warning. Warnings are collected in
 from __future__ import annotations
 
 import re
-import stat
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -131,7 +127,7 @@ def read_topology(sysfs_root: Path) -> Topology:
     warnings: list[str] = []
     online = _OnlineCpus(cpu_dir)
 
-    if not _folder_exists(node_dir):
+    if not sysfs.folder_exists(node_dir):
         every_cpu = online.listed or frozenset(_numbered(cpu_dir, _CPU_DIR))
         nodes: tuple[NumaNode, ...] = (
             NumaNode(id=0, cpus=online.filter(every_cpu), all_cpus=every_cpu),
@@ -159,22 +155,6 @@ def read_topology(sysfs_root: Path) -> Topology:
             f"{cpu_dir}/cpuN/online is empty for CPUs {cpus} (content: ''); taken as online"
         )
     return Topology(nodes=nodes, numa_in_sysfs=node_dir.is_dir(), warnings=tuple(warnings))
-
-
-def _folder_exists(folder: Path) -> bool:
-    """Whether ``folder`` exists as a folder; raises
-    :class:`~numa_device_plugin.topology.sysfs.SysfsError` for anything but a folder
-    or nothing (a symbolic link loop, a file, no permission), never reading it as
-    "no NUMA"."""
-    try:
-        mode = folder.stat().st_mode
-    except FileNotFoundError:
-        return False
-    except OSError as exc:
-        raise sysfs.SysfsError(f"cannot read {folder}: {exc.strerror or exc}") from None
-    if not stat.S_ISDIR(mode):
-        raise sysfs.SysfsError(f"{folder} is not a folder ({sysfs.file_kind(mode)})")
-    return True
 
 
 def _check_ids(ids: frozenset[int] | list[int], where: Path, content: str) -> None:

@@ -235,3 +235,19 @@ def format_cpulist(cpus: Iterable[int]) -> str:
         parts.append(str(start) if start == end else f"{start}-{end}")
         index += 1
     return ",".join(parts)
+
+
+def folder_exists(folder: Path) -> bool:
+    """Whether ``folder`` exists as a folder; raises
+    :class:`~numa_device_plugin.topology.SysfsError` for anything but a folder
+    or nothing (a symbolic link loop, a file, no permission), never reading it as
+    "no NUMA"."""
+    try:
+        mode = folder.stat().st_mode
+    except FileNotFoundError:
+        return False
+    except OSError as exc:
+        raise SysfsError(f"cannot read {folder}: {exc.strerror or exc}") from None
+    if not stat.S_ISDIR(mode):
+        raise SysfsError(f"{folder} is not a folder ({file_kind(mode)})")
+    return True
