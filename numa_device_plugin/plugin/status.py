@@ -24,6 +24,7 @@ from typing import Any
 
 from numa_device_plugin.api.podresources.v1 import api_pb2 as pr_pb2
 from numa_device_plugin.kubelet.view import KubeletView, view_from
+from numa_device_plugin.ops.bounded import one_line
 from numa_device_plugin.plugin.capacity import live_devices, misalignment, node_capacity
 from numa_device_plugin.plugin.config import Config
 from numa_device_plugin.plugin.devices import CPUS, Resource, device_index
@@ -224,7 +225,7 @@ def render_table(document: dict[str, Any]) -> str:
             else:
                 flag = f"MISALIGNED: {holder['problem']}"
             lines.append(
-                f"  {holder['namespace']}/{holder['pod']} {holder['container']}: "
+                f"  {_who(holder)}: "
                 f"{len(holder['devices'])} device(s), CPUs {holder['cpus'] or '-'}, {flag}"
             )
         if not node["holders"]:
@@ -246,7 +247,7 @@ def render_table(document: dict[str, Any]) -> str:
         for holder in entry["holders"]:
             flag = "counted" if holder["problem"] is None else f"MISCOUNTED: {holder['problem']}"
             lines.append(
-                f"  {holder['namespace']}/{holder['pod']} {holder['container']}: "
+                f"  {_who(holder)}: "
                 f"{len(holder['devices'])} device(s), {format_quantity(holder['bytes'])}, {flag}"
             )
     lines.append(f"misaligned containers: {document['misaligned']}")
@@ -256,3 +257,9 @@ def render_table(document: dict[str, Any]) -> str:
             f"{document['miscounted']}"
         )
     return "\n".join(lines)
+
+
+def _who(holder: dict[str, Any]) -> str:
+    """``namespace/pod container`` as the kubelet named them, control characters shown
+    as escapes (a NUL or a carriage return from the kubelet never reaches the terminal)."""
+    return one_line(f"{holder['namespace']}/{holder['pod']} {holder['container']}", 300)

@@ -282,3 +282,19 @@ async def test_status_lists_a_near_resource_per_numa_node_it_covers(
     assert entries[1]["near"] == "md=block:md0"
     assert document["misaligned"] == 1
     assert "NUMA node 1 (numa-align/md near block:md0, CPUs 4-7): capacity 5" in table
+
+
+def test_the_table_escapes_control_characters_in_names_from_the_kubelet() -> None:
+    """A pod name with NUL and CR once reached the terminal as is."""
+    from numa_device_plugin.plugin.status import render_table
+
+    holder = {"aligned": True, "problem": None, "namespace": "ns", "pod": "p\x00\rx",
+              "container": "c\x1b[2J", "devices": ["numa0-slot0000"], "cpus": "1"}  # fmt: skip
+    node = {"id": 0, "resource": "numa-align/numa-0", "cpus": "0-3", "capacity": 1,
+            "allocatable": 1, "allocated": 1, "assigned_cpus": {"ours": 1, "others": 0},
+            "memory": None, "allocatable_cpus": 4, "free_cpus": 3, "holders": [holder]}  # fmt: skip
+    document = {"cpu_manager_static": True, "nodes": [node], "memory": [],
+                "memory_manager_static": True, "misaligned": 0, "miscounted": 0}  # fmt: skip
+    table = render_table(document)
+    assert "  ns/p\\x00 x c\\x1b[2J: 1 device(s), CPUs 1, aligned" in table.splitlines()
+    assert not any(c in table for c in "\x00\r\x1b")
