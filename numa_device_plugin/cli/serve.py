@@ -23,7 +23,7 @@ from numa_device_plugin.cli import options
 from numa_device_plugin.kubelet.grpcserver import SocketPathError
 from numa_device_plugin.ops.heap import limit_malloc_arenas
 from numa_device_plugin.ops.limits import FdLimitError
-from numa_device_plugin.ops.logs import LevelSwitch, configure_logging
+from numa_device_plugin.ops.logs import LevelSwitch, configure_logging, loop_exception_handler
 from numa_device_plugin.ops.probes import MAX_CONNECTIONS
 from numa_device_plugin.ops.signals import LEVEL_SIGNAL, STOP_SIGNALS
 from numa_device_plugin.plugin.config import Config, check_socket_dir
@@ -163,6 +163,7 @@ async def serve(
     :class:`ListenerError` when a listener cannot be bound, before anything else is
     served."""
     loop = asyncio.get_running_loop()
+    loop.set_exception_handler(loop_exception_handler)
     recorder = None
     render = None
     if metrics_address:

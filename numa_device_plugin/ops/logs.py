@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import sys
 import time
@@ -151,3 +152,18 @@ class LogLimiter:
             return None
         self._last[key] = now
         return self._held.pop(key, 0)
+
+
+def loop_exception_handler(loop: asyncio.AbstractEventLoop, context: dict[str, object]) -> None:
+    """The event loop's exception handler (``loop.set_exception_handler``): a callback or
+    task that ended by cancellation (grpc's aio server cancels its own RPC tasks and
+    callbacks, ``_schedule_rpc_coro``, when a server stops) is one debug line, not a
+    traceback; anything else goes to asyncio's default handler (an error with its
+    traceback)."""
+    if isinstance(context.get("exception"), asyncio.CancelledError):
+        structlog.get_logger("asyncio").debug(
+            "a task or callback was cancelled while stopping",
+            detail=str(context.get("message"))[:200],
+        )
+        return
+    loop.default_exception_handler(context)

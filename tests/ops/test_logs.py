@@ -82,3 +82,32 @@ def test_configuring_again_keeps_one_handler(stderr: Writes) -> None:
         configure_logging("warning", "json")
     logging.getLogger("x").error("once")
     assert len(stderr.calls) == 1
+
+
+async def test_a_callback_cancelled_while_stopping_is_no_traceback(stderr: Writes) -> None:
+    """grpc's aio server cancels its RPC tasks and callbacks when it stops: asyncio's
+    default handler once printed a CancelledError traceback (``_schedule_rpc_coro``)
+    at SIGTERM. Other errors keep their traceback."""
+    import asyncio
+
+    configure_logging("info", "json")
+    loop = asyncio.get_running_loop()
+    previous = loop.get_exception_handler()
+    loop.set_exception_handler(logs.loop_exception_handler)
+    try:
+
+        def cancelled() -> None:
+            raise asyncio.CancelledError
+
+        def broken() -> None:
+            raise ValueError("a real error")
+
+        loop.call_soon(cancelled)
+        loop.call_soon(broken)
+        await asyncio.sleep(0.01)
+    finally:
+        loop.set_exception_handler(previous)
+    written = "".join(stderr.calls)
+    assert "CancelledError" not in written
+    assert "a real error" in written
+    assert "Traceback" in written
