@@ -18,8 +18,11 @@ import pytest
 
 from numa_device_plugin.ops.instancelock import LOCK_DIR_NAME, LOCK_FILE_NAME, InstanceLock
 from numa_device_plugin.topology.fake import SysfsTree
+from tests.conftest import REPO
 from tests.plugin.test_hardening import NAMES, logged, readyz
 from tests.standin_helpers import eventually, live_plugin, serve_process
+
+TROUBLESHOOTING = REPO / "docs" / "troubleshooting.md"
 
 CHECKPOINT = b'{"Data":{"PodDeviceEntries":null,"RegisteredDevices":{}},"Checksum":1}'
 
@@ -131,6 +134,10 @@ async def test_serve_refuses_a_planted_lock_at_start(
     assert reason in plugin.log()
     assert str(lock_path) in plugin.log()
     assert checkpoint.read_bytes() == CHECKPOINT
+    # The troubleshooting page once said the plugin waits here.
+    (row,) = [line for line in TROUBLESHOOTING.read_text().splitlines()
+              if line.startswith("| `cannot lock the device-plugin folder`")]  # fmt: skip
+    assert "Found at start, it exits 1" in row
 
 
 @pytest.mark.parametrize("plant", ["symlink to the checkpoint", "fifo"])
