@@ -36,6 +36,14 @@ from numa_device_plugin.ops.logs import configure_logging
     options.output,
     options.quiet_log_level,
 )
+@click.option(
+    "--timeout",
+    type=click.FloatRange(min=0.1, max=600),
+    default=None,
+    envvar="NUMA_TIMEOUT",
+    show_envvar=True,
+    help="seconds each pod resources call may take (default 5; more on a slow node)",
+)
 @click.pass_context
 def command(ctx: click.Context, /, **params: Any) -> int:
     """0 after printing; 1 when the pod resources API cannot be read (said on stderr)."""
@@ -50,11 +58,12 @@ def command(ctx: click.Context, /, **params: Any) -> int:
     discovery = options.discover_or_usage(ctx, config)
     socket = config.pod_resources_path
     problem = socket_problem(socket)
+    timeout = FETCH_TIMEOUT if params["timeout"] is None else params["timeout"]
     if problem is None:
         try:
-            pods, allocatable = asyncio.run(fetch(socket, timeout=FETCH_TIMEOUT))
+            pods, allocatable = asyncio.run(fetch(socket, timeout=timeout))
         except PodResourcesError as exc:
-            problem = call_problem(exc.code.name, exc.details)
+            problem = call_problem(exc.code.name, exc.details, timeout)
     if problem is not None:
         print(f"numa-device-plugin status: {socket}: {problem}", file=sys.stderr)
         return 1
@@ -84,11 +93,12 @@ def socket_problem(path: Path) -> str | None:
     return "is a regular file, not a socket" if stat.S_ISREG(mode) else "is not a socket"
 
 
-def call_problem(code: str, details: str) -> str:
-    """One short line for a failed call, by its gRPC status code name."""
+def call_problem(code: str, details: str, timeout: float = FETCH_TIMEOUT) -> str:
+    """One short line for a failed call, by its gRPC status code name (``timeout``: the
+    seconds the call had)."""
     reasons = {
         "UNAVAILABLE": "nothing answers on it (connection refused)",
-        "DEADLINE_EXCEEDED": f"no answer within {FETCH_TIMEOUT:g} s",
+        "DEADLINE_EXCEEDED": f"no answer within {timeout:g} s (--timeout)",
         "UNIMPLEMENTED": "it does not serve the pod resources API v1 "
         "(List, GetAllocatableResources); a kubelet older than 1.23?",
         "PERMISSION_DENIED": "permission denied",

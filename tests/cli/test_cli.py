@@ -95,6 +95,7 @@ COMMAND_FLAGS = {
         ("--near", "NUMA_NEAR"),
         ("--output", "NUMA_OUTPUT"),
         ("--log-level", "NUMA_LOG_LEVEL"),
+        ("--timeout", "NUMA_TIMEOUT"),
     ],
     "demo": [
         ("--sysfs-root", "NUMA_SYSFS_ROOT"),

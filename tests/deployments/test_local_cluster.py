@@ -498,3 +498,21 @@ def test_host_paths_under_tmp_are_bound_into_the_guests_tmp() -> None:
     tmpfs = script.index("mount -t tmpfs -o size=50% tmpfs /tmp")
     assert script.index("mount --bind /tmp /host-tmp") < tmpfs
     assert tmpfs < script.index('mount --bind "/host-tmp/${kept#/tmp/}" "$kept"')
+
+
+def test_a_failed_command_shows_its_stderr_and_the_plugins_last_log_lines() -> None:
+    """The e2e failure of ``status`` on a loaded machine once showed only
+    CalledProcessError: not why it failed."""
+    from tests.e2e.conftest import run_checked
+
+    command = ["sh", "-c", "echo partial; echo 'no answer within 5 s' >&2; exit 3"]
+    log = "\n".join(f"line {i}" for i in range(100))
+    with pytest.raises(AssertionError) as caught:
+        run_checked(command, timeout=30, plugin_log=lambda: log)
+    text = str(caught.value)
+    assert "exited 3" in text
+    assert "no answer within 5 s" in text
+    assert "partial" in text
+    assert "line 99" in text
+    assert "line 59\n" not in text, "only the last 40 lines"
+    assert run_checked(["sh", "-c", "echo fine"], timeout=30) == "fine\n"

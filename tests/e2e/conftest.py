@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -73,6 +74,35 @@ class ClusterConfig:
     def exclusive_cpus(self, node: int) -> int:
         """CPUs of NUMA node ``node`` the static CPU manager can hand out exclusively."""
         return len(self.numa_cpus[node] - self.reserved_cpus)
+
+
+def run_checked(
+    command: list[str],
+    *,
+    timeout: float,
+    env: dict[str, str] | None = None,
+    plugin_log: Callable[[], str] | None = None,
+) -> str:
+    """``command``'s stdout; when it exits non-zero, an AssertionError that shows the
+    command, its exit status, the end of its stderr and stdout and, with ``plugin_log``,
+    the plugin's last log lines (a bare CalledProcessError once hid why ``status``
+    failed on a loaded machine)."""
+    done = subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=env,
+                          check=False)  # fmt: skip
+    if done.returncode == 0:
+        return done.stdout
+    parts = [
+        f"{shlex.join(command)} exited {done.returncode}",
+        f"--- its stderr (end) ---\n{done.stderr[-4000:].rstrip()}",
+        f"--- its stdout (end) ---\n{done.stdout[-2000:].rstrip()}",
+    ]
+    if plugin_log is not None:
+        try:
+            lines = plugin_log().splitlines()[-40:]
+            parts.append("--- the plugin's last log lines ---\n" + "\n".join(lines))
+        except Exception as exc:  # the failure at hand matters more
+            parts.append(f"(the plugin's log could not be read: {exc})")
+    raise AssertionError("\n".join(parts))
 
 
 def read_cluster_config() -> ClusterConfig:
@@ -209,7 +239,11 @@ class Platform:
 
     # Shared helpers.
     def status(self) -> dict[str, Any]:
-        document: dict[str, Any] = json.loads(self.cli("status", "--output", "json"))
+        # Each pod resources call may take longer on slow (TCG) guests.
+        timeout = 10 * float(getattr(self, "time_scale", 1.0))
+        document: dict[str, Any] = json.loads(
+            self.cli("status", "--output", "json", "--timeout", f"{timeout:g}")
+        )
         return document
 
     def registered(self, resources: tuple[str, ...]) -> bool:
@@ -260,8 +294,10 @@ class LocalPlatform(Platform):
         command = [sys.executable, "-m", "numa_device_plugin", *args]
         if args[0] == "status":
             command += ["--pod-resources-socket", self.description["pod_resources_socket"]]
-        done = subprocess.run(command, capture_output=True, text=True, timeout=60, check=True)
-        return done.stdout
+        return run_checked(
+            command, timeout=60 * self.time_scale,
+            plugin_log=lambda: Path(self.processes["plugin"]["log"]).read_text(errors="replace"),
+        )  # fmt: skip
 
     def _pid(self, name: str) -> int:
         return int(Path(self.processes[name]["pidfile"]).read_text())

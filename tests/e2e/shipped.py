@@ -30,6 +30,7 @@ from tests.e2e.conftest import (
     daemonset_pod,
     parse_metrics,
     pod_ready,
+    run_checked,
 )
 
 RELEASE = "numa-device-plugin"
@@ -139,19 +140,20 @@ class ShippedPlatform(LocalPlatform):
         return parse_metrics(self._pod_get(METRICS_PORT, "/metrics")[1])
 
     def kubectl(self, *args: str, timeout: float = 60) -> str:
-        """``kubectl ARGS`` against the cluster; its stdout. Raises CalledProcessError."""
-        done = subprocess.run(
-            ["kubectl", *args], capture_output=True, text=True, timeout=timeout * self.time_scale,
-            env=self.kubectl_env, check=True,
-        )  # fmt: skip
-        return done.stdout
+        """``kubectl ARGS`` against the cluster; its stdout. Raises AssertionError with
+        its stderr (:func:`run_checked`)."""
+        return run_checked(["kubectl", *args], timeout=timeout * self.time_scale,
+                           env=self.kubectl_env)  # fmt: skip
 
     def cli(self, *args: str) -> str:
         """``kubectl exec`` of ``numa-device-plugin ARGS`` in the plugin's container."""
         pod = self.plugin_pod()
         assert pod is not None, f"no running plugin pod on {self.node}"
-        return self.kubectl("-n", NAMESPACE, "exec", pod.metadata.name, "-c", PLUGIN, "--",
-                            "numa-device-plugin", *args)  # fmt: skip
+        return run_checked(
+            ["kubectl", "-n", NAMESPACE, "exec", str(pod.metadata.name), "-c", PLUGIN, "--",
+             "numa-device-plugin", *args],
+            timeout=60 * self.time_scale, env=self.kubectl_env, plugin_log=self.plugin_log,
+        )  # fmt: skip
 
     def plugin_log(self) -> str:
         """``kubectl logs`` of the node's plugin pod."""

@@ -8,7 +8,6 @@ resources API, and the API server (allocatable, pod phase and reason, scheduler 
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -19,7 +18,7 @@ from kubernetes import client
 
 from numa_device_plugin.topology.sysfs import parse_cpulist
 from tests.conftest import REPO
-from tests.e2e.conftest import ClusterConfig, LocalPlatform, Platform
+from tests.e2e.conftest import ClusterConfig, LocalPlatform, Platform, run_checked
 
 pytestmark = pytest.mark.e2e
 # What a pod prints to show where it runs, read from the kernel, not from the plugin.
@@ -256,7 +255,7 @@ def test_top_explains_a_pending_pod_from_the_api_server(platform: Platform, name
     top = [sys.executable, "-m", "numa_device_plugin", "top"]
 
     def run(*args: str) -> str:
-        return subprocess.run([*top, *args], capture_output=True, text=True, check=True).stdout
+        return run_checked([*top, *args], timeout=120)
 
     # Pods of earlier tests may still be ending: read until two counts agree around top's.
     for _ in range(10):
