@@ -1,7 +1,8 @@
 """Figures of a real ``serve`` under hostile input: a ``/metrics`` flood, readers that
 never read, a YAML alias bomb as the per-node configuration file, a silent API
-server and a pod resources API listing 69,000 containers. Prints probe latencies,
-RSS and the time a SIGTERM takes; asserts nothing
+server, a pod resources API listing 69,000 containers, ``top`` against endless
+pages, and sysfs roots no kernel can have. Prints probe latencies, RSS, times and
+the time a SIGTERM takes; asserts nothing
 (the tests assert behaviour: tests/ops/test_scrape_flood.py,
 tests/nodeconfig/test_nodeconfig_hostile.py).
 
@@ -204,6 +205,92 @@ async def big_pod_resources(folder: Path, containers: int, seconds: float) -> di
     return figures
 
 
+def top_against_endless_pages(folder: Path) -> dict[str, Any]:
+    """``top`` (a subprocess) against an API server answering every list request with
+    another page (``continue`` set): empty pages, then 4 MiB pages. Time, exit status,
+    requests served and the child's peak RSS."""
+    import json as json_module
+    import resource
+    import subprocess
+
+    from tests.apiserver_stub import kubeconfig_text
+    from tests.ops.test_bounded import raw_server
+
+    def page(pad: int) -> bytes:
+        body = json_module.dumps(
+            {"kind": "NodeList", "items": [], "metadata": {"continue": "x", "pad": "p" * pad}}
+        ).encode()
+        head = (
+            f"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nConnection: close\r\n"
+            f"Content-Length: {len(body)}\r\n\r\n"
+        ).encode()
+        return head + body  # fmt: skip
+
+    figures: dict[str, Any] = {}
+    for name, pad, timeout in (("empty_pages", 0, "3"), ("4mib_pages", (4 << 20) - 200, "60")):
+        answer = page(pad)
+        served: list[int] = []
+
+        def serve_page(
+            conn: socket.socket, answer: bytes = answer, served: list[int] = served
+        ) -> None:
+            served.append(1)
+            conn.sendall(answer)
+
+        with raw_server(serve_page) as port:
+            kubeconfig = folder / f"kubeconfig-{name}"
+            kubeconfig.write_text(kubeconfig_text(f"http://127.0.0.1:{port}"))
+            before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+            started = time.monotonic()
+            done = subprocess.run(
+                [sys.executable, "-m", "numa_device_plugin", "top", "--kubeconfig",
+                 str(kubeconfig), "--timeout", timeout],
+                capture_output=True, text=True, check=False,
+            )  # fmt: skip
+            took = time.monotonic() - started
+            peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+        figures[name] = {
+            "timeout_s": float(timeout),
+            "seconds": took,
+            "exit": done.returncode,
+            "requests": len(served),
+            "peak_rss_mb": max(peak, before) / 1024,
+            "stderr": done.stderr.strip()[-160:],
+        }
+    return figures
+
+
+def discovery_of_absurd_sysfs(folder: Path) -> dict[str, Any]:
+    """``discover`` on sysfs roots no kernel can have: ``node/online`` 0-65535, and
+    1,024 NUMA nodes each listing CPUs 0-65535. Time and the first line of stderr."""
+    import subprocess
+
+    from numa_device_plugin.topology.fake import SysfsTree
+
+    online = SysfsTree(folder / "online")
+    online.cpus(2, online="0-1")
+    online.write("node/online", "0-65535\n")
+    dense = SysfsTree(folder / "dense")
+    dense.cpus(4, online="0-3")
+    dense.write("node/online", "0-1023\n")
+    for node in range(1024):
+        dense.node(node, "0-65535", mem_kb=None)
+    figures: dict[str, Any] = {}
+    for name, tree in (("node_online_0_65535", online), ("dense_1024_x_0_65535", dense)):
+        started = time.monotonic()
+        done = subprocess.run(
+            [sys.executable, "-m", "numa_device_plugin", "discover", "--sysfs-root",
+             str(tree.root)],
+            capture_output=True, text=True, check=False,
+        )  # fmt: skip
+        figures[name] = {
+            "seconds": time.monotonic() - started,
+            "exit": done.returncode,
+            "stderr": done.stderr.strip().splitlines()[0][:200] if done.stderr.strip() else "",
+        }
+    return figures
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.hostile", description=__doc__)
     parser.add_argument("--scrapers", type=int, default=32)
@@ -216,6 +303,8 @@ def main(argv: list[str] | None = None) -> int:
         (root / "a").mkdir()
         (root / "b").mkdir()
         (root / "c").mkdir()
+        (root / "d").mkdir()
+        (root / "e").mkdir()
         document = {
             "machine": machine_info(),
             "load": os.getloadavg()[0],
@@ -224,6 +313,8 @@ def main(argv: list[str] | None = None) -> int:
             "big_pod_resources": asyncio.run(
                 big_pod_resources(root / "c", args.containers, args.seconds)
             ),
+            "top_against_endless_pages": top_against_endless_pages(root / "d"),
+            "discovery_of_absurd_sysfs": discovery_of_absurd_sysfs(root / "e"),
         }
     print(json.dumps(document, indent=2) if args.json else json.dumps(document, indent=1))
     return 0
