@@ -28,13 +28,11 @@ REPO = Path(__file__).resolve().parent.parent
 # Files that run real serve processes, wait on timers or measure time and memory.
 LOAD_SENSITIVE = (
     "tests/test_benchmarks.py",
-    "tests/plugin/test_bite.py",
     "tests/plugin/test_bite3.py",
     "tests/plugin/test_capacity.py",
     "tests/cli/test_cli.py",
     "tests/cli/test_configuration.py",
     "tests/deployments/test_dashboard.py",
-    "tests/plugin/test_foreign_ids.py",
     "tests/plugin/test_hardening.py",
     "tests/kubelet/test_kubelet_standin.py",
     "tests/ops/test_limits.py",
@@ -52,7 +50,6 @@ LOAD_SENSITIVE = (
     "tests/ops/test_signals.py",
     "tests/plugin/test_status.py",
     "tests/cli/test_top.py",
-    "tests/plugin/test_untested_paths.py",
 )
 
 

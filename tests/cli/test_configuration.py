@@ -13,6 +13,8 @@ from pathlib import Path
 import pytest
 
 from numa_device_plugin.cli import serve
+from numa_device_plugin.kubelet.podresources import PodResourcesClient, PodResourcesError
+from numa_device_plugin.plugin.config import Config
 from numa_device_plugin.plugin.manager import PluginManager
 from numa_device_plugin.topology.fake import SysfsTree
 from tests.cli.test_cli import run_main, serve_config, serve_params
@@ -240,8 +242,6 @@ async def test_a_relative_socket_path_dials_without_c_core_traces(
     socket is a plain UNAVAILABLE, with no multi-line gRPC trace on stderr per attempt."""
     import grpc
 
-    from numa_device_plugin.kubelet.podresources import PodResourcesClient, PodResourcesError
-
     monkeypatch.chdir(tmp_path)
     async with PodResourcesClient(Path("pr/kubelet.sock")) as client:
         for _ in range(3):
@@ -249,3 +249,18 @@ async def test_a_relative_socket_path_dials_without_c_core_traces(
                 await client.view(1.0)
             assert caught.value.code == grpc.StatusCode.UNAVAILABLE
     assert "authority-based URIs" not in capfd.readouterr().err
+
+
+@pytest.mark.parametrize("value", ["inf", "+inf", "1e400", "-inf", "nan"])
+def test_an_infinite_interval_is_refused(value: str) -> None:
+    """Mutation: ``--pod-resources-interval inf`` (``+inf``, ``1e400``) accepted."""
+    import click
+
+    with pytest.raises(click.BadParameter, match="must be a positive number of seconds"):
+        serve_params(["--pod-resources-interval", value])
+
+
+def test_the_interval_defaults_to_5_seconds() -> None:
+    """Mutation: another default for the interval."""
+    assert serve_params([])["pod_resources_interval"] == 5.0
+    assert Config().pod_resources_interval == 5.0

@@ -18,7 +18,13 @@ from numa_device_plugin.kubelet.podresources import (
     PodResourcesError,
     parse_answers,
 )
+from numa_device_plugin.kubelet.view import view_from
 from numa_device_plugin.kubelet_standin import KubeletStandIn
+from numa_device_plugin.plugin.config import Config
+from numa_device_plugin.topology.fake import SysfsTree
+from tests.standin_helpers import serve_process, wait_all_live
+
+R0, R1 = "numa-align/numa-0", "numa-align/numa-1"
 
 
 async def test_the_view_is_parsed_and_converted_off_the_event_loop(
@@ -67,7 +73,6 @@ async def test_the_device_lists_an_answer_calls_for_are_worked_out_off_the_event
     sock_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from numa_device_plugin.plugin import capacity, poller
-    from numa_device_plugin.plugin.config import Config
     from numa_device_plugin.topology.fake import build_machine
     from tests.standin_helpers import running, wait_all_live
 
@@ -93,3 +98,65 @@ async def test_the_device_lists_an_answer_calls_for_are_worked_out_off_the_event
         assert manager.registered == set(names)
     workers = [name for name in seen if name != threading.main_thread().name]
     assert workers, "each poll's answer is applied from a worker thread"
+
+
+def memory_block(kind: str, size: int, *nodes: int) -> pr_pb2.ContainerMemory:
+    return pr_pb2.ContainerMemory(
+        memory_type=kind,
+        size=size,
+        topology=pr_pb2.TopologyInfo(nodes=[pr_pb2.NUMANode(ID=n) for n in nodes]),
+    )
+
+
+def test_view_from_sums_the_memory_blocks_of_a_numa_node() -> None:
+    """Mutation: a NUMA node's memory overwritten by its last block instead of summed."""
+    allocatable = pr_pb2.AllocatableResourcesResponse(
+        memory=[
+            memory_block("memory", 3 * 2**30, 1),
+            memory_block("memory", 1 * 2**30, 1),
+            memory_block("hugepages-2Mi", 512 * 2**20, 1),
+            memory_block("memory", 2 * 2**30, 0),
+        ]
+    )
+    view = view_from(pr_pb2.ListPodResourcesResponse(), allocatable)
+    assert view.memory == {
+        1: {"memory": 4 * 2**30, "hugepages-2Mi": 512 * 2**20},
+        0: {"memory": 2 * 2**30},
+    }
+
+
+async def test_the_client_dials_anew_after_an_error(sock_dir: Path) -> None:
+    """Mutation: the pod resources client keeps its channel after an error. A kept
+    channel to a restarted kubelet sits in its reconnect backoff and fails the read."""
+    kubelet = KubeletStandIn(
+        sock_dir / "dp", pod_resources_dir=sock_dir / "pr", allocatable_cpus=[1, 2]
+    )
+    async with kubelet, PodResourcesClient(sock_dir / "pr" / "kubelet.sock") as client:
+        assert (await client.view(2.0)).allocatable_cpus == {1, 2}
+        await kubelet.stop_pod_resources()
+        with pytest.raises(PodResourcesError):
+            await client.view(2.0)
+        kubelet.allocatable_cpus = [1, 2, 3]
+        await kubelet.start_pod_resources()
+        for _ in range(3):  # every read right after the restart answers
+            assert (await client.view(2.0)).allocatable_cpus == {1, 2, 3}
+
+
+async def test_get_allocatable_resources_is_read_again(
+    two_nodes: SysfsTree, sock_dir: Path
+) -> None:
+    """Mutation: GetAllocatableResources read only once. The kubelet's allocatable CPUs
+    changed (here without a restart): a later read sees it."""
+    kubelet = KubeletStandIn(
+        sock_dir / "dp", pod_resources_dir=sock_dir / "pr", allocatable_cpus=range(1, 8)
+    )
+    flags = (
+        "--capacity", "cpus",
+        "--pod-resources-socket", str(sock_dir / "pr" / "kubelet.sock"),
+        "--pod-resources-interval", "0.1",
+    )  # fmt: skip
+    async with kubelet, serve_process(two_nodes, sock_dir / "dp", *flags):
+        await wait_all_live(kubelet, [R0, R1], timeout=20)
+        await kubelet.wait_until(lambda: kubelet.allocatable(R1) == 4)
+        kubelet.allocatable_cpus = [1, 2, 3, 4, 5, 6]  # CPU 7 reserved now
+        await kubelet.wait_until(lambda: kubelet.allocatable(R1) == 3, timeout=10)

@@ -11,7 +11,7 @@ import urllib.request
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, ClassVar, cast
 
 import pytest
 
@@ -548,3 +548,49 @@ def test_bad_per_node_flags_exit_2(
     err = capsys.readouterr().err
     assert "Usage:" in err
     assert fault in err
+
+
+class SlowManager:
+    """A manager whose teardown takes ``teardown`` seconds; ``made`` lists them all."""
+
+    made: ClassVar[list[SlowManager]] = []
+
+    def __init__(self, config: Config, teardown: float = 0.3) -> None:
+        self.config = config
+        self.teardown = teardown
+        self.stopping = asyncio.Event()
+        self.finished = False
+        SlowManager.made.append(self)
+
+    def readiness_problems(self) -> list[str]:
+        return []
+
+    def stop(self) -> None:
+        self.stopping.set()
+
+    def reload(self) -> None:
+        pass
+
+    async def serve(self) -> None:
+        await self.stopping.wait()
+        await asyncio.sleep(self.teardown)
+        self.finished = True
+
+
+async def test_a_stop_during_a_configuration_switch_starts_nothing_new() -> None:
+    SlowManager.made = []
+    first, second = config_from_params({"capacity": 3}), config_from_params({"capacity": 4})
+    choices: list[Any] = [("a", first), ("b", second)]
+
+    def select() -> Any:
+        return choices[0] if len(choices) == 1 else choices.pop(0)
+
+    supervisor = ConfigSupervisor(select, SlowManager, interval=0.05)  # type: ignore[arg-type]
+    task = asyncio.create_task(supervisor.serve())
+    while not SlowManager.made or not SlowManager.made[0].stopping.is_set():  # noqa: ASYNC110
+        await asyncio.sleep(0.01)  # the switch to "b" is retiring "a" now
+    supervisor.stop()
+    await asyncio.wait_for(task, 5)
+    assert [manager.config for manager in SlowManager.made] == [first], "b never started"
+    assert SlowManager.made[0].finished, "a was torn down in full"
+    assert supervisor.manager is None

@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import asyncio
 import os
+import socket
 import subprocess
 import sys
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -15,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from numa_device_plugin.kubelet_standin import KubeletStandIn
+from numa_device_plugin.ops import probes
 from numa_device_plugin.ops.probes import MAX_REQUEST, ProbeServer
 from numa_device_plugin.topology.fake import SysfsTree
 from tests.conftest import REPO
@@ -202,3 +205,27 @@ async def test_the_shipped_daemonsets_probes_pass(
             )  # fmt: skip
             assert (result.returncode, result.stdout.strip()) == (0, "ok"), result.stderr
         assert await plugin.terminate() == 0
+
+
+async def test_a_client_that_reads_nothing_is_cut_off_after_the_write_timeout(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(probes, "WRITE_TIMEOUT", 0.5)
+    body = b"x" * (32 << 20)  # far more than the socket buffers hold
+    server = probes.ProbeServer(("127.0.0.1", 0), list, lambda: body)
+    await server.start()
+    client = socket.create_connection(("127.0.0.1", server.port))
+    client.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    try:
+        client.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+        started = time.monotonic()
+        while server.connections == 0 and time.monotonic() - started < 5:  # noqa: ASYNC110
+            await asyncio.sleep(0.01)
+        while server.connections and time.monotonic() - started < 10:  # noqa: ASYNC110
+            await asyncio.sleep(0.05)
+        took = time.monotonic() - started
+        assert server.connections == 0, "the connection was dropped"
+        assert took < 3, took
+    finally:
+        client.close()
+        await server.stop()

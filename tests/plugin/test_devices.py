@@ -12,6 +12,7 @@ from numa_device_plugin.plugin.devices import (
     Near,
     build_resources,
     check_near,
+    device_index,
     parse_near,
     socket_name,
     validate_extended_resource_name,
@@ -180,3 +181,37 @@ def test_check_near_refuses_more_than_max_near() -> None:
     check_near("numa-align", many[:MAX_NEAR])
     with pytest.raises(ValueError, match=f"at most {MAX_NEAR}"):
         check_near("numa-align", many)
+
+
+HOSTILE = [
+    "numa0-mem²",  # a digit Python's isdigit() accepts and int() refuses
+    "numa1-mem" + "7" * 5000,  # over int()'s 4,300 digits
+    "numa1-cpu" + "1" * 10,  # over 9 digits
+    "numa1-cpu٣",  # an Arabic-Indic digit
+    "numa0-cpu0004",  # another node's id
+    "numa1-",
+    "numa1-cpu",
+    "cpu0004",
+    "",
+    "numa1-CPU0004",
+    "numa01x-cpu0004",
+    "numa1-cpu0004\n",
+    "x" * 70_000,
+]
+
+
+@pytest.mark.parametrize(
+    ("device_id", "node", "index"),
+    [
+        ("numa1-cpu0012", 1, 12),
+        ("numa0-hp2m0003", 0, 3),
+        ("numa7-hp1g0000", 7, 0),
+        ("numa1-slot0099", 1, 99),
+        ("numa1-mem123456789", 1, 123456789),
+        *((device_id, 1, None) for device_id in HOSTILE),
+    ],
+)
+def test_device_index_parses_only_the_plugins_own_ids(
+    device_id: str, node: int, index: int | None
+) -> None:
+    assert device_index(device_id, node) == index

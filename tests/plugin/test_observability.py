@@ -425,3 +425,18 @@ def test_near_resources_are_metrics_with_their_numa_nodes_and_whether_advertised
     }
     recorder.near({})  # a reload without --near: the series go
     assert b"numa_device_plugin_near_advertised{" not in recorder.render()
+
+
+def test_allocatable_memory_reaches_its_metric() -> None:
+    """Mutation: ``numa_node_allocatable_memory_bytes`` set to 0."""
+    recorder = PrometheusRecorder()
+    recorder.capacity([], {1: {"memory": 4 * 2**30, "hugepages-1Gi": 2**30}}, {})
+    text = recorder.render().decode()
+    assert (
+        'numa_node_allocatable_memory_bytes{memory_type="memory",numa_node="1"} 4.294967296e+09'
+        in text
+    )
+    assert (
+        'numa_node_allocatable_memory_bytes{memory_type="hugepages-1Gi",numa_node="1"} '
+        "1.073741824e+09" in text
+    )
