@@ -28,12 +28,16 @@ REPO = Path(__file__).resolve().parent.parent
 # Files that run real serve processes, wait on timers or measure time and memory.
 LOAD_SENSITIVE = (
     "tests/test_benchmarks.py",
-    "tests/plugin/test_bite3.py",
+    "tests/plugin/test_poller.py",
+    "tests/plugin/test_endpoint.py",
+    "tests/kubelet/test_podresources.py",
+    "tests/kubelet/test_watcher.py",
+    "tests/cluster/test_kubeapi.py",
+    "tests/ops/test_bounded.py",
     "tests/plugin/test_capacity.py",
     "tests/cli/test_cli.py",
     "tests/cli/test_configuration.py",
     "tests/deployments/test_dashboard.py",
-    "tests/plugin/test_hardening.py",
     "tests/kubelet/test_kubelet_standin.py",
     "tests/ops/test_limits.py",
     "tests/ops/test_lockfile.py",

@@ -9,6 +9,8 @@ import signal
 import subprocess
 import sys
 import tempfile
+import urllib.error
+import urllib.request
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -21,6 +23,9 @@ from numa_device_plugin.plugin.config import Config
 from numa_device_plugin.plugin.manager import PluginManager
 from numa_device_plugin.plugin.recorder import Recorder
 from numa_device_plugin.topology.fake import SysfsTree
+
+# The resources of a two-NUMA-node machine (the two_nodes fixture).
+NAMES = ["numa-align/numa-0", "numa-align/numa-1"]
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -182,3 +187,34 @@ def never_serve(monkeypatch: Any) -> None:
         raise AssertionError("serve was reached: the bad flag was accepted")
 
     monkeypatch.setattr(serve_module, "serve", refuse)
+
+
+def readyz(port: int) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=5) as response:
+            return response.status, response.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+    except OSError as exc:
+        return 0, str(exc)
+
+
+def scrape(port: int) -> str:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+        text: str = response.read().decode()
+        return text
+
+
+async def logged(process: ServeProcess, event: str, timeout: float = 10.0) -> dict[str, Any]:
+    """Wait until the process has logged ``event``; the first such log line."""
+    found: list[dict[str, Any]] = []
+
+    def seen() -> bool:
+        found[:] = [line for line in process.events() if line.get("event") == event]
+        return bool(found)
+
+    try:
+        await eventually(seen, timeout)
+    except TimeoutError:
+        raise AssertionError(f"{event!r} never logged; the log:\n{process.log()}") from None
+    return found[0]

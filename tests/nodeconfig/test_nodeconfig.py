@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, ClassVar, cast
 
 import pytest
+import structlog
 
 from numa_device_plugin.cli import main
 from numa_device_plugin.cli.options import config_from_params
@@ -594,3 +595,59 @@ async def test_a_stop_during_a_configuration_switch_starts_nothing_new() -> None
     assert [manager.config for manager in SlowManager.made] == [first], "b never started"
     assert SlowManager.made[0].finished, "a was torn down in full"
     assert supervisor.manager is None
+
+
+def test_the_file_limit_is_exact(tmp_path: Path) -> None:
+    """Mutant: an off-by-one at the 1 MiB file limit."""
+    body = "configs: {a: {}}\n"
+    path = tmp_path / "configs.yaml"
+    path.write_text(body + "#" * (MAX_FILE_BYTES - len(body) - 1) + "\n")
+    assert path.stat().st_size == MAX_FILE_BYTES
+    assert set(load_node_configs(path, BASE).configs) == {"a"}
+    path.write_text(body + "#" * (MAX_FILE_BYTES - len(body)) + "\n")
+    with pytest.raises(NodeConfigError, match=f"is over {MAX_FILE_BYTES} bytes"):
+        load_node_configs(path, BASE)
+
+
+def test_a_configuration_name_of_63_characters_is_a_label_value() -> None:
+    """Mutant: an off-by-one refusing 63-character label values."""
+    name = "a" * 63
+    assert set(parse_node_configs(Path("f"), f"configs: {{{name}: {{}}}}", BASE).configs) == {name}
+    with pytest.raises(NodeConfigError, match="a name must be a valid label value"):
+        parse_node_configs(Path("f"), f"configs: {{{name}a: {{}}}}", BASE)
+
+
+def test_a_null_configuration_means_the_flags_alone() -> None:
+    """Mutant: a null configuration (``name:`` with nothing after it) refused."""
+    configs = parse_node_configs(Path("f"), "configs:\n  plain:\n", BASE)
+    assert configs.configs == {"plain": {}}
+
+
+async def test_a_transient_failure_is_warned_about_once_while_it_lasts() -> None:
+    """Mutant: the transient warning logged at every look."""
+    config = config_from_params({})
+    outcomes: list[Any] = [
+        ("a", config),
+        *[NodeConfigError("cannot read node n1: 503", transient=True)] * 4,
+    ]
+
+    def select() -> Any:
+        outcome = outcomes.pop(0) if outcomes else ("a", config)
+        if isinstance(outcome, Exception):
+            raise outcome
+        return outcome
+
+    def make(config: Config) -> Any:
+        return RecordingManager(config, [])
+
+    supervisor = ConfigSupervisor(select, make, interval=0.01)
+    with structlog.testing.capture_logs() as logs:
+        task = asyncio.create_task(supervisor.serve())
+        while supervisor.looks < 7:  # noqa: ASYNC110 - counting looks
+            await asyncio.sleep(0.01)
+        supervisor.stop()
+        await asyncio.wait_for(task, 5)
+    kept = [e for e in logs if e["event"].startswith("cannot read the node's label; keeping")]
+    assert len(kept) == 1
+    served = [e for e in logs if e["event"] == "serving the node's configuration"]
+    assert len(served) == 1, "the outage kept the manager; the same choice changed nothing"

@@ -16,11 +16,20 @@ from pathlib import Path
 
 import pytest
 
+from numa_device_plugin.kubelet_standin import KubeletStandIn
 from numa_device_plugin.ops.instancelock import LOCK_DIR_NAME, LOCK_FILE_NAME, InstanceLock
 from numa_device_plugin.topology.fake import SysfsTree
 from tests.conftest import REPO
-from tests.plugin.test_hardening import NAMES, logged, readyz
-from tests.standin_helpers import eventually, live_plugin, serve_process
+from tests.standin_helpers import (
+    NAMES,
+    eventually,
+    free_port,
+    live_plugin,
+    logged,
+    readyz,
+    serve_process,
+    wait_all_live,
+)
 
 TROUBLESHOOTING = REPO / "docs" / "troubleshooting.md"
 
@@ -163,3 +172,105 @@ async def test_a_lock_replaced_while_serving_makes_the_plugin_stand_down_not_han
         assert await plugin.terminate(timeout=5) == 0
         assert time.monotonic() - started < 2
     assert checkpoint.read_bytes() == CHECKPOINT
+
+
+def accepted(kubelet: KubeletStandIn) -> int:
+    return sum(1 for record in kubelet.registrations if record.error is None)
+
+
+async def test_a_second_instance_waits_for_the_lock_then_takes_over(
+    two_nodes: SysfsTree, sock_dir: Path
+) -> None:
+    port = free_port()
+    async with KubeletStandIn(sock_dir) as kubelet, serve_process(two_nodes, sock_dir) as first:
+        await wait_all_live(kubelet, NAMES, timeout=20)
+        flags = ("--health-address", f"127.0.0.1:{port}")
+        async with serve_process(two_nodes, sock_dir, *flags) as second:
+            waiting = await logged(
+                second, "another instance serves this device-plugin folder; waiting for it to exit"
+            )
+            assert f"pid={first.pid} " in waiting["holder"]
+            assert waiting["lock"] == str(sock_dir / LOCK_DIR_NAME / LOCK_FILE_NAME)
+            # It decided before touching any socket: the first instance's registrations
+            # are the only ones, and its streams are the kubelet's only streams.
+            assert accepted(kubelet) == 2
+            assert all(kubelet.live(name) for name in NAMES)
+            await eventually(lambda: readyz(port)[0] == 503)
+            _, text = await asyncio.to_thread(readyz, port)
+            assert "holds the lock" in text
+            assert f"pid={first.pid}" in text
+
+            assert await first.terminate() == 0
+            await logged(second, "took over the instance lock")
+            await wait_all_live(kubelet, NAMES, timeout=10)
+            await eventually(lambda: readyz(port)[0] == 200)
+            lock_text = (sock_dir / LOCK_DIR_NAME / LOCK_FILE_NAME).read_text()
+            assert lock_text.startswith(f"pid={second.pid} ")
+            for name in NAMES:
+                assert kubelet.open_streams(name) == 1
+            assert await second.terminate() == 0
+    stopped = [line for line in first.events() if line.get("event") == "device plugin stopped"]
+    assert stopped, first.log()
+
+
+async def test_the_lock_survives_a_kubelet_restart(two_nodes: SysfsTree, sock_dir: Path) -> None:
+    """The kubelet deletes every file of the folder when it starts, but not subfolders:
+    a newcomer after a kubelet restart must still find the lock taken."""
+    async with KubeletStandIn(sock_dir) as kubelet, serve_process(two_nodes, sock_dir) as first:
+        await wait_all_live(kubelet, NAMES, timeout=20)
+        await kubelet.restart()
+        await wait_all_live(kubelet, NAMES, timeout=10)
+        async with serve_process(two_nodes, sock_dir) as second:
+            waiting = await logged(
+                second, "another instance serves this device-plugin folder; waiting for it to exit"
+            )
+            assert f"pid={first.pid} " in waiting["holder"]
+            assert accepted(kubelet) == 4
+
+
+async def test_a_lock_file_replaced_by_a_folder_makes_the_plugin_stand_down(
+    two_nodes: SysfsTree, sock_dir: Path
+) -> None:
+    """Holding no lock, the plugin must not serve: a newcomer could take the lock and
+    both would register. It stands down, unready, until it can lock again."""
+    lock = sock_dir / LOCK_DIR_NAME / LOCK_FILE_NAME
+    async with live_plugin(two_nodes, sock_dir, NAMES) as (kubelet, plugin, port):
+        await eventually(lambda: readyz(port)[0] == 200)
+        lock.unlink()
+        lock.mkdir()
+        await logged(plugin, "cannot lock the device-plugin folder; standing down")
+        await eventually(lambda: not any(kubelet.open_streams(name) for name in NAMES))
+        status, text = await asyncio.to_thread(readyz, port)
+        assert status == 503
+        assert f"cannot lock {lock}" in text
+        assert not list(sock_dir.glob("*.sock"))[1:], "only kubelet.sock is left"
+
+        lock.rmdir()
+        await logged(plugin, "took over the instance lock")
+        await wait_all_live(kubelet, NAMES, timeout=10)
+        await eventually(lambda: readyz(port)[0] == 200)
+        assert lock.read_text().startswith(f"pid={plugin.pid} ")
+        assert await plugin.terminate() == 0
+
+
+async def test_a_newcomer_on_a_new_lock_file_makes_the_plugin_stand_down(
+    two_nodes: SysfsTree, sock_dir: Path
+) -> None:
+    """The lock file deleted and locked anew by another instance: this one stands
+    down (its streams end, /readyz names the holder) and waits to take over."""
+    from numa_device_plugin.ops.instancelock import InstanceLock
+
+    async with live_plugin(two_nodes, sock_dir, NAMES) as (kubelet, plugin, port):
+        (sock_dir / LOCK_DIR_NAME / LOCK_FILE_NAME).unlink()
+        newcomer = InstanceLock(sock_dir)
+        assert newcomer.try_acquire()
+        try:
+            await logged(plugin, "another instance took the lock; standing down")
+            await eventually(lambda: not any(kubelet.open_streams(name) for name in NAMES))
+            await eventually(lambda: "holds the lock" in readyz(port)[1])
+            assert f"pid={os.getpid()} " in readyz(port)[1]
+        finally:
+            newcomer.release()
+        await logged(plugin, "took over the instance lock")
+        await wait_all_live(kubelet, NAMES, timeout=10)
+        assert await plugin.terminate() == 0

@@ -229,3 +229,26 @@ async def test_a_client_that_reads_nothing_is_cut_off_after_the_write_timeout(
     finally:
         client.close()
         await server.stop()
+
+
+@pytest.mark.parametrize("path", ["/healthz", "/readyz", "/metrics", "/nope"])
+async def test_head_is_answered_without_a_body(path: str) -> None:
+    """Mutant: HEAD answered with a body."""
+    probes = ProbeServer(("127.0.0.1", 0), list, lambda: b"x 1\n")
+    await probes.start()
+    try:
+
+        def ask() -> bytes:
+            with socket.create_connection(("127.0.0.1", probes.port), timeout=5) as client:
+                client.sendall(f"HEAD {path} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+                data = b""
+                while chunk := client.recv(4096):
+                    data += chunk
+                return data
+
+        answer = await asyncio.to_thread(ask)
+    finally:
+        await probes.stop()
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert body == b""
+    assert b"Content-Length: 0" not in head, "the length of the body a GET would get"

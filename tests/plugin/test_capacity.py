@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from numa_device_plugin.cli import main
+from numa_device_plugin.cli.options import config_from_params
 from numa_device_plugin.kubelet.view import Holder, KubeletView
 from numa_device_plugin.kubelet_standin import KubeletStandIn
 from numa_device_plugin.plugin.capacity import (
@@ -24,6 +25,7 @@ from numa_device_plugin.plugin.capacity import (
     live_resource_devices,
     node_capacity,
 )
+from numa_device_plugin.plugin.catalog import Catalog
 from numa_device_plugin.plugin.config import Config
 from numa_device_plugin.plugin.devices import (
     CPUS,
@@ -34,6 +36,9 @@ from numa_device_plugin.plugin.devices import (
     build_resource,
     near_resource,
 )
+from numa_device_plugin.plugin.discovery import discover
+from numa_device_plugin.plugin.poller import CapacityPoller
+from numa_device_plugin.plugin.recorder import NullRecorder
 from numa_device_plugin.topology.fake import DeviceTree, SysfsTree
 from numa_device_plugin.topology.numa import NodePlan, NumaNode
 from numa_device_plugin.topology.selectors import parse_selector
@@ -45,7 +50,7 @@ from tests.standin_helpers import (
     serve_process,
     wait_all_live,
 )
-from tests.topology.test_numamemory import ALL, GI, M1, counts, machine, memory_mode
+from tests.topology.test_numamemory import ALL, GI, M1, block, counts, machine, memory_mode
 
 NODE1 = frozenset(range(4, 8))
 R1 = "numa-align/numa-1"
@@ -438,8 +443,7 @@ def test_cpus_mode_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None
 
 
 async def test_metrics_follow_the_live_count(two_nodes: SysfsTree, sock_dir: Path) -> None:
-    from tests.plugin.test_hardening import scrape
-    from tests.standin_helpers import free_port
+    from tests.standin_helpers import free_port, scrape
 
     port = free_port()
     async with cpus_mode(two_nodes, sock_dir, "--metrics-address", f"127.0.0.1:{port}") as (
@@ -469,9 +473,6 @@ async def test_metrics_follow_the_live_count(two_nodes: SysfsTree, sock_dir: Pat
 async def test_the_poller_stops_when_cancelled_as_a_read_is_requested(sock_dir: Path) -> None:
     """Regression: with asyncio.wait_for (Python 3.11) a cancel arriving as a read was
     requested was swallowed, and stopping the plugin waited a whole interval more."""
-    from numa_device_plugin.plugin.catalog import Catalog
-    from numa_device_plugin.plugin.poller import CapacityPoller
-    from numa_device_plugin.plugin.recorder import NullRecorder
 
     config = Config(
         socket_dir=sock_dir,
@@ -496,8 +497,7 @@ async def test_an_outage_of_the_pod_resources_api_keeps_the_last_counts(
     """Once the API has answered, its last answer holds while it is away (a kubelet
     restart): sysfs arithmetic would count the busy CPUs of node 1 as free. The
     metrics say the API is down and how old the counts are."""
-    from tests.plugin.test_hardening import scrape
-    from tests.standin_helpers import free_port
+    from tests.standin_helpers import free_port, scrape
 
     port = free_port()
     async with cpus_mode(two_nodes, sock_dir, "--metrics-address", f"127.0.0.1:{port}") as (
@@ -605,8 +605,6 @@ def test_a_foreign_held_id_counts_for_nothing_in_cpus_mode(device_id: str) -> No
 
 @pytest.mark.parametrize("device_id", HOSTILE)
 def test_a_foreign_held_id_counts_for_nothing_for_memory(device_id: str, tmp_path: Path) -> None:
-    from numa_device_plugin.cli.options import config_from_params
-    from numa_device_plugin.plugin.discovery import discover
 
     tree = machine(tmp_path / "sys")
     config = config_from_params({"sysfs_root": tree.root, "memory_unit": GI})
@@ -646,8 +644,6 @@ def test_slot_ids_held_in_cpus_mode_count_at_most_one_per_cpu() -> None:
 def test_a_held_id_of_another_kind_or_past_the_pool_cap_adds_no_memory_device(
     device_id: str, tmp_path: Path
 ) -> None:
-    from numa_device_plugin.cli.options import config_from_params
-    from numa_device_plugin.plugin.discovery import discover
 
     tree = machine(tmp_path / "sys")
     config = config_from_params({"sysfs_root": tree.root, "memory_unit": GI})
@@ -684,3 +680,15 @@ async def test_serve_with_a_foreign_id_at_start_and_later_keeps_counting(
     ]
     assert warned == ["numa0-mem²", huge[:80]], "one warning per id"
     assert "Traceback" not in plugin.log()
+
+
+def test_over_assigned_memory_leaves_only_the_held_devices_healthy(tmp_path: Path) -> None:
+    """The clamp of free units (``max(0, ...)``) was an equivalent mutant: a negative
+    free count already meant none free. It is gone; this pins the rule it stood for."""
+    from numa_device_plugin.plugin.capacity import live_memory_devices
+    from tests.topology.test_numamemory import healthy, memory_resource, view
+
+    resource = memory_resource(tmp_path)
+    held = {M1: ["numa1-mem0003"]}
+    over = view({1: {"memory": 2 * GI}}, [(held, [block("memory", 5 * GI, [1])])])
+    assert healthy(live_memory_devices(resource, over)) == ["numa1-mem0003"]

@@ -6,19 +6,34 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
 import socket
+import threading
 from pathlib import Path
 
 import grpc
 import pytest
 
-from numa_device_plugin.api.deviceplugin.v1beta1 import api_pb2
+from numa_device_plugin.api.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
 from numa_device_plugin.kubelet_standin import KubeletStandIn
+from numa_device_plugin.ops.instancelock import LOCK_DIR_NAME, LOCK_FILE_NAME
 from numa_device_plugin.plugin.config import Config
+from numa_device_plugin.plugin.discovery import Discovery, discover
+from numa_device_plugin.plugin.manager import PluginManager
 from numa_device_plugin.plugin.recorder import NullRecorder
 from numa_device_plugin.topology.fake import SysfsTree
 from numa_device_plugin.topology.sysfs import SysfsFormatError
-from tests.standin_helpers import all_live, eventually, running, wait_all_live
+from tests.standin_helpers import (
+    all_live,
+    eventually,
+    free_port,
+    logged,
+    running,
+    scrape,
+    serve_process,
+    wait_all_live,
+)
+from tests.topology.test_topology import SNAPSHOT_TABLE
 
 
 class _FailureRecorder(NullRecorder):
@@ -391,7 +406,6 @@ async def test_hung_register_does_not_delay_a_new_kubelet(
     """Regression: a Register call to a hung kubelet must not hold the plugin back when
     a new kubelet.sock appears; it registers with the new one at once, not after the
     (here 30 s) register timeout."""
-    from numa_device_plugin.api.deviceplugin.v1beta1 import api_pb2_grpc
     from numa_device_plugin.kubelet.grpcserver import UnixSocketServer
 
     called = asyncio.Event()
@@ -592,3 +606,125 @@ async def test_readiness_needs_the_kubelets_stream(two_nodes: SysfsTree, sock_di
         assert m.readiness_problems() == [
             "numa-align/numa-1: the kubelet has no ListAndWatch stream open"
         ]
+
+
+async def test_socket_folder_deleted_and_created_again(
+    two_nodes: SysfsTree, sock_dir: Path
+) -> None:
+    """The watch on a deleted folder ends with it; the plugin follows the folder's return
+    and serves the new kubelet there (it once waited for good)."""
+    folder = sock_dir / "dp"
+    kubelet = KubeletStandIn(folder)
+    await kubelet.start()
+    try:
+        async with serve_process(two_nodes, folder) as plugin:
+            await wait_all_live(kubelet, NAMES, timeout=20)
+            await kubelet.stop()
+
+            def deleted() -> bool:
+                # The plugin re-takes its lock (re-creating the lock subfolder) while
+                # the folder is there: delete as `rm -rf` repeated until it is gone.
+                shutil.rmtree(folder, ignore_errors=True)
+                return not folder.exists()
+
+            await eventually(deleted)
+            await logged(plugin, "waiting for the kubelet")
+            kubelet = KubeletStandIn(folder)
+            await kubelet.start()  # creates the folder, then kubelet.sock in it
+            await wait_all_live(kubelet, NAMES, timeout=5)
+            lock = folder / LOCK_DIR_NAME / LOCK_FILE_NAME
+            await eventually(lambda: lock.exists() and f"pid={plugin.pid} " in lock.read_text())
+            # Still watched: a kubelet restart in the new folder is followed as ever.
+            await kubelet.restart()
+            await wait_all_live(kubelet, NAMES, timeout=10)
+            assert await plugin.terminate() == 0
+    finally:
+        await kubelet.stop()
+
+
+@pytest.mark.parametrize("name", sorted(SNAPSHOT_TABLE))
+async def test_serve_on_every_real_snapshot(
+    snapshots_root: Path, sock_dir: Path, name: str
+) -> None:
+    wanted = [f"numa-align/numa-{node}" for node in sorted(SNAPSHOT_TABLE[name])]
+    config = Config(sysfs_root=snapshots_root / name, socket_dir=sock_dir, capacity=3)
+    async with KubeletStandIn(sock_dir) as kubelet, running(config) as manager:
+        await wait_all_live(kubelet, wanted)
+        assert list(manager.resources) == wanted
+        for resource in wanted:
+            node = int(resource.rsplit("-", 1)[1])
+            devices = kubelet.devices(resource)
+            assert {tuple(n.ID for n in d.topology.nodes) for d in devices} == {(node,)}
+
+
+async def test_serve_process_on_odd_sysfs_warns_and_serves(
+    sysfs_tree: SysfsTree, sock_dir: Path
+) -> None:
+    odd_machine(sysfs_tree)
+    wanted = [f"numa-align/numa-{node}" for node in range(3)]
+    port = free_port()
+    flags = ("--metrics-address", f"127.0.0.1:{port}")
+    async with (
+        KubeletStandIn(sock_dir) as kubelet,
+        serve_process(sysfs_tree, sock_dir, *flags) as plugin,
+    ):
+        await wait_all_live(kubelet, wanted, timeout=20)
+        metrics = await asyncio.to_thread(scrape, port)
+        assert await plugin.terminate() == 0
+    warnings = "\n".join(line["event"] for line in plugin.events() if line["level"] == "warning")
+    assert "node1/distance: distance values must be positive (content: '0')" in warnings
+    assert "node1/meminfo: no 'Node N MemTotal: X kB' line" in warnings
+    assert "node2/meminfo: a FIFO, not a regular file" in warnings
+    assert "online is empty for CPUs 3" in warnings
+    assert 'numa_node_memory_bytes{numa_node="0"}' in metrics
+    assert 'numa_node_memory_bytes{numa_node="1"}' not in metrics
+    assert 'numa_node_distance{numa_node="1"' not in metrics
+    assert 'numa_node_distance{numa_node="2",to_numa_node="2"} 10.0' in metrics
+    assert 'numa_node_cpus_count{numa_node="1"} 2.0' in metrics
+
+
+async def test_rediscovery_runs_off_the_event_loop(two_nodes: SysfsTree, sock_dir: Path) -> None:
+    """SIGHUP's rediscovery once ran on the event loop: slow sysfs stalled Allocate."""
+    release = threading.Event()
+    entered = threading.Event()
+    calls = {"n": 0}
+
+    def slow_discover(config: Config) -> Discovery:
+        calls["n"] += 1
+        if calls["n"] > 1:
+            entered.set()
+            release.wait(10)
+        return discover(config)
+
+    config = Config(sysfs_root=two_nodes.root, socket_dir=sock_dir, capacity=2)
+    manager = PluginManager(config, discover_fn=slow_discover)
+    async with KubeletStandIn(sock_dir) as kubelet:
+        task = asyncio.create_task(manager.serve())
+        try:
+            await wait_all_live(kubelet, NAMES)
+            manager.reload()
+            assert await asyncio.to_thread(entered.wait, 10)
+            response = await asyncio.wait_for(
+                kubelet.allocate("numa-align/numa-0", ["numa0-slot0000"]), 5
+            )
+            assert dict(response.container_responses[0].envs) == {"NUMA_NODE": "0"}
+        finally:
+            release.set()
+            manager.stop()
+            await asyncio.wait_for(task, 10)
+
+
+def odd_machine(tree: SysfsTree) -> SysfsTree:
+    """Every tolerated odd form at once: an empty per-CPU online file, a distance file
+    holding a single 0, distance rows counting possible nodes, a meminfo without
+    MemTotal, and a FIFO where a meminfo belongs."""
+    tree.cpus(6, online="0-5")
+    tree.write("node/online", "0-2\n")
+    tree.write("node/possible", "0-3\n")
+    tree.node(0, "0-1", distance="10 20 20 20")
+    tree.node(1, "2-3", distance="0", mem_kb=None)
+    tree.write("node/node1/meminfo", "Node 1 MemFree: 4 kB\n")
+    tree.node(2, "4-5", distance="20 20 10 20", mem_kb=None)
+    os.mkfifo(tree.system / "node/node2/meminfo")
+    tree.write("cpu/cpu3/online", "")
+    return tree

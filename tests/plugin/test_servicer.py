@@ -14,9 +14,20 @@ import pytest
 
 from numa_device_plugin.api.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
 from numa_device_plugin.kubelet.grpcserver import UnixSocketServer
+from numa_device_plugin.kubelet_standin import KubeletStandIn
 from numa_device_plugin.plugin.devices import UNHEALTHY, Resource, build_resource
 from numa_device_plugin.plugin.servicer import NumaDevicePluginServicer
-from tests.standin_helpers import eventually
+from numa_device_plugin.topology.fake import SysfsTree
+from tests.ops.test_lockfile import accepted
+from tests.standin_helpers import (
+    NAMES,
+    eventually,
+    free_port,
+    logged,
+    readyz,
+    serve_process,
+    wait_all_live,
+)
 
 
 @dataclass
@@ -303,3 +314,55 @@ async def test_allocate_of_a_near_resource_names_the_node_of_the_devices_given(
         servicer.close()
         await server.stop(0)
     assert [dict(c.envs)["NUMA_NODE"] for c in response.container_responses] == ["1", "0", "0,1"]
+
+
+async def test_an_operators_stream_ending_is_not_the_kubelet_leaving(
+    two_nodes: SysfsTree, sock_dir: Path
+) -> None:
+    """grpcurl opening and closing ListAndWatch once cut the kubelet's live stream (the
+    plugin took any stream's end for the kubelet leaving) and counted for /readyz."""
+    port = free_port()
+    flags = ("--log-level", "debug", "--health-address", f"127.0.0.1:{port}")
+    async with (
+        KubeletStandIn(sock_dir) as kubelet,
+        serve_process(two_nodes, sock_dir, *flags) as plugin,
+    ):
+        await wait_all_live(kubelet, NAMES, timeout=20)
+        await eventually(lambda: readyz(port)[0] == 200)
+        target = f"unix://{sock_dir / 'numa-align_numa-0.sock'}"
+        async with grpc.aio.insecure_channel(target) as operator:
+            stream = api_pb2_grpc.DevicePluginStub(operator).ListAndWatch(api_pb2.Empty())
+            first = await stream.read()
+            assert len(first.devices) == 100
+        closed = await logged(plugin, "ListAndWatch closed")
+        assert closed["kubelet"] is False
+        assert closed["resource"] == "numa-align/numa-0"
+        events = [line["event"] for line in plugin.events()]
+        assert "ListAndWatch stream lost: the kubelet went away" not in events
+        assert "serving and registering again" not in events
+        assert accepted(kubelet) == 2
+        assert all(kubelet.live(name) for name in NAMES)
+        assert (await asyncio.to_thread(readyz, port))[0] == 200
+        # The kubelet's own stream still counts: dropping it brings a re-registration.
+        await kubelet.clients["numa-align/numa-0"].channel.close()
+        await logged(plugin, "ListAndWatch stream lost: the kubelet went away")
+        await kubelet.wait_until(lambda: accepted(kubelet) == 3)
+        await wait_all_live(kubelet, NAMES)
+
+
+@pytest.mark.parametrize("length", [1_000_000])
+async def test_a_huge_device_id_gets_a_bounded_refusal_and_log_line(
+    two_nodes: SysfsTree, sock_dir: Path, length: int
+) -> None:
+    async with KubeletStandIn(sock_dir) as kubelet, serve_process(two_nodes, sock_dir) as plugin:
+        await wait_all_live(kubelet, NAMES, timeout=20)
+        with pytest.raises(grpc.aio.AioRpcError) as caught:
+            await kubelet.allocate("numa-align/numa-1", ["z" * length, "numa1-slot0000"])
+        assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert len((caught.value.details() or "").encode()) <= 1024
+        await logged(plugin, "Allocate refused")
+        refused = [line for line in plugin.log().splitlines() if "Allocate refused" in line]
+        assert len(refused) == 1
+        assert len(refused[0].encode()) <= 2048, "the log line carries the bounded message"
+        response = await kubelet.allocate("numa-align/numa-1", ["numa1-slot0000"])
+        assert dict(response.container_responses[0].envs) == {"NUMA_NODE": "1"}

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
@@ -12,10 +14,14 @@ import pytest
 from numa_device_plugin.api.podresources.v1 import api_pb2 as pr_pb2
 from numa_device_plugin.api.podresources.v1 import api_pb2_grpc as pr_grpc
 from numa_device_plugin.cli import main
+from numa_device_plugin.cli.options import config_from_params
 from numa_device_plugin.kubelet_standin import KubeletStandIn
+from numa_device_plugin.plugin.discovery import discover
+from numa_device_plugin.plugin.status import build_status, render_table
 from numa_device_plugin.topology.fake import SysfsTree
 from tests.plugin.test_manager import NAMES, make_config
 from tests.standin_helpers import running, wait_all_live
+from tests.topology.test_numamemory import GI, M1, block, machine
 
 
 def status_args(tree: SysfsTree, socket: Path, *extra: str) -> list[str]:
@@ -113,7 +119,6 @@ async def test_status_failures_are_one_short_line(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Once a 300-character gRPC text, and "Connection refused" for a file or a folder."""
-    import socket
 
     from numa_device_plugin.cli import status
     from numa_device_plugin.kubelet.grpcserver import UnixSocketServer
@@ -298,3 +303,61 @@ def test_the_table_escapes_control_characters_in_names_from_the_kubelet() -> Non
     table = render_table(document)
     assert "  ns/p\\x00 x c\\x1b[2J: 1 device(s), CPUs 1, aligned" in table.splitlines()
     assert not any(c in table for c in "\x00\r\x1b")
+
+
+def memory_status_of(tmp_path: Path, size: int, devices: list[str], total: int) -> Any:
+    config = config_from_params({"sysfs_root": machine(tmp_path).root, "memory_unit": GI})
+    pods = pr_pb2.ListPodResourcesResponse()
+    container = pods.pod_resources.add(name="pg", namespace="db").containers.add(
+        name="pg", memory=[block("memory", size, [1])]
+    )
+    container.devices.add(resource_name=M1, device_ids=devices)
+    allocatable = pr_pb2.AllocatableResourcesResponse()
+    allocatable.memory.append(block("memory", total, [1]))
+    document = build_status(discover(config), config, pods, allocatable)
+    (entry,) = [e for e in document["memory"] if e["resource"] == M1]
+    return document, entry
+
+
+def test_a_holder_asks_units_rounded_up(tmp_path: Path) -> None:
+    """Mutant: ceil -> floor in the MISCOUNTED check (1.5 GiB asks 2 units)."""
+    document, entry = memory_status_of(
+        tmp_path, 3 * GI // 2, ["numa1-mem0000", "numa1-mem0001"], 7 * GI
+    )
+    assert [h["problem"] for h in entry["holders"]] == [None]
+    assert document["miscounted"] == 0
+
+
+def test_free_units_never_go_below_zero(tmp_path: Path) -> None:
+    """Mutant: the clamp of free units removed (more assigned than allocatable)."""
+    _, entry = memory_status_of(tmp_path, 9 * GI, ["numa1-mem0000"], 7 * GI)
+    assert entry["free_units"] == 0
+
+
+@pytest.mark.parametrize("static", [True, False])
+def test_the_memory_manager_line_shows_only_when_it_is_not_static(
+    tmp_path: Path, static: bool
+) -> None:
+    """Mutant: the Memory Manager warning shown when the policy *is* Static."""
+    document, _ = memory_status_of(tmp_path, GI, ["numa1-mem0000"], 7 * GI if static else 0)
+    if not static:
+        document = {**document, "memory_manager_static": False}
+    text = render_table(document)
+    line = "the kubelet lists no allocatable memory: its Memory Manager policy is not Static"
+    assert (line in text) is not static
+
+
+def test_status_flags_a_cpus_mode_holder_with_other_devices_than_cpus(tmp_path: Path) -> None:
+    """The cpus-mode MISCOUNTED check (a path no test ran)."""
+    tree = machine(tmp_path)
+    config = config_from_params({"sysfs_root": tree.root, "capacity": "cpus"})
+    pods = pr_pb2.ListPodResourcesResponse()
+    container = pods.pod_resources.add(name="pg", namespace="db").containers.add(
+        name="pg", cpu_ids=[2, 3]
+    )
+    container.devices.add(resource_name="numa-align/numa-1", device_ids=["numa1-cpu0002"])
+    allocatable = pr_pb2.AllocatableResourcesResponse(cpu_ids=list(range(4)))
+    document = build_status(discover(config), config, pods, allocatable)
+    assert document["miscounted"] == 1
+    text = render_table(document)
+    assert "aligned, MISCOUNTED: 1 device(s) for 2 exclusive CPUs" in text

@@ -13,10 +13,18 @@ import pytest
 
 from numa_device_plugin.api.podresources.v1 import api_pb2 as pr_pb2
 from numa_device_plugin.cli import main
+from numa_device_plugin.cli.options import config_from_params
 from numa_device_plugin.kubelet.view import KubeletView, view_from
 from numa_device_plugin.kubelet_standin import KubeletStandIn
 from numa_device_plugin.plugin.capacity import assigned_memory, live_memory_devices
-from numa_device_plugin.plugin.devices import HEALTHY, UNHEALTHY, Resource, build_resources
+from numa_device_plugin.plugin.devices import (
+    HEALTHY,
+    UNHEALTHY,
+    Resource,
+    build_resources,
+)
+from numa_device_plugin.plugin.discovery import discover
+from numa_device_plugin.plugin.status import build_status, render_table
 from numa_device_plugin.topology.fake import SysfsTree
 from numa_device_plugin.topology.memory import (
     MemoryUnitError,
@@ -401,9 +409,6 @@ def test_bad_memory_flags_exit_2(
 
 
 def test_status_shows_free_units_per_type_and_flags_miscounted_memory(tmp_path: Path) -> None:
-    from numa_device_plugin.cli.options import config_from_params
-    from numa_device_plugin.plugin.discovery import discover
-    from numa_device_plugin.plugin.status import build_status, render_table
 
     tree = machine(tmp_path)
     config = config_from_params({"sysfs_root": tree.root, "memory_unit": GI,
@@ -482,3 +487,18 @@ async def test_the_start_warning_without_pod_resources_says_what_is_counted(
         assert await plugin.terminate() == 0
     said = [e["event"] for e in plugin.events() if "cannot be read" in e["event"]]
     assert said == [f"the kubelet's pod resources API cannot be read; {counting}"]
+
+
+def test_zero_bytes_format_as_zero() -> None:
+    """Mutant: the zero guard in ``format_quantity`` removed (0 became ``0Ei``)."""
+    assert format_quantity(0) == "0"
+    assert format_quantity(1) == "1"
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["0:memory=1Gi;;1:memory=2Gi", ";0:memory=1Gi;1:memory=2Gi", "0:memory=1Gi; ;1:memory=2Gi"],
+)
+def test_an_empty_reserved_memory_entry_is_skipped_not_the_end(text: str) -> None:
+    """Mutant: ``continue`` -> ``break`` on an empty ``;`` entry (node 1 was lost)."""
+    assert parse_reserved_memory(text) == ((0, "memory", GI), (1, "memory", 2 * GI))
