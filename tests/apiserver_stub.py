@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs
 
-from numa_device_plugin.kubelet_standin.apiserver import json_api
+from numa_device_plugin.kubelet_standin.apiserver import bearer_token, json_api
 
 
 @dataclass(frozen=True)
@@ -73,7 +73,7 @@ class NodeApi:
 def _handler(api: NodeApi) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:
-            api.tokens.append(self.headers.get("Authorization", "").removeprefix("Bearer "))
+            api.tokens.append(bearer_token(self.headers.get("Authorization", "")))
             raw = api.raw
             if raw is not None:
                 self._hostile(raw)

@@ -48,6 +48,13 @@ def kubeconfig_for(server: str) -> str:
 Answer = Callable[[str, str], tuple[int, dict[str, object]]]
 
 
+def bearer_token(header: str) -> str:
+    """The token of an ``Authorization: Bearer <token>`` header, as the API server reads
+    it; "" (no credential) for anything else, a bare token without the ``Bearer ``
+    prefix included."""
+    return header[len("Bearer ") :] if header.startswith("Bearer ") else ""
+
+
 @contextmanager
 def json_api(answer: Answer, folder: Path) -> Iterator[Path]:
     """Serve ``answer`` over HTTP on 127.0.0.1 (a free port) for the block: every GET
@@ -56,7 +63,7 @@ def json_api(answer: Answer, folder: Path) -> Iterator[Path]:
 
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:
-            token = self.headers.get("Authorization", "").removeprefix("Bearer ")
+            token = bearer_token(self.headers.get("Authorization", ""))
             status, body = answer(self.path, token)
             data = json.dumps(body).encode()
             self.send_response(status)

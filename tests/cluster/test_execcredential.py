@@ -4,6 +4,8 @@ shape."""
 
 from __future__ import annotations
 
+import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -58,4 +60,28 @@ def test_a_spec_of_the_wrong_shape_is_refused(
     tmp_path: Path, spec: dict[str, Any], fault: str
 ) -> None:
     with pytest.raises(ExecCredentialError, match=fault):
+        exec_credential(spec, tmp_path, "kubeconfig k")
+
+
+def test_a_bare_command_name_is_found_on_path_not_in_the_kubeconfigs_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Mutant: bare names resolved in the kubeconfig's folder (breaks ``aws``,
+    ``gke-gcloud-auth-plugin``)."""
+    on_path, beside = tmp_path / "bin", tmp_path / "kubeconfigs"
+    for folder, token in ((on_path, "from-path"), (beside, "from-folder")):
+        folder.mkdir()
+        script = folder / "cred-plugin"
+        credential = json.dumps({"status": {"token": token}})
+        script.write_text(f"#!{sys.executable}\nprint({credential!r})\n")
+        script.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{on_path}:{os.environ['PATH']}")
+    spec = {"apiVersion": "client.authentication.k8s.io/v1", "command": "cred-plugin"}
+    assert exec_credential(spec, beside, "kubeconfig k") == ("from-path", None)
+
+
+def test_an_empty_status_is_refused(tmp_path: Path) -> None:
+    """Mutant: ``status: {}`` accepted as a credential."""
+    spec = plugin(tmp_path, "print('{\"status\": {}}')\n")
+    with pytest.raises(ExecCredentialError, match="gave neither a token nor a client certificate"):
         exec_credential(spec, tmp_path, "kubeconfig k")

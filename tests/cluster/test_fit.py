@@ -185,3 +185,46 @@ def test_a_node_without_the_resource_has_none_free() -> None:
 def test_malformed_quantities_in_the_cluster_name_the_object() -> None:
     with pytest.raises(ValueError, match=r"pod default/bad: '2 cores'"):
         node_usage(NODES, [pod("bad", [container("c", {"cpu": "2 cores"})], node="a")])
+
+
+def test_the_init_container_peak_is_the_largest_not_the_last() -> None:
+    """Mutant: the init-container peak taken from the last init container."""
+    p = pod(
+        "p",
+        [container("app", {"cpu": "1"})],
+        initContainers=[container("big", {"cpu": "4"}), container("small", {"cpu": "2"})],
+    )
+    assert pod_requests(p)["cpu"] == 4
+
+
+def test_pods_that_ended_request_nothing() -> None:
+    """Mutant: ``Failed`` pods counted (the API server's field selector is not trusted
+    alone)."""
+    pods = [
+        pod("done", [container("c", {R1: "2"})], node="a", phase="Succeeded"),
+        pod("failed", [container("c", {R1: "2"})], node="a", phase="Failed"),
+        pod("running", [container("c", {R1: "1"})], node="a"),
+    ]
+    (use, _) = node_usage(NODES, pods)
+    assert use.name == "a"
+    assert use.resources[R1].requested == 1
+
+
+def test_an_exact_fit_is_no_shortfall() -> None:
+    """Mutant: free == needs reported as short."""
+    usage = node_usage([node("n", {R1: "2", "cpu": "2", "pods": "9"})], [])
+    (verdict,) = explain(pod("p", [container("c", {R1: "2", "cpu": "2"})]), usage)
+    assert verdict.fits
+    assert verdict.shortfalls == ()
+
+
+def test_the_table_says_when_no_node_has_a_numa_resource() -> None:
+    """Mutant: the "no numa-align resources" hint lost."""
+    from numa_device_plugin.cli.top import render_top, top_document
+
+    document = top_document(node_usage([node("plain", {"cpu": "8"})], []), "numa-align")
+    text = render_top(document)
+    assert text.splitlines()[0] == (
+        "no node advertises a NUMA resource (is the plugin's DaemonSet running?)"
+    )
+    assert "without NUMA resources: plain" in text

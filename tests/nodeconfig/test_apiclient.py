@@ -107,3 +107,41 @@ def test_a_token_file_is_read_at_each_request_up_to_its_cap(tmp_path: Path) -> N
     token.write_bytes(b"t" * (65 << 10))
     with pytest.raises(ApiConfigError, match="larger than 65536 bytes"):
         _read_token(token)
+
+
+def test_the_token_goes_as_a_bearer_token_and_a_token_file_is_read(tmp_path: Path) -> None:
+    """Mutants: the ``Bearer `` prefix dropped (the stand-ins once stripped it instead of
+    requiring it); ``tokenFile`` ignored."""
+    from tests.apiserver_stub import node_api
+
+    with node_api("n1", tmp_path) as (api, kubeconfig):
+        from_kubeconfig(kubeconfig).get("/api/v1/nodes/n1", 5)
+        document = json.loads(kubeconfig.read_text())
+        (tmp_path / "token").write_text("from-file\n")
+        document["users"][0]["user"] = {"tokenFile": "token"}
+        kubeconfig.write_text(json.dumps(document))
+        answer = from_kubeconfig(kubeconfig).get("/api/v1/nodes/n1", 5)
+    assert answer.status == 200
+    assert api.tokens == ["stub-token", "from-file"]
+
+
+def test_an_answer_over_the_cap_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from numa_device_plugin.nodeconfig import apiclient
+    from numa_device_plugin.nodeconfig.apiclient import ApiRequestError
+    from tests.apiserver_stub import node_api
+
+    monkeypatch.setattr(apiclient, "MAX_ANSWER", 20)
+    with (
+        node_api("n1", tmp_path) as (_, kubeconfig),
+        pytest.raises(ApiRequestError, match="is over 20 bytes"),
+    ):
+        from_kubeconfig(kubeconfig).get("/api/v1/nodes/n1", 5)
+
+
+@pytest.mark.parametrize("server", ["ftp://127.0.0.1:21", "127.0.0.1:6443", "https://"])
+def test_a_server_that_is_no_http_url_is_refused(tmp_path: Path, server: str) -> None:
+    document = json.loads(kubeconfig(tmp_path).read_text())
+    document["clusters"][0]["cluster"]["server"] = server
+    (tmp_path / "kubeconfig").write_text(json.dumps(document))
+    with pytest.raises(ApiConfigError, match="is not an http\\(s\\) URL"):
+        from_kubeconfig(tmp_path / "kubeconfig")

@@ -274,3 +274,17 @@ async def test_a_newcomer_on_a_new_lock_file_makes_the_plugin_stand_down(
         await logged(plugin, "took over the instance lock")
         await wait_all_live(kubelet, NAMES, timeout=10)
         assert await plugin.terminate() == 0
+
+
+def test_taking_the_lock_replaces_a_longer_holder_line_whole(tmp_path: Path) -> None:
+    """Mutant: no ``ftruncate``: a shorter holder line left the previous holder's tail."""
+    import socket
+
+    lock = InstanceLock(tmp_path)
+    lock.path.parent.mkdir()
+    lock.path.write_text("pid=1 host=" + "a-very-long-previous-host-name" * 4 + "\n")
+    assert lock.try_acquire()
+    try:
+        assert lock.path.read_text() == f"pid={os.getpid()} host={socket.gethostname()}\n"
+    finally:
+        lock.release()

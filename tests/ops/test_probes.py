@@ -252,3 +252,34 @@ async def test_head_is_answered_without_a_body(path: str) -> None:
     head, _, body = answer.partition(b"\r\n\r\n")
     assert body == b""
     assert b"Content-Length: 0" not in head, "the length of the body a GET would get"
+
+
+async def test_at_most_max_scrapes_are_served_at_once_the_next_is_refused() -> None:
+    """Mutant: 9 concurrent scrapes served where the cap is 8 (``>`` for ``>=``)."""
+    import threading
+
+    release = threading.Event()
+
+    def slow_render() -> bytes:
+        release.wait(10)
+        return b"x 1\n"
+
+    server = ProbeServer(("127.0.0.1", 0), list, slow_render)
+    await server.start()
+    try:
+        port = server.port
+        request = b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n"
+        first = [asyncio.create_task(ask(port, request)) for _ in range(probes.MAX_SCRAPES)]
+        async with asyncio.timeout(10):
+            while server._scrapes < probes.MAX_SCRAPES:  # noqa: ASYNC110 - in-flight count
+                await asyncio.sleep(0.01)
+        refused = await ask(port, request)
+        release.set()
+        answers = await asyncio.gather(*first)
+    finally:
+        release.set()
+        await server.stop()
+    assert refused.startswith(b"HTTP/1.1 503 ")
+    assert b"too many scrapes at once" in refused
+    assert all(a.startswith(b"HTTP/1.1 200 ") for a in answers)
+    assert server.scrapes_refused == 1
