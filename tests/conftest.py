@@ -29,6 +29,19 @@ def under_ci(value: str | None) -> bool:
     return (value or "").strip().lower() not in ("", "0", "false")
 
 
+def require_tool(name: str, provider: str, path: str | None = None) -> str:
+    """The path of program ``name`` (on PATH, or on ``path``); without it the test
+    skips, or fails under CI (:func:`under_ci`: a missing tool must not pass in
+    silence), saying what provides it (``provider``: a Debian package, an extra)."""
+    found = shutil.which(name, path=path)
+    if found is None:
+        message = f"{name} is not installed ({provider})"
+        if under_ci(os.environ.get("CI")):
+            pytest.fail(message)
+        pytest.skip(message)
+    return found
+
+
 def venv_tool(name: str) -> str:
     """The path of program ``name`` from PATH or ``.venv/bin`` (where ``make NAME`` puts
     it); skips the test without it, or fails it under CI (:func:`under_ci`)."""

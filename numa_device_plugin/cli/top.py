@@ -83,9 +83,16 @@ def command(ctx: click.Context, /, **params: Any) -> int:
     pod_ref = params["explain_pod"]
     if pod_ref is not None and (pod_ref.count("/") != 1 or "" in pod_ref.split("/")):
         raise click.BadParameter("give NAMESPACE/POD", ctx, param=options.param(ctx, "explain_pod"))
-    from numa_device_plugin.cluster.kubeapi import ApiError, DeadlinePassed, KubeApi, total_deadline
+    from numa_device_plugin.cluster.kubeapi import (
+        ApiError,
+        DeadlinePassed,
+        KubeApi,
+        load_client,
+        total_deadline,
+    )
 
     try:
+        load_client()
         with total_deadline(params["timeout"]) as deadline:
             api = KubeApi(params["kubeconfig"], deadline)
             try:

@@ -109,20 +109,30 @@ def default_kubeconfig(env: Mapping[str, str]) -> Path | None:
     return default if default.is_file() else None
 
 
+def load_client() -> None:
+    """Import the ``kubernetes`` client (~0.4 s, more on a loaded machine): done before
+    the deadline starts, so that ``--timeout`` bounds the waiting, not the import.
+    Raises :class:`ApiError` saying how to install it when it is missing."""
+    try:
+        import kubernetes.client
+        import kubernetes.config
+        import kubernetes.config.kube_config  # noqa: F401
+    except ImportError:
+        raise ApiError(
+            "top needs the kubernetes client: pip install 'numa-device-plugin[top]'"
+        ) from None
+
+
 class KubeApi:
     """GETs against the API server of the kubeconfig at ``kubeconfig`` (None: kubectl's
     default, :func:`default_kubeconfig`, else the pod's service account), each within
     what is left of ``deadline``. Raises :class:`ApiError`."""
 
     def __init__(self, kubeconfig: Path | None, deadline: Deadline) -> None:
-        try:
-            import kubernetes.client
-            import kubernetes.config
-            from kubernetes.config.kube_config import KubeConfigLoader
-        except ImportError:
-            raise ApiError(
-                "top needs the kubernetes client: pip install 'numa-device-plugin[top]'"
-            ) from None
+        load_client()
+        import kubernetes.client
+        import kubernetes.config
+        from kubernetes.config.kube_config import KubeConfigLoader
 
         self.deadline = deadline
         self.total = 0

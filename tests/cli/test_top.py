@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import stat
 import subprocess
 import sys
@@ -19,7 +18,7 @@ from numa_device_plugin.cluster.fit import node_usage, numa_resources
 from numa_device_plugin.cluster.kubeapi import default_kubeconfig
 from tests.apiserver_stub import cluster_api
 from tests.cluster.test_fit import NODES, PODS, R1, container, node, pod
-from tests.conftest import REPO
+from tests.conftest import REPO, require_tool
 
 # -- the command against a stand-in API server ------------------------------------------------
 
@@ -131,7 +130,7 @@ def test_an_unreachable_api_server_exits_1(
 ) -> None:
     with cluster_api(tmp_path, NODES, PODS) as (_, kubeconfig):
         pass  # stopped: nothing listens there any more
-    code, _, err = run(["--kubeconfig", str(kubeconfig), "--timeout", "2"], capsys)
+    code, _, err = run(["--kubeconfig", str(kubeconfig), "--timeout", "60"], capsys)
     assert code == 1
     assert "cannot reach the API server" in err
 
@@ -197,9 +196,7 @@ def test_default_kubeconfig_follows_kubectl(tmp_path: Path) -> None:
 def test_kubectl_runs_it_as_the_numa_plugin(tmp_path: Path) -> None:
     """``kubectl numa`` finds ``kubectl-numa`` on PATH (pip puts it beside
     numa-device-plugin) and passes its arguments on."""
-    kubectl = shutil.which("kubectl")
-    if kubectl is None:
-        pytest.skip("kubectl is not installed")
+    kubectl = require_tool("kubectl", "a kubectl binary on PATH")
     plugin = Path(sys.executable).parent / "kubectl-numa"
     if not plugin.exists():
         pytest.fail(f"{plugin} is missing: `pip install -e .` installs it")

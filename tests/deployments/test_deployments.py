@@ -26,7 +26,7 @@ from numa_device_plugin import __version__
 from numa_device_plugin.cli import options, serve
 from numa_device_plugin.ops.probes import parse_address
 from numa_device_plugin.plugin.config import KNOWN_SOCKET_DIRS, Config
-from tests.conftest import REPO
+from tests.conftest import REPO, require_tool
 
 DEPLOYMENTS = REPO / "deployments"
 # Every rendering an operator can apply: the default, the base, each overlay, and each
@@ -50,10 +50,7 @@ FOLDERS = {
 
 
 def kubectl() -> str:
-    found = shutil.which("kubectl")
-    if found is None:
-        pytest.skip("kubectl is not installed: the manifests are rendered by `kubectl kustomize`")
-    return found
+    return require_tool("kubectl", "a kubectl binary on PATH renders the manifests")
 
 
 @functools.cache
@@ -573,8 +570,7 @@ def _make_image(folder: Path) -> str:
 
 
 def test_image_tag_names_the_commit_and_a_dirty_tree(tmp_path: Path) -> None:
-    if shutil.which("git") is None:
-        pytest.skip("git is not installed")
+    require_tool("git", "the Debian package git")
     # A repository of its own holding the Makefile and the version: this one's state
     # (uncommitted edits while developing) must not decide the outcome.
     (tmp_path / "numa_device_plugin").mkdir()

