@@ -153,11 +153,11 @@ async def live_plugin(
 ) -> AsyncIterator[tuple[KubeletStandIn, ServeProcess, int]]:
     """The stand-in and a ``serve`` process with an HTTP ``listener`` on a free port,
     every resource of ``names`` live: ``(kubelet, plugin, port)``."""
-    port = free_port()
     async with (
         KubeletStandIn(folder) as kubelet,
-        serve_process(tree, folder, listener, f"127.0.0.1:{port}", *flags) as plugin,
+        serve_process(tree, folder, listener, "127.0.0.1:0", *flags) as plugin,
     ):
+        port = await bound_port(plugin, listener.removeprefix("--").removesuffix("-address"))
         await wait_all_live(kubelet, names, timeout=20)
         yield kubelet, plugin, port
 
@@ -203,6 +203,27 @@ def scrape(port: int) -> str:
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
         text: str = response.read().decode()
         return text
+
+
+async def bound_port(process: ServeProcess, listener: str, timeout: float = 30.0) -> int:
+    """The port a ``serve`` process bound for ``listener`` (``health``, ``metrics``),
+    given ``127.0.0.1:0``: read from its ``listening`` log line. A port picked by
+    binding and releasing it could be taken before the plugin binds it."""
+    found: list[int] = []
+
+    def seen() -> bool:
+        found[:] = [
+            int(line["port"])
+            for line in process.events()
+            if line.get("event") == "listening" and line.get("listener") == listener
+        ]
+        return bool(found)
+
+    try:
+        await eventually(seen, timeout)
+    except TimeoutError:
+        raise AssertionError(f"no {listener} listener logged; the log:\n{process.log()}") from None
+    return found[-1]
 
 
 async def logged(process: ServeProcess, event: str, timeout: float = 10.0) -> dict[str, Any]:

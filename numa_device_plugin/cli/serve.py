@@ -18,6 +18,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
 import click
+import structlog
 
 from numa_device_plugin.cli import options
 from numa_device_plugin.kubelet.grpcserver import SocketPathError
@@ -237,7 +238,9 @@ async def start_listeners(
     render: Callable[[], bytes] | None,
 ) -> list[Any]:
     """The HTTP listeners asked for, listening: both serve ``/healthz`` and ``/readyz``,
-    the metrics one ``/metrics`` too. Raises :class:`ListenerError`."""
+    the metrics one ``/metrics`` too; each logs ``listening`` with its ``listener``
+    (``metrics``, ``health``) and the ``port`` it bound (port 0: one the kernel picks).
+    Raises :class:`ListenerError`."""
     from numa_device_plugin.ops.probes import ProbeServer, parse_address
 
     started: list[ProbeServer] = []
@@ -259,5 +262,9 @@ async def start_listeners(
             for other in started:
                 await other.stop()
             raise ListenerError(option, address, exc) from None
+        # The port bound, which port 0 leaves to the kernel: a free one, no race.
+        structlog.get_logger(__name__).info(
+            "listening", listener=option.removesuffix("_address"), port=listener.port
+        )
         started.append(listener)
     return started

@@ -35,7 +35,7 @@ from numa_device_plugin.plugin.manager import PluginManager
 from numa_device_plugin.plugin.snapshot import PluginState
 from numa_device_plugin.topology.fake import SysfsTree
 from tests.apiserver_stub import node_api
-from tests.standin_helpers import ServeProcess, eventually, free_port, serve_process
+from tests.standin_helpers import ServeProcess, bound_port, eventually, serve_process
 
 R0 = "numa-align/numa-0"
 R1 = "numa-align/numa-1"
@@ -417,7 +417,6 @@ async def per_node(
     ``(kubelet, plugin, api, file, metrics port)``."""
     path = folder / "configs.yaml"
     path.write_text(configs)
-    port = free_port()
     standin = KubeletStandIn(
         folder / "dp", pod_resources_dir=folder / "pr", allocatable_cpus=range(1, 8)
     )
@@ -429,10 +428,10 @@ async def per_node(
             "--node-name", "n1",
             "--kubeconfig", str(kubeconfig),
             "--node-config-interval", "0.2",
-            "--metrics-address", f"127.0.0.1:{port}",  # the probes and /debug/state
+            "--metrics-address", "127.0.0.1:0",  # the probes and /debug/state
         )  # fmt: skip
         async with standin as kubelet, serve_process(tree, folder / "dp", *args) as plugin:
-            yield kubelet, plugin, api, path, port
+            yield kubelet, plugin, api, path, await bound_port(plugin, "metrics")
 
 
 def debug_state(port: int) -> Any:

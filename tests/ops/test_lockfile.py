@@ -22,8 +22,8 @@ from numa_device_plugin.topology.fake import SysfsTree
 from tests.conftest import REPO
 from tests.standin_helpers import (
     NAMES,
+    bound_port,
     eventually,
-    free_port,
     live_plugin,
     logged,
     readyz,
@@ -181,11 +181,11 @@ def accepted(kubelet: KubeletStandIn) -> int:
 async def test_a_second_instance_waits_for_the_lock_then_takes_over(
     two_nodes: SysfsTree, sock_dir: Path
 ) -> None:
-    port = free_port()
     async with KubeletStandIn(sock_dir) as kubelet, serve_process(two_nodes, sock_dir) as first:
         await wait_all_live(kubelet, NAMES, timeout=20)
-        flags = ("--health-address", f"127.0.0.1:{port}")
+        flags = ("--health-address", "127.0.0.1:0")
         async with serve_process(two_nodes, sock_dir, *flags) as second:
+            port = await bound_port(second, "health")
             waiting = await logged(
                 second, "another instance serves this device-plugin folder; waiting for it to exit"
             )

@@ -15,7 +15,7 @@ from pathlib import Path
 from numa_device_plugin.ops.probes import MAX_SCRAPES, MetricsCache
 from numa_device_plugin.topology.fake import SysfsTree, build_machine
 from tests.plugin.test_observability import _rss
-from tests.standin_helpers import ServeProcess, eventually, free_port, serve_process
+from tests.standin_helpers import ServeProcess, bound_port, eventually, serve_process
 
 SCRAPERS = 16
 FLOOD_SECONDS = 3.0
@@ -69,13 +69,13 @@ async def test_sixteen_scrapers_at_64_numa_nodes_leave_the_probes_answered(
     tmp_path: Path, sock_dir: Path
 ) -> None:
     tree = big_machine(tmp_path / "sys")
-    metrics, health = free_port(), free_port()
     flags = (
-        *("--metrics-address", f"127.0.0.1:{metrics}"),
-        *("--health-address", f"127.0.0.1:{health}"),
+        *("--metrics-address", "127.0.0.1:0"),
+        *("--health-address", "127.0.0.1:0"),
         *("--memory-unit", "16Mi"),
     )
     async with serve_process(tree, sock_dir, *flags) as plugin:
+        metrics, health = await bound_port(plugin, "metrics"), await bound_port(plugin, "health")
         await wait_listening(plugin, metrics, health)
         until = time.monotonic() + FLOOD_SECONDS
         answers: list[int] = []
@@ -103,9 +103,9 @@ async def test_scrapers_that_read_nothing_hold_a_bounded_amount(
     tmp_path: Path, sock_dir: Path
 ) -> None:
     tree = big_machine(tmp_path / "sys")
-    metrics = free_port()
-    flags = ("--metrics-address", f"127.0.0.1:{metrics}", "--memory-unit", "16Mi")
+    flags = ("--metrics-address", "127.0.0.1:0", "--memory-unit", "16Mi")
     async with serve_process(tree, sock_dir, *flags) as plugin:
+        metrics = await bound_port(plugin, "metrics")
         await wait_listening(plugin, metrics)
         await asyncio.to_thread(fetch, metrics, "/metrics")
         before = _rss(plugin.pid)

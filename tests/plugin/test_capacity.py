@@ -45,6 +45,7 @@ from numa_device_plugin.topology.selectors import parse_selector
 from tests.plugin.test_devices import HOSTILE
 from tests.standin_helpers import (
     ServeProcess,
+    bound_port,
     eventually,
     never_serve,
     serve_process,
@@ -443,13 +444,13 @@ def test_cpus_mode_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None
 
 
 async def test_metrics_follow_the_live_count(two_nodes: SysfsTree, sock_dir: Path) -> None:
-    from tests.standin_helpers import free_port, scrape
+    from tests.standin_helpers import scrape
 
-    port = free_port()
-    async with cpus_mode(two_nodes, sock_dir, "--metrics-address", f"127.0.0.1:{port}") as (
+    async with cpus_mode(two_nodes, sock_dir, "--metrics-address", "127.0.0.1:0") as (
         kubelet,
-        _,
+        plugin,
     ):
+        port = await bound_port(plugin, "metrics")
         await wait_all_live(kubelet, [R0, R1], timeout=20)
         kubelet.add_pod("web", "nginx", [("nginx", {}, [5, 6])])
         kubelet.add_pod("db", "bad", [("pg", {R1: ["numa1-cpu0004"]}, [1])])
@@ -497,13 +498,13 @@ async def test_an_outage_of_the_pod_resources_api_keeps_the_last_counts(
     """Once the API has answered, its last answer holds while it is away (a kubelet
     restart): sysfs arithmetic would count the busy CPUs of node 1 as free. The
     metrics say the API is down and how old the counts are."""
-    from tests.standin_helpers import free_port, scrape
+    from tests.standin_helpers import scrape
 
-    port = free_port()
-    async with cpus_mode(two_nodes, sock_dir, "--metrics-address", f"127.0.0.1:{port}") as (
+    async with cpus_mode(two_nodes, sock_dir, "--metrics-address", "127.0.0.1:0") as (
         kubelet,
         plugin,
     ):
+        port = await bound_port(plugin, "metrics")
         await wait_all_live(kubelet, [R0, R1], timeout=20)
         kubelet.add_pod("web", "nginx", [("nginx", {}, [5, 6, 7])])
         await kubelet.wait_until(lambda: kubelet.allocatable(R1) == 1, timeout=5)
@@ -529,10 +530,16 @@ async def test_an_outage_of_the_pod_resources_api_keeps_the_last_counts(
         await kubelet.wait_until(lambda: kubelet.allocatable(R1) == 4, timeout=5)
         assert await plugin.terminate() == 0
     said = [e["event"] for e in plugin.events() if "cannot be read" in e["event"]]
-    assert said == [
+    # On a loaded machine the very first read (0.2 s at most, the interval) may fail
+    # too: that says the start-up line, before any answer. The outage is said once.
+    outage = (
         "the kubelet's pod resources API cannot be read; keeping the counts of its last "
         "answer until it can"
-    ]
+    )
+    assert said.count(outage) == 1, said
+    assert all(e == outage or e.startswith(
+        "the kubelet's pod resources API cannot be read; counting each NUMA node's") for e in said
+    ), said  # fmt: skip
 
 
 async def test_serve_advertises_a_near_resource_on_its_disks_node_with_node_1s_free_cpus(

@@ -25,8 +25,8 @@ from numa_device_plugin.topology.fake import SysfsTree
 from numa_device_plugin.topology.sysfs import SysfsFormatError
 from tests.standin_helpers import (
     all_live,
+    bound_port,
     eventually,
-    free_port,
     logged,
     running,
     scrape,
@@ -662,12 +662,12 @@ async def test_serve_process_on_odd_sysfs_warns_and_serves(
 ) -> None:
     odd_machine(sysfs_tree)
     wanted = [f"numa-align/numa-{node}" for node in range(3)]
-    port = free_port()
-    flags = ("--metrics-address", f"127.0.0.1:{port}")
+    flags = ("--metrics-address", "127.0.0.1:0")
     async with (
         KubeletStandIn(sock_dir) as kubelet,
         serve_process(sysfs_tree, sock_dir, *flags) as plugin,
     ):
+        port = await bound_port(plugin, "metrics")
         await wait_all_live(kubelet, wanted, timeout=20)
         metrics = await asyncio.to_thread(scrape, port)
         assert await plugin.terminate() == 0

@@ -21,8 +21,8 @@ from numa_device_plugin.topology.fake import SysfsTree
 from tests.ops.test_lockfile import accepted
 from tests.standin_helpers import (
     NAMES,
+    bound_port,
     eventually,
-    free_port,
     logged,
     readyz,
     serve_process,
@@ -321,12 +321,12 @@ async def test_an_operators_stream_ending_is_not_the_kubelet_leaving(
 ) -> None:
     """grpcurl opening and closing ListAndWatch once cut the kubelet's live stream (the
     plugin took any stream's end for the kubelet leaving) and counted for /readyz."""
-    port = free_port()
-    flags = ("--log-level", "debug", "--health-address", f"127.0.0.1:{port}")
+    flags = ("--log-level", "debug", "--health-address", "127.0.0.1:0")
     async with (
         KubeletStandIn(sock_dir) as kubelet,
         serve_process(two_nodes, sock_dir, *flags) as plugin,
     ):
+        port = await bound_port(plugin, "health")
         await wait_all_live(kubelet, NAMES, timeout=20)
         await eventually(lambda: readyz(port)[0] == 200)
         target = f"unix://{sock_dir / 'numa-align_numa-0.sock'}"
