@@ -36,8 +36,8 @@ coverage: install helm prometheus
 	$(BIN)/coverage combine --quiet
 	$(BIN)/coverage report
 
-## test-loaded: the load-sensitive test files RUNS times (5) with every core busy; prints
-## the rounds each file passed
+## test-loaded: the load-sensitive test files RUNS times (5), each round as two pytest
+## sessions at once on -n 2 (the load that broke them); prints the rounds each file passed
 RUNS ?= 5
 test-loaded: install helm prometheus
 	$(PY) -m tests.loaded --runs $(RUNS)

@@ -1,12 +1,16 @@
-"""``make test-loaded``: the load-sensitive test files, N rounds, with every core busy.
+"""``make test-loaded``: the load-sensitive test files, N rounds, under the load that
+broke them.
 
 A flaky test blocks CI, and CI blocks landing; the files here run real ``serve``
 processes, wait on timers or measure latency and memory, so they are the ones a busy
-machine breaks. This starts one busy loop per core (plain ``python -c 'while True:
-pass'`` processes, killed by their PIDs at the end, whatever happens), runs pytest
-over the files ``--runs`` times, and prints per file how many rounds it passed.
+machine breaks. Two busy loops once did not reproduce what a second suite running
+beside the first did (9 failures in 36 runs), so each round runs the files in two
+pytest sessions at once, each on ``-n 2`` workers (``--twins``), beside ``--busy``
+busy loops (plain ``python -c 'while True: pass'`` processes, killed by their PIDs
+at the end, whatever happens), and prints per file how many rounds it passed in
+both sessions.
 
-Usage: python -m tests.loaded [--runs N] [--busy N] [FILE ...]
+Usage: python -m tests.loaded [--runs N] [--twins N] [--busy N] [FILE ...]
 Exit status: 0 when every file passed every round, 1 otherwise.
 """
 
@@ -82,7 +86,9 @@ def busy_loops(count: int) -> list[subprocess.Popen[bytes]]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tests.loaded", description=__doc__)
     parser.add_argument("--runs", type=int, default=5, help="rounds (5)")
-    parser.add_argument("--busy", type=int, default=os.cpu_count() or 2, help="busy loops")
+    parser.add_argument("--twins", type=int, default=2, help="pytest sessions at once (2)")
+    parser.add_argument("--workers", type=int, default=2, help="-n of each session (2)")
+    parser.add_argument("--busy", type=int, default=0, help="busy loops beside them (0)")
     parser.add_argument("files", nargs="*", default=list(LOAD_SENSITIVE))
     args = parser.parse_args(argv)
     passed: Counter[str] = Counter()
@@ -91,24 +97,32 @@ def main(argv: list[str] | None = None) -> int:
     try:
         with tempfile.TemporaryDirectory(prefix="loaded-") as folder:
             for round_ in range(1, args.runs + 1):
-                report = Path(folder) / f"round-{round_}.xml"
                 started = time.monotonic()
-                result = subprocess.run(
-                    [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                     f"--junitxml={report}", *args.files],
-                    cwd=REPO, capture_output=True, text=True,
-                )  # fmt: skip
-                failed = failed_files(report, args.files) if report.exists() else set(args.files)
+                sessions = []
+                for twin in range(args.twins):
+                    report = Path(folder) / f"round-{round_}-{twin}.xml"
+                    process = subprocess.Popen(
+                        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                         "-n", str(args.workers), f"--junitxml={report}", *args.files],
+                        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                    )  # fmt: skip
+                    sessions.append((process, report))
+                failed: set[str] = set()
+                summaries = []
+                for process, report in sessions:
+                    output, _ = process.communicate()
+                    lost = failed_files(report, args.files) if report.exists() else set(args.files)
+                    failed |= lost
+                    summaries.append((output.strip().splitlines()[-1:] or ["(no output)"])[0])
+                    if lost:
+                        print(output[-4000:], flush=True)
                 for file in args.files:
                     passed[file] += file not in failed
-                summary = result.stdout.strip().splitlines()[-1:] or ["(no output)"]
                 print(
-                    f"round {round_}/{args.runs}: {summary[0]} "
+                    f"round {round_}/{args.runs}: {' | '.join(summaries)} "
                     f"({time.monotonic() - started:.0f} s)",
                     flush=True,
                 )
-                if failed:
-                    print(result.stdout[-4000:], flush=True)
     finally:
         for loop in loops:
             os.kill(loop.pid, signal.SIGKILL)
