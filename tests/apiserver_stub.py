@@ -120,11 +120,17 @@ def _handler(api: NodeApi) -> type[BaseHTTPRequestHandler]:
 
 @contextmanager
 def node_api(
-    name: str, folder: Path, labels: dict[str, str] | None = None, tls: Path | None = None
+    name: str,
+    folder: Path,
+    labels: dict[str, str] | None = None,
+    tls: Path | None = None,
+    client_certificates: bool = False,
 ) -> Iterator[tuple[NodeApi, Path]]:
     """Serve a :class:`NodeApi` on 127.0.0.1 for the block: ``(api, kubeconfig)``, the
     kubeconfig written in ``folder``. ``tls``: a folder from :func:`make_tls`, to serve
-    HTTPS with its ``server.pem``/``server.key`` (the kubeconfig then names its CA)."""
+    HTTPS with its ``server.pem``/``server.key`` (the kubeconfig then names its CA);
+    with ``client_certificates``, a client certificate signed by that CA is required
+    (:func:`make_client_certificate`)."""
     api = NodeApi(name, labels)
     server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(api))
     server.daemon_threads = True
@@ -132,6 +138,9 @@ def node_api(
     if tls is not None:
         context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         context.load_cert_chain(tls / "server.pem", tls / "server.key")
+        if client_certificates:
+            context.verify_mode = ssl.CERT_REQUIRED
+            context.load_verify_locations(tls / "ca.pem")
         server.socket = context.wrap_socket(server.socket, server_side=True)
         scheme = "https"
     thread = threading.Thread(target=server.serve_forever, name="node api", daemon=True)
@@ -168,6 +177,20 @@ def make_tls(folder: Path) -> Path:
     run("x509", "-req", "-in", "server.csr", "-CA", "ca.pem", "-CAkey", "ca.key",
         "-CAcreateserial", "-out", "server.pem", "-days", "2", "-extfile", "san.ext")  # fmt: skip
     return folder
+
+
+def make_client_certificate(folder: Path) -> tuple[Path, Path]:
+    """A client certificate (``client.pem``, ``client.key``) signed by the CA of
+    :func:`make_tls` in ``folder``, as kubeadm and kind kubeconfigs carry one."""
+
+    def run(*args: str) -> None:
+        subprocess.run(["openssl", *args], cwd=folder, check=True, capture_output=True)
+
+    run("req", "-newkey", "rsa:2048", "-nodes", "-keyout", "client.key", "-out", "client.csr",
+        "-subj", "/CN=kubernetes-admin/O=system:masters")  # fmt: skip
+    run("x509", "-req", "-in", "client.csr", "-CA", "ca.pem", "-CAkey", "ca.key",
+        "-CAcreateserial", "-out", "client.pem", "-days", "2")  # fmt: skip
+    return folder / "client.pem", folder / "client.key"
 
 
 def kubeconfig_text(server: str, ca: Path | None = None) -> str:

@@ -16,6 +16,7 @@ import pytest
 
 from numa_device_plugin.nodeconfig.apiclient import (
     ApiConfigError,
+    ApiRequestError,
     _read_token,
     from_kubeconfig,
 )
@@ -145,3 +146,51 @@ def test_a_server_that_is_no_http_url_is_refused(tmp_path: Path, server: str) ->
     (tmp_path / "kubeconfig").write_text(json.dumps(document))
     with pytest.raises(ApiConfigError, match="is not an http\\(s\\) URL"):
         from_kubeconfig(tmp_path / "kubeconfig")
+
+
+def test_a_kind_style_kubeconfig_with_data_fields_and_a_client_certificate_works(
+    tmp_path: Path,
+) -> None:
+    """The usual kubeadm/kind kubeconfig: ``certificate-authority-data`` and
+    ``client-certificate-data``/``client-key-data`` (base64 PEM), no token; the server
+    requires the client certificate."""
+    import base64
+
+    from tests.apiserver_stub import make_client_certificate, make_tls, node_api
+    from tests.conftest import require_tool
+
+    require_tool("openssl", "the Debian package openssl makes the test certificates")
+    tls = make_tls(tmp_path / "tls")
+    cert, key = make_client_certificate(tls)
+
+    def data(path: Path) -> str:
+        return base64.b64encode(path.read_bytes()).decode()
+
+    with node_api("n1", tmp_path, tls=tls, client_certificates=True) as (api, kubeconfig):
+        document = json.loads(kubeconfig.read_text())
+        cluster = document["clusters"][0]["cluster"]
+        cluster["certificate-authority-data"] = data(Path(cluster.pop("certificate-authority")))
+        document["users"][0]["user"] = {
+            "client-certificate-data": data(cert), "client-key-data": data(key)
+        }  # fmt: skip
+        kubeconfig.write_text(json.dumps(document))
+        assert from_kubeconfig(kubeconfig).get("/api/v1/nodes/n1", 10).status == 200
+        # Without the client certificate the server refuses the TLS handshake.
+        document["users"][0]["user"] = {"token": "t"}
+        kubeconfig.write_text(json.dumps(document))
+        with pytest.raises(ApiRequestError):
+            from_kubeconfig(kubeconfig).get("/api/v1/nodes/n1", 10)
+        # insecure-skip-tls-verify: no CA needed, the certificate is taken as it is.
+        del cluster["certificate-authority-data"]
+        cluster["insecure-skip-tls-verify"] = True
+        document["users"][0]["user"] = {
+            "client-certificate-data": data(cert), "client-key-data": data(key)
+        }  # fmt: skip
+        kubeconfig.write_text(json.dumps(document))
+        assert from_kubeconfig(kubeconfig).get("/api/v1/nodes/n1", 10).status == 200
+    assert api.tokens == ["", ""]
+
+
+def test_a_certificate_authority_data_that_is_not_base64_is_named(tmp_path: Path) -> None:
+    with pytest.raises(ApiConfigError, match="certificate-authority-data is not base64"):
+        from_kubeconfig(kubeconfig(tmp_path, None, **{"certificate-authority-data": "@@@"}))

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import os
 import re
+import shutil
 import socket
 import time
 from collections.abc import Callable
@@ -286,5 +287,26 @@ def test_taking_the_lock_replaces_a_longer_holder_line_whole(tmp_path: Path) -> 
     assert lock.try_acquire()
     try:
         assert lock.path.read_text() == f"pid={os.getpid()} host={socket.gethostname()}\n"
+    finally:
+        lock.release()
+
+
+def test_the_socket_folder_deleted_by_the_kubelet_is_waited_for_not_created(
+    tmp_path: Path,
+) -> None:
+    """The kubelet removes and re-creates the device-plugin folder when it restarts: the
+    lock never creates that folder itself (it would be the kubelet's to make), says
+    "not now", and takes the lock once the folder is back."""
+    socket_dir = tmp_path / "device-plugins"
+    lock = InstanceLock(socket_dir)
+    assert lock.try_acquire() is False
+    assert not socket_dir.exists()
+    socket_dir.mkdir()
+    try:
+        assert lock.try_acquire() is True
+        assert lock.intact()
+        shutil.rmtree(socket_dir)
+        assert not lock.intact()
+        assert lock.try_acquire() is False
     finally:
         lock.release()
