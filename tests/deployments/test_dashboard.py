@@ -184,6 +184,21 @@ async def test_every_dashboard_and_alert_query_returns_series_from_a_real_promet
     alerts = {name: rule["expr"] for name, rule in rules_by_alert().items()}
     for name in ("NumaDevicePluginMisalignedContainers", "NumaNodeFull"):
         counts[f"alert {name}: {alerts[name]}"] = len(prometheus.query(alerts[name]))
+    # Values, not only series, for the scenario of ``scraped``: node 0 has CPU 0 ours,
+    # 1-3 others' (full); node 1 has all 4 free; shop/bad (numa-1 on CPU 1) misaligned.
+    queries = dict(dashboard_queries())
+
+    def by_numa_node(title: str) -> dict[str, float]:
+        found = prometheus.query(queries[title])
+        return {r["metric"]["numa_node"]: float(r["value"][1]) for r in found}
+
+    assert by_numa_node("Free exclusive CPUs per NUMA node") == {"0": 0.0, "1": 4.0}
+    assert by_numa_node("Exclusive CPUs per NUMA node: allocatable") == {"0": 4.0, "1": 4.0}
+    assert by_numa_node("Misaligned containers") == {"0": 0.0, "1": 1.0}
+    registered = prometheus.query(queries["Resources registered with the kubelet"])
+    assert {r["metric"]["resource"]: float(r["value"][1]) for r in registered} == dict.fromkeys(
+        RESOURCES, 1.0
+    )
     # The other two need a kubelet that went away.
     await kubelet.stop()
     await kubelet.stop_pod_resources()

@@ -323,13 +323,17 @@ def demo_keep(root: Path, *flags: str, shows: str) -> Iterator[str]:
         yield url
     finally:
         process.terminate()
-        assert process.wait(timeout=30) == 0
+        status = process.wait(timeout=30)
+    # Outside the finally: an assert there would hide the error that brought it.
+    assert status == 0, f"demo --keep exited {status}"
 
 
 @pytest.fixture
 def demo_page(tmp_path: Path) -> Iterator[str]:
     """``demo --keep`` with ``--capacity cpus --memory-unit 256Mi`` on two NUMA nodes;
-    yields its node page's URL once the page shows the demo pods."""
+    yields its node page's URL once the page shows the demo pods. Chromium is looked
+    for first: no demo is started for a test that skips."""
+    chromium()
     root = two_numa_machine(tmp_path / "sys", devices=True)
     flags = ("--capacity", "cpus", "--memory-unit", "256Mi", "--near", "data-disk=serial:S1")
     with demo_keep(root, *flags, shows="demo/data-disk/app") as url:
