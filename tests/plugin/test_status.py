@@ -216,8 +216,10 @@ async def test_demo_keep_serves_until_sigint_and_status_reads_it(two_nodes: Sysf
 
     env = dict(os.environ, PYTHONPATH=str(REPO))
     demo = subprocess.Popen(
+        # Port 0: the demo's default 9201 may be taken (the README tour's demo --keep
+        # still running once failed `make test`).
         [sys.executable, "-m", "numa_device_plugin", "demo", "--keep",
-         "--sysfs-root", str(two_nodes.root)],
+         "--sysfs-root", str(two_nodes.root), "--metrics-address", "127.0.0.1:0"],
         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env,
     )  # fmt: skip
     try:
