@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import shlex
 import signal
 import sys
 import tempfile
@@ -218,13 +219,10 @@ async def _keep_serving(
     look, and serve until SIGINT or SIGTERM."""
     for namespace, pod, containers in _demo_pods(discovery, config):
         kubelet.add_pod(namespace, pod, containers)
-    look = (
-        f"  numa-device-plugin status --socket-dir {config.socket_dir} "
-        f"--pod-resources-socket {config.pod_resources_socket} --sysfs-root {config.sysfs_root}"
-    )
+    look = "  " + shlex.join([*command_prefix(), *status_argv(config)])
     if port is not None:
         look += (
-            f"\n  numa-device-plugin health --address 127.0.0.1:{port}"
+            f"\n  {shlex.join(command_prefix())} health --address 127.0.0.1:{port}"
             f"\n  the node page: http://127.0.0.1:{port}/  (also /metrics, /debug/state)"
         )
     print(f"\nServing until Ctrl-C. In another terminal:\n{look}", flush=True)
@@ -237,6 +235,49 @@ async def _keep_serving(
     finally:
         for signum in (signal.SIGINT, signal.SIGTERM):
             loop.remove_signal_handler(signum)
+
+
+def status_argv(config: Config) -> list[str]:
+    """``status`` and the flags that make it read what ``config`` serves: the folders,
+    and every setting that shapes the resources (``--capacity``, ``--memory-unit``,
+    ``--near``, ...), so that the printed command reports what the demo advertises."""
+    from numa_device_plugin.plugin.devices import DEFAULT_RESOURCE_PREFIX
+    from numa_device_plugin.topology.memory import format_quantity
+    from numa_device_plugin.topology.sysfs import format_cpulist
+
+    argv = ["status", "--socket-dir", str(config.socket_dir),
+            "--pod-resources-socket", str(config.pod_resources_socket),
+            "--sysfs-root", str(config.sysfs_root), "--capacity", str(config.capacity)]  # fmt: skip
+    if config.resource_prefix != DEFAULT_RESOURCE_PREFIX:
+        argv += ["--resource-prefix", config.resource_prefix]
+    if config.include_cpuless_nodes:
+        argv.append("--include-cpuless-nodes")
+    if config.reserved_cpus:
+        argv += ["--reserved-cpus", format_cpulist(config.reserved_cpus)]
+    if config.memory_unit is not None:
+        argv += ["--memory-unit", format_quantity(config.memory_unit)]
+    if config.reserved_memory:
+        entries = ";".join(
+            f"{node}:{kind}={format_quantity(size)}" for node, kind, size in config.reserved_memory
+        )
+        argv += ["--reserved-memory", entries]
+    for near in config.near:
+        argv += ["--near", str(near)]
+    return argv
+
+
+def command_prefix() -> list[str]:
+    """How to run this program again as it was run: ``numa-device-plugin`` when that is
+    what PATH finds, else this interpreter with ``-m numa_device_plugin`` (after
+    ``make run`` the command lives in ``.venv/bin``, not on PATH)."""
+    import shutil
+    import sys
+
+    found = shutil.which("numa-device-plugin")
+    ours = Path(sys.executable).parent / "numa-device-plugin"
+    if found is not None and Path(found).resolve() == ours.resolve():
+        return ["numa-device-plugin"]
+    return [sys.executable, "-m", "numa_device_plugin"]
 
 
 Container = tuple[str, dict[str, list[str]], list[int], list[tuple[str, int, list[int]]]]

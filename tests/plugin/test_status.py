@@ -203,9 +203,18 @@ def test_podresources_wire_names_and_numbers() -> None:
     assert [m.name for m in service.methods] == ["List", "GetAllocatableResources", "Get"]
 
 
-async def test_demo_keep_serves_until_sigint_and_status_reads_it(two_nodes: SysfsTree) -> None:
-    """`demo --keep` prints a status command line that works, then stops on Ctrl-C and
-    leaves no temp folder."""
+@pytest.mark.parametrize(
+    "flags",
+    [(), ("--capacity", "cpus", "--memory-unit", "256Mi", "--near", "any-nic=pci-class:02")],
+    ids=["slots", "cpus-memory-near"],
+)
+async def test_demo_keep_serves_until_sigint_and_status_reads_it(
+    two_nodes: SysfsTree, flags: tuple[str, ...], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`demo --keep` prints a status command line that works as printed (with the flags
+    that shape the resources: once it left out --capacity and --memory-unit, and status
+    reported "capacity 100" for 2 devices), then stops on Ctrl-C and leaves no temp
+    folder."""
     import os
     import shlex
     import signal
@@ -219,19 +228,25 @@ async def test_demo_keep_serves_until_sigint_and_status_reads_it(two_nodes: Sysf
         # Port 0: the demo's default 9201 may be taken (the README tour's demo --keep
         # still running once failed `make test`).
         [sys.executable, "-m", "numa_device_plugin", "demo", "--keep",
-         "--sysfs-root", str(two_nodes.root), "--metrics-address", "127.0.0.1:0"],
+         "--sysfs-root", str(two_nodes.root), "--metrics-address", "127.0.0.1:0", *flags],
         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env,
     )  # fmt: skip
     try:
         assert demo.stdout is not None
         line = ""
         async with asyncio.timeout(60):
-            while not line.strip().startswith("numa-device-plugin status "):
+            while " status --socket-dir " not in line:
                 line = await asyncio.to_thread(demo.stdout.readline)
                 assert line, "the demo ended before printing the status command"
-        argv = shlex.split(line)[1:]
-        result = await asyncio.to_thread(main, argv)
-        assert result == 0
+        printed = shlex.split(line)
+        argv = printed[printed.index("status") :]
+        assert await asyncio.to_thread(main, [*argv, "--output", "json"]) == 0
+        document = json.loads(capsys.readouterr().out)
+        # As printed, the command runs (the interpreter, or numa-device-plugin on PATH).
+        done = await asyncio.to_thread(
+            subprocess.run, printed, capture_output=True, text=True, env=env
+        )
+        assert done.returncode == 0, done.stderr
         folder = Path(argv[argv.index("--socket-dir") + 1]).parent
         demo.send_signal(signal.SIGINT)
         assert await asyncio.to_thread(demo.wait, 30) == 0
@@ -240,6 +255,13 @@ async def test_demo_keep_serves_until_sigint_and_status_reads_it(two_nodes: Sysf
         if demo.poll() is None:
             demo.kill()
             demo.wait()
+    capacities = {node["resource"]: node["capacity"] for node in document["nodes"]}
+    if flags:
+        # cpus mode: a device per CPU of the node (4 each), the memory resources listed.
+        assert capacities["numa-align/numa-0"] == 4
+        assert document["memory"], "the memory resources are reported"
+    else:
+        assert capacities["numa-align/numa-0"] == 100
 
 
 async def test_status_lists_a_near_resource_per_numa_node_it_covers(
