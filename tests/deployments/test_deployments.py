@@ -646,3 +646,30 @@ def test_wheel_installs_into_a_fresh_venv(tmp_path: Path) -> None:
     )
     assert discover.returncode == 0, discover.stderr
     assert json.loads(discover.stdout)["resources"]
+
+
+def test_the_manifests_comments_cite_pages_and_headings_that_exist() -> None:
+    """settings.env once cited a README section, "Exact NUMA capacity", that did not
+    exist (issue 38's trap 9)."""
+    import re
+
+    cited = 0
+    for path in sorted((REPO / "deployments").rglob("*")):
+        if not path.is_file() or path.suffix not in (".env", ".yaml", ".tpl", ".txt"):
+            continue
+        for page, title in re.findall(r"\((docs/[\w./-]+\.md), \"([^\"]+)\"\)", path.read_text()):
+            cited += 1
+            headings = [
+                line.lstrip("#").strip().replace("`", "")
+                for line in (REPO / page).read_text().splitlines()
+                if line.startswith("#")
+            ]
+            assert title.replace("`", "") in headings, f"{path}: {page} has no heading {title!r}"
+        assert "(README, " not in path.read_text(), f"{path} cites a README section"
+    assert cited, "no citation found: the test would check nothing"
+
+
+def test_the_configuration_page_points_at_top_where_it_is() -> None:
+    text = (REPO / "docs" / "configuration.md").read_text()
+    assert "top` (below)" not in text
+    assert "observability.md#the-cluster-view-top-and-kubectl-numa" in text
