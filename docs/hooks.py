@@ -37,8 +37,7 @@ def helm_values_table() -> str:
                 walk(spec["properties"], values[key], f"{prefix}{key}.")
                 continue
             default = json.dumps(values[key], separators=(", ", ": "))
-            meaning = spec["description"].replace("|", "\\|")
-            rows.append(f"| `{prefix}{key}` | `{default}` | {meaning} |")
+            rows.append(f"| `{prefix}{key}` | `{default}` | {_cell(spec['description'])} |")
 
     walk(schema["properties"], defaults, "")
     return "\n".join(rows)
@@ -62,7 +61,7 @@ def metrics_table() -> str:
             else (f"`{family.name}` (`_bucket`, `_sum`, `_count`)")
         )
         label_text = ", ".join(f"`{label}`" for label in labels) or "none"
-        rows.append(f"| {shown} | {family.type} | {label_text} | {family.documentation} |")
+        rows.append(f"| {shown} | {family.type} | {label_text} | {_cell(family.documentation)} |")
     return "\n".join(rows)
 
 

@@ -425,3 +425,13 @@ def test_the_values_reference_documents_every_value() -> None:
     assert "| `config.capacity` | `100` |" in table
     page = (REPO / "docs" / "reference" / "helm-values.md").read_text()
     assert "<!-- generated: helm-values -->" in page
+
+
+def test_the_values_reference_keeps_its_placeholders() -> None:
+    """``<resourcePrefix>/numa-<id>`` once rendered as "/numa-": the ``<…>`` reached the
+    page as HTML tags (issue 38's trap 1; mkdocs --strict does not see it)."""
+    table = docs_hooks().helm_values_table()
+    assert "&lt;resourcePrefix&gt;/numa-&lt;id&gt;" in table
+    assert "<resourcePrefix>" not in table
+    for row in table.splitlines()[2:]:
+        assert row.count(" | ") == 2, row  # no | inside a cell
