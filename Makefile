@@ -161,7 +161,7 @@ image-name:
 ## image: build the image with CONTAINER_TOOL (docker, podman or buildah), tagged
 ## $(IMAGE) and $(IMAGE_RELEASE)
 image:
-	@test -n "$(CONTAINER_TOOL)" || { echo "no image builder: install docker, podman or buildah, or set CONTAINER_TOOL" >&2; exit 2; }
+	@test -n "$(CONTAINER_TOOL)" || { if command -v docker >/dev/null; then echo "docker is installed but its daemon does not answer (docker info failed): start it, or install podman or buildah, or set CONTAINER_TOOL" >&2; else echo "no image builder: install docker, podman or buildah, or set CONTAINER_TOOL" >&2; fi; exit 2; }
 	$(CONTAINER_TOOL) build $(BUILD_FLAGS) --build-arg VERSION=$(TAG) \
 	    --build-arg REVISION=$(REVISION) --build-arg SOURCE=$(SOURCE) \
 	    $(if $(PYTHON_IMAGE),--build-arg PYTHON_IMAGE=$(PYTHON_IMAGE)) \

@@ -122,6 +122,20 @@ def test_no_builder_is_named_and_exit_2(checkout: Path) -> None:
     assert "no image builder: install docker, podman or buildah" in result.stderr
 
 
+def test_a_docker_whose_daemon_is_down_is_said_so_not_no_builder(checkout: Path) -> None:
+    """Once "no image builder: install docker, ..." with docker installed (issue 38's
+    trap 7)."""
+    env = dict(os.environ, PATH=tools(checkout, "docker"))
+    env.pop("CONTAINER_TOOL", None)
+    result = subprocess.run(
+        ["make", "--no-print-directory", "image"], cwd=checkout, env=env, capture_output=True,
+        text=True,
+    )  # fmt: skip
+    assert result.returncode == 2
+    assert "docker is installed but its daemon does not answer" in result.stderr
+    assert "no image builder" not in result.stderr
+
+
 def test_container_tool_overrides_and_flags_pass_through(checkout: Path) -> None:
     out = dry_run(
         checkout,
