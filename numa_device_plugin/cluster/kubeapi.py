@@ -153,6 +153,12 @@ class KubeApi:
             where = "the service account" if path is None else f"kubeconfig {path}"
             raise ApiError(f"{where}: {one_line(str(exc))}") from None
         configuration.retries = False
+        if not configuration.verify_ssl:
+            # The kubeconfig asked for insecure-skip-tls-verify: kubectl says nothing
+            # more, and urllib3's warning at every request would bury the table.
+            import urllib3
+
+            urllib3.disable_warnings(urllib3.exceptions.InsecureRequestWarning)
         self.host = configuration.host.rstrip("/")
         self._client = kubernetes.client.ApiClient(configuration)
 

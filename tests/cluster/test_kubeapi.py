@@ -170,3 +170,27 @@ def test_the_total_deadline_restores_the_previous_alarm() -> None:
     assert signal.getsignal(signal.SIGALRM) == previous
     with pytest.raises(kubeapi.DeadlinePassed), kubeapi.total_deadline(0.2):
         time.sleep(5)
+
+
+def test_insecure_skip_tls_verify_reads_without_a_warning_per_request(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """As kubectl does: the kubeconfig asked for it; urllib3's InsecureRequestWarning
+    once preceded every answer (two lines each on stderr)."""
+    from tests.apiserver_stub import make_tls, node_api
+    from tests.conftest import require_tool
+
+    require_tool("openssl", "the Debian package openssl makes the test certificates")
+    tls = make_tls(tmp_path / "tls")
+    with node_api("n1", tmp_path, tls=tls) as (_, kubeconfig):
+        document = json.loads(kubeconfig.read_text())
+        cluster = document["clusters"][0]["cluster"]
+        del cluster["certificate-authority"]
+        cluster["insecure-skip-tls-verify"] = True
+        kubeconfig.write_text(json.dumps(document))
+        code = main(["top", "--kubeconfig", str(kubeconfig)])
+    err = capsys.readouterr().err
+    assert code == 1  # the node stand-in serves no lists: a 404, said in one line
+    assert "404" in err
+    assert "InsecureRequestWarning" not in err
+    assert err.count("\n") == 1, err
