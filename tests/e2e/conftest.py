@@ -385,7 +385,7 @@ class LocalPlatform(Platform):
         target = f"unix://{self.description['pod_resources_socket']}"
         with grpc.insecure_channel(target) as channel:
             answer: pr_pb2.ListPodResourcesResponse = pr_grpc.PodResourcesListerStub(channel).List(
-                pr_pb2.ListPodResourcesRequest(), timeout=10
+                pr_pb2.ListPodResourcesRequest(), timeout=10 * self.time_scale
             )
         return answer
 
@@ -394,7 +394,7 @@ class LocalPlatform(Platform):
         target = f"unix://{self.description['pod_resources_socket']}"
         with grpc.insecure_channel(target) as channel:
             answer = pr_grpc.PodResourcesListerStub(channel).GetAllocatableResources(
-                pr_pb2.AllocatableResourcesRequest(), timeout=10
+                pr_pb2.AllocatableResourcesRequest(), timeout=10 * self.time_scale
             )
         return {i for d in answer.devices if d.resource_name == resource for i in d.device_ids}
 
@@ -404,7 +404,7 @@ class LocalPlatform(Platform):
         target = f"unix://{self.description['pod_resources_socket']}"
         with grpc.insecure_channel(target) as channel:
             answer = pr_grpc.PodResourcesListerStub(channel).GetAllocatableResources(
-                pr_pb2.AllocatableResourcesRequest(), timeout=10
+                pr_pb2.AllocatableResourcesRequest(), timeout=10 * self.time_scale
             )
         found: dict[int, dict[str, int]] = {}
         for block in answer.memory:
