@@ -243,7 +243,7 @@ async def start_listeners(
     Raises :class:`ListenerError`."""
     from numa_device_plugin.ops.probes import ProbeServer, parse_address
 
-    started: list[ProbeServer] = []
+    started: list[tuple[str, ProbeServer]] = []
     for option, address, metrics in (
         ("metrics_address", metrics_address, render),
         ("health_address", health_address, None),
@@ -259,12 +259,14 @@ async def start_listeners(
         try:
             await listener.start()
         except OSError as exc:  # socket.gaierror too
-            for other in started:
+            for _, other in started:
                 await other.stop()
             raise ListenerError(option, address, exc) from None
-        # The port bound, which port 0 leaves to the kernel: a free one, no race.
+        started.append((option, listener))
+    # Once all listen (a failure says nothing but its usage error): the ports bound,
+    # which port 0 leaves to the kernel (a free one, no race).
+    for option, listener in started:
         structlog.get_logger(__name__).info(
             "listening", listener=option.removesuffix("_address"), port=listener.port
         )
-        started.append(listener)
-    return started
+    return [listener for _, listener in started]
