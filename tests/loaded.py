@@ -38,6 +38,8 @@ LOAD_SENSITIVE = (
     "tests/kubelet/test_watcher.py",
     "tests/cluster/test_kubeapi.py",
     "tests/ops/test_bounded.py",
+    "tests/cli/test_health.py",
+    "tests/cluster/test_execcredential.py",
     "tests/plugin/test_capacity.py",
     "tests/cli/test_cli.py",
     "tests/cli/test_configuration.py",
