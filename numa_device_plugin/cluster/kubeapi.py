@@ -33,9 +33,7 @@ from types import FrameType
 from typing import Any
 from urllib.parse import quote
 
-import yaml
-
-from numa_device_plugin.ops.bounded import BoundError, one_line, read_file
+from numa_device_plugin.ops.bounded import BoundError, one_line, read_yaml
 
 # Bytes of the kubeconfig.
 MAX_KUBECONFIG = 4 << 20
@@ -243,13 +241,9 @@ def read_kubeconfig(path: Path) -> dict[str, Any]:
     """The kubeconfig at ``path`` as a mapping: a regular file of at most
     :data:`MAX_KUBECONFIG` bytes, YAML. Raises :class:`ApiError` naming the file."""
     try:
-        document = yaml.safe_load(read_file(path, MAX_KUBECONFIG).decode())
+        document = read_yaml(path, MAX_KUBECONFIG)
     except BoundError as exc:
         raise ApiError(f"kubeconfig: {exc}") from None
-    except (UnicodeDecodeError, yaml.YAMLError) as exc:
-        raise ApiError(f"cannot read kubeconfig {path}: {one_line(str(exc))}") from None
-    except RecursionError:
-        raise ApiError(f"cannot read kubeconfig {path}: nested too deeply") from None
     if not isinstance(document, dict):
         raise ApiError(f"kubeconfig {path}: not a mapping")
     return document

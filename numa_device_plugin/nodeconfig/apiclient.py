@@ -34,9 +34,14 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-import yaml
-
-from numa_device_plugin.ops.bounded import Answer, BoundError, http_get, one_line, read_file
+from numa_device_plugin.ops.bounded import (
+    Answer,
+    BoundError,
+    http_get,
+    one_line,
+    read_file,
+    read_yaml,
+)
 
 # Bytes of an answer: a Node object with a long image list is ~100 KB.
 MAX_ANSWER = 4 << 20
@@ -130,13 +135,9 @@ def from_kubeconfig(path: Path) -> ApiTarget:
     naming the file and the field for anything missing, malformed or unsupported
     (``exec`` and ``auth-provider`` credential plugins)."""
     try:
-        document = yaml.safe_load(read_file(path, MAX_KUBECONFIG).decode())
+        document = read_yaml(path, MAX_KUBECONFIG)
     except BoundError as exc:
         raise ApiConfigError(f"kubeconfig: {exc}") from None
-    except (UnicodeDecodeError, yaml.YAMLError) as exc:
-        raise ApiConfigError(f"cannot read kubeconfig {path}: {_one_line(str(exc))}") from None
-    except RecursionError:
-        raise ApiConfigError(f"cannot read kubeconfig {path}: nested too deeply") from None
     where = f"kubeconfig {path}"
     if not isinstance(document, dict):
         raise ApiConfigError(f"{where}: not a mapping")

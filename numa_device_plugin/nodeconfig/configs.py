@@ -25,8 +25,6 @@ from reading the file.
 
 from __future__ import annotations
 
-import os
-import stat
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,6 +32,7 @@ from typing import Any
 
 import yaml
 
+from numa_device_plugin.ops.bounded import BoundError, read_file
 from numa_device_plugin.plugin.config import Config
 
 # The node label naming the configuration (fixed, whatever --resource-prefix says: the
@@ -244,20 +243,9 @@ def load_node_configs(path: Path, base: Mapping[str, Any]) -> NodeConfigs:
     neither blocks the open nor a read), is over :data:`MAX_FILE_BYTES` or is
     malformed. A symlink is followed: a ConfigMap volume is made of them."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError as exc:
-        raise NodeConfigError(f"cannot read {path}: {exc.strerror or exc}") from None
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise NodeConfigError(f"cannot read {path}: not a regular file")
-        with os.fdopen(os.dup(fd), "rb") as file:
-            data = file.read(MAX_FILE_BYTES + 1)
-    except OSError as exc:
-        raise NodeConfigError(f"cannot read {path}: {exc.strerror or exc}") from None
-    finally:
-        os.close(fd)
-    if len(data) > MAX_FILE_BYTES:
-        raise NodeConfigError(f"{path} is over {MAX_FILE_BYTES} bytes")
+        data = read_file(path, MAX_FILE_BYTES)
+    except BoundError as exc:
+        raise NodeConfigError(str(exc)) from None
     try:
         text = data.decode()
     except UnicodeDecodeError as exc:

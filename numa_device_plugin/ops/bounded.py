@@ -1,8 +1,8 @@
 """Bounded reads of inputs the plugin does not control: one place for each bound.
 
 - :func:`read_file`: a file expected to be a regular file (a kubeconfig, a token, a
-  CA bundle), read up to a byte cap; a FIFO, a device (``/dev/zero``) or a folder is
-  refused without blocking.
+  CA bundle, the per-node configuration), read up to a byte cap; a FIFO, a device
+  (``/dev/zero``) or a folder is refused without blocking; :func:`read_yaml` parses it.
 - :func:`http_get`: one HTTP(S) GET whose whole exchange (connect, TLS, request,
   answer) ends within a total deadline that nothing extends, with an answer cap. A
   timer shuts the connection's socket down through a duplicate of its descriptor, so
@@ -29,6 +29,9 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
+
+import yaml
 
 
 class BoundError(Exception):
@@ -66,12 +69,27 @@ def read_file(path: Path, limit: int) -> bytes:
             chunks.append(chunk)
             size += len(chunk)
             if size > limit:
-                raise BoundError(f"cannot read {path}: larger than {limit} bytes")
+                raise BoundError(f"{path} is over {limit} bytes")
         return b"".join(chunks)
     except OSError as exc:
         raise BoundError(f"cannot read {path}: {exc.strerror or exc}") from None
     finally:
         os.close(fd)
+
+
+def read_yaml(path: Path, limit: int) -> Any:
+    """The YAML document in the regular file ``path`` (:func:`read_file`, at most
+    ``limit`` bytes). Raises :class:`BoundError` naming the file when it cannot be
+    read, is not UTF-8, is not YAML or nests too deeply for the parser."""
+    data = read_file(path, limit)
+    try:
+        return yaml.safe_load(data.decode())
+    except UnicodeDecodeError:
+        raise BoundError(f"cannot read {path}: not UTF-8 text") from None
+    except yaml.YAMLError as exc:
+        raise BoundError(f"cannot read {path}: {one_line(str(exc))}") from None
+    except RecursionError:
+        raise BoundError(f"cannot read {path}: nested too deeply") from None
 
 
 @dataclass(frozen=True)
