@@ -11,6 +11,7 @@ import tarfile
 import tempfile
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import NoReturn
 
 import pytest
 
@@ -29,30 +30,31 @@ def under_ci(value: str | None) -> bool:
     return (value or "").strip().lower() not in ("", "0", "false")
 
 
+def missing(message: str) -> NoReturn:
+    """A tool or file the test needs is absent: skip, or fail under CI
+    (:func:`under_ci`: a missing tool must not pass in silence)."""
+    if under_ci(os.environ.get("CI")):
+        pytest.fail(message)
+    pytest.skip(message)
+
+
 def require_tool(name: str, provider: str, path: str | None = None) -> str:
-    """The path of program ``name`` (on PATH, or on ``path``); without it the test
-    skips, or fails under CI (:func:`under_ci`: a missing tool must not pass in
-    silence), saying what provides it (``provider``: a Debian package, an extra)."""
+    """The path of program ``name`` (on PATH, or on ``path``), else :func:`missing`
+    saying what provides it (``provider``: a Debian package, an extra)."""
     found = shutil.which(name, path=path)
     if found is None:
-        message = f"{name} is not installed ({provider})"
-        if under_ci(os.environ.get("CI")):
-            pytest.fail(message)
-        pytest.skip(message)
+        missing(f"{name} is not installed ({provider})")
     return found
 
 
 def venv_tool(name: str) -> str:
     """The path of program ``name`` from PATH or ``.venv/bin`` (where ``make NAME`` puts
-    it); skips the test without it, or fails it under CI (:func:`under_ci`)."""
+    it), else :func:`missing`."""
     found = shutil.which(name) or next(
         (str(p) for p in [REPO / ".venv" / "bin" / name] if os.access(p, os.X_OK)), None
     )
     if found is None:
-        message = f"{name} is not installed: `make {name}` puts it into .venv/bin"
-        if under_ci(os.environ.get("CI")):
-            pytest.fail(message)
-        pytest.skip(message)
+        missing(f"{name} is not installed: `make {name}` puts it into .venv/bin")
     return found
 
 

@@ -24,7 +24,7 @@ import pytest
 from numa_device_plugin.kubelet_standin import KubeletStandIn
 from numa_device_plugin.ops import signals
 from numa_device_plugin.topology.fake import SysfsTree
-from tests.conftest import under_ci
+from tests.conftest import missing
 from tests.standin_helpers import REPO, eventually, serve_args
 
 
@@ -40,10 +40,7 @@ def pid_namespace() -> None:
     """Only the PID 1 tests need ``unshare --pid``: without it they skip, or fail under
     CI (the other tests here run anyway)."""
     if not can_unshare():
-        message = "needs unshare --pid (root or user namespaces; util-linux) to run PID 1"
-        if under_ci(os.environ.get("CI")):
-            pytest.fail(message)
-        pytest.skip(message)
+        missing("needs unshare --pid (root or user namespaces; util-linux) to run PID 1")
 
 
 def catches(pid: int, signum: int) -> bool:

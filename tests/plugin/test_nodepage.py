@@ -36,7 +36,7 @@ from numa_device_plugin.plugin.nodepage import (
 from numa_device_plugin.plugin.snapshot import PluginState, Served, debug_document
 from numa_device_plugin.topology.fake import DeviceTree, SysfsTree
 from numa_device_plugin.topology.numa import NodePlan, NumaNode
-from tests.conftest import under_ci
+from tests.conftest import missing
 
 GiB = 1 << 30
 BROWSER_FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars")
@@ -268,10 +268,7 @@ def chromium() -> str:
         (shutil.which(n) for n in ("chromium", "chromium-browser") if shutil.which(n)), None
     )
     if found is None:
-        message = "chromium is not installed: `make chromium` installs Debian's package"
-        if under_ci(os.environ.get("CI")):
-            pytest.fail(message)
-        pytest.skip(message)
+        missing("chromium is not installed: `make chromium` installs Debian's package")
     return found
 
 
