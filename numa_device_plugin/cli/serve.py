@@ -31,6 +31,8 @@ from numa_device_plugin.plugin.config import Config, check_socket_dir
 from numa_device_plugin.plugin.manager import PluginManager
 from numa_device_plugin.topology.memory import MemoryUnitError
 
+log = structlog.get_logger(__name__)
+
 if TYPE_CHECKING:
     from numa_device_plugin.nodeconfig.supervisor import Selector
     from numa_device_plugin.ops.probes import Pages
@@ -266,7 +268,5 @@ async def start_listeners(
     # Once all listen (a failure says nothing but its usage error): the ports bound,
     # which port 0 leaves to the kernel (a free one, no race).
     for option, listener in started:
-        structlog.get_logger(__name__).info(
-            "listening", listener=option.removesuffix("_address"), port=listener.port
-        )
+        log.info("listening", listener=option.removesuffix("_address"), port=listener.port)
     return [listener for _, listener in started]

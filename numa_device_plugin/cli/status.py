@@ -39,10 +39,11 @@ from numa_device_plugin.ops.logs import configure_logging
 @click.option(
     "--timeout",
     type=click.FloatRange(min=0.1, max=600),
-    default=None,
+    default=5.0,
+    show_default=True,
     envvar="NUMA_TIMEOUT",
     show_envvar=True,
-    help="seconds each pod resources call may take (default 5; more on a slow node)",
+    help="seconds each pod resources call may take (more on a slow node)",
 )
 @click.pass_context
 def command(ctx: click.Context, /, **params: Any) -> int:
@@ -58,7 +59,7 @@ def command(ctx: click.Context, /, **params: Any) -> int:
     discovery = options.discover_or_usage(ctx, config)
     socket = config.pod_resources_path
     problem = socket_problem(socket)
-    timeout = FETCH_TIMEOUT if params["timeout"] is None else params["timeout"]
+    timeout = params["timeout"]
     if problem is None:
         try:
             pods, allocatable = asyncio.run(fetch(socket, timeout=timeout))
@@ -72,10 +73,6 @@ def command(ctx: click.Context, /, **params: Any) -> int:
         json.dumps(document, indent=2) if params["output"] == "json" else render_table(document)
     )
     return 0
-
-
-# Seconds each pod resources call may take.
-FETCH_TIMEOUT = 5.0
 
 
 def socket_problem(path: Path) -> str | None:
@@ -93,7 +90,7 @@ def socket_problem(path: Path) -> str | None:
     return "is a regular file, not a socket" if stat.S_ISREG(mode) else "is not a socket"
 
 
-def call_problem(code: str, details: str, timeout: float = FETCH_TIMEOUT) -> str:
+def call_problem(code: str, details: str, timeout: float) -> str:
     """One short line for a failed call, by its gRPC status code name (``timeout``: the
     seconds the call had)."""
     reasons = {

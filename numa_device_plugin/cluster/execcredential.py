@@ -29,10 +29,6 @@ class ExecCredentialError(Exception):
     ExecCredential; the message names the kubeconfig and the command."""
 
 
-def _one_line(text: str) -> str:
-    return one_line(text)
-
-
 def exec_credential(
     spec: dict[str, Any], base: Path, where: str, timeout: float = 60.0
 ) -> tuple[str | None, tuple[str, str] | None]:
@@ -70,12 +66,12 @@ def exec_credential(
         hint = spec.get("installHint")
         raise ExecCredentialError(
             f"{where}: the exec credential plugin: {exc}"
-            + (f" ({_one_line(str(hint))})" if hint and not exc.timed_out else "")
+            + (f" ({one_line(str(hint))})" if hint and not exc.timed_out else "")
         ) from None
     if done.returncode != 0:
         raise ExecCredentialError(
             f"{where}: the exec credential plugin {command!r} exited {done.returncode}: "
-            f"{_one_line(done.stderr.decode(errors='replace')[-300:])}"
+            f"{one_line(done.stderr.decode(errors='replace')[-300:])}"
         )
     try:
         status = json.loads(done.stdout)["status"]

@@ -249,7 +249,7 @@ def _tls_context(
                              zip(client, ("cert.pem", "key.pem"), strict=True))  # fmt: skip
                 context.load_cert_chain(cert, key)
     except (OSError, ssl.SSLError, ValueError, BoundError) as exc:
-        raise ApiConfigError(f"{where}: cannot load TLS files: {_one_line(str(exc))}") from None
+        raise ApiConfigError(f"{where}: cannot load TLS files: {one_line(str(exc))}") from None
     return context
 
 
@@ -268,10 +268,6 @@ def _read_token(path: Path) -> str | None:
     except BoundError as exc:
         raise ApiConfigError(f"token: {exc}") from None
     return data.decode(errors="replace").strip() or None
-
-
-def _one_line(text: str) -> str:
-    return one_line(text)
 
 
 def _shown(value: Any) -> str:

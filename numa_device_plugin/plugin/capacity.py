@@ -250,14 +250,16 @@ def admissible(
 
         return memory_unit
 
-    def slot(held: str) -> bool:
-        index = device_index(held, node_id)
-        return index is not None and index < MAX_CAPACITY and held == slot_id(node_id, index)
-
     if capacity == CPUS:
         cpu_ids = frozenset(_cpu_id(node_id, cpu) for cpu in node_cpus)
-        return lambda held: held in cpu_ids or slot(held)
-    return slot
+        return lambda held: held in cpu_ids or _is_slot(held, node_id)
+    return lambda held: _is_slot(held, node_id)
+
+
+def _is_slot(held: str, node_id: int) -> bool:
+    """Whether ``held`` is a slot id of NUMA node ``node_id`` under :data:`MAX_CAPACITY`."""
+    index = device_index(held, node_id)
+    return index is not None and index < MAX_CAPACITY and held == slot_id(node_id, index)
 
 
 def _held_in_cpus_mode(held: set[str], node_id: int, node_cpus: frozenset[int]) -> set[str]:
@@ -266,9 +268,8 @@ def _held_in_cpus_mode(held: set[str], node_id: int, node_cpus: frozenset[int]) 
     re-admits it by them), at most one per CPU of the node, lowest first: the list
     never grows past twice the node's CPUs, whatever the kubelet says."""
     cpu_ids = {_cpu_id(node_id, cpu) for cpu in node_cpus}
-    slot = admissible(0, None, node_id, node_cpus)  # 0: slots mode's test
     slots = sorted(
-        (i for i in held if i not in cpu_ids and slot(i)), key=lambda i: _held_index(i, node_id)
+        (i for i in held - cpu_ids if _is_slot(i, node_id)), key=lambda i: _held_index(i, node_id)
     )
     return (held & cpu_ids) | set(slots[: len(node_cpus)])
 
