@@ -263,10 +263,9 @@ def _is_slot(held: str, node_id: int) -> bool:
 
 
 def _held_in_cpus_mode(held: set[str], node_id: int, node_cpus: frozenset[int]) -> set[str]:
-    """The held ids that count in ``cpus`` mode: those of ``node_cpus``, and slot ids
-    from an earlier slots-mode run (a running pod still holds them; the kubelet
-    re-admits it by them), at most one per CPU of the node, lowest first: the list
-    never grows past twice the node's CPUs, whatever the kubelet says."""
+    """The held ids that count in ``cpus`` mode: those of ``node_cpus``, and slot ids of
+    an earlier slots-mode run (the kubelet re-admits a pod by them), at most one per
+    CPU, lowest first: never past twice the node's CPUs, whatever the kubelet says."""
     cpu_ids = {_cpu_id(node_id, cpu) for cpu in node_cpus}
     slots = sorted(
         (i for i in held - cpu_ids if _is_slot(i, node_id)), key=lambda i: _held_index(i, node_id)
