@@ -70,13 +70,30 @@ def create(platform: Platform, namespace: str, pod: client.V1Pod) -> None:
     platform.core.create_namespaced_pod(namespace, pod)
 
 
+def why_ended(platform: Platform, pod: client.V1Pod) -> str:
+    """What a pod that ended says of itself: each container's terminated state (reason,
+    exit code, message) and the pod's events, as one line for a failure message."""
+    statuses = (pod.status.container_statuses or []) + (pod.status.init_container_statuses or [])
+    states = [
+        f"{status.name}: {term.reason} exit {term.exit_code} {term.message or ''}".strip()
+        for status in statuses
+        if status.state is not None and (term := status.state.terminated) is not None
+    ]
+    events = platform.core.list_namespaced_event(
+        pod.metadata.namespace, field_selector=f"involvedObject.name={pod.metadata.name}"
+    ).items
+    told = [f"{e.reason}: {e.message}" for e in events]
+    return f"containers: {states or 'none terminated'}; events: {told or 'none'}"
+
+
 def wait_phase(platform: Platform, pod: str, namespace: str, phase: str) -> client.V1Pod:
     def reached() -> client.V1Pod | None:
         found = platform.core.read_namespaced_pod(pod, namespace)
         ended = str(found.status.phase) in ("Failed", "Succeeded")
         if found.status.phase != phase and ended:
             pytest.fail(f"{pod} ended {found.status.phase} ({found.status.reason}: "
-                        f"{found.status.message}), expected {phase}")  # fmt: skip
+                        f"{found.status.message}), expected {phase}; "
+                        f"{why_ended(platform, found)}")  # fmt: skip
         return found if found.status.phase == phase else None
 
     found: client.V1Pod = platform.eventually(reached, 180, f"{pod} to reach {phase}")
