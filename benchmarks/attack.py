@@ -27,7 +27,7 @@ from typing import Any
 
 from benchmarks.harness import (
     PluginProcess,
-    free_port,
+    held_port,
     machine_info,
     pace_flag,
     paced,
@@ -110,7 +110,7 @@ async def one_request(port: int, timeout: float) -> str:
 async def attack(slow: int, burst: int, burst_timeout: float) -> dict[str, Any]:
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))  # our side needs the fds
-    health, metrics = free_port(), free_port()
+    health, metrics = held_port(), held_port()
     extra = (
         *("--health-address", f"127.0.0.1:{health}"),
         *("--metrics-address", f"127.0.0.1:{metrics}"),

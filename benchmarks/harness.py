@@ -30,12 +30,21 @@ from numa_device_plugin.topology.fake import build_machine
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
 
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 nobody listens on right now."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
+_HELD: list[socket.socket] = []
+
+
+def held_port() -> int:
+    """A TCP port on 127.0.0.1 held until this process ends: bound with SO_REUSEADDR and
+    never listening, so a server that binds it with SO_REUSEADDR (asyncio's servers,
+    Go's listeners: the plugin, Prometheus) can listen on it, while other programs'
+    binds (an ephemeral port, a bind without SO_REUSEADDR) cannot take it in between. A
+    port picked by binding and releasing it could be taken before the server binds it."""
+    holder = socket.socket()
+    holder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    holder.bind(("127.0.0.1", 0))
+    _HELD.append(holder)
+    port: int = holder.getsockname()[1]
+    return port
 
 
 def resource_names(nodes: int) -> list[str]:

@@ -26,7 +26,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from benchmarks.harness import free_port, machine_info, percentile
+from benchmarks.harness import held_port, machine_info, percentile
 from numa_device_plugin.topology.fake import build_machine
 from tests.apiserver_stub import Raw, node_api
 from tests.nodeconfig.test_nodeconfig_hostile import BOMB
@@ -92,7 +92,7 @@ def summary(seen: list[float]) -> dict[str, float]:
 
 async def flood(folder: Path, scrapers: int, seconds: float) -> dict[str, Any]:
     tree = build_machine(folder / "sys", nodes=64, cpus_per_node=2)
-    metrics, health = free_port(), free_port()
+    metrics, health = held_port(), held_port()
     flags = ("--metrics-address", f"127.0.0.1:{metrics}", "--health-address",
              f"127.0.0.1:{health}", "--memory-unit", "16Mi")  # fmt: skip
     figures: dict[str, Any] = {}
@@ -147,7 +147,7 @@ async def flood(folder: Path, scrapers: int, seconds: float) -> dict[str, Any]:
 
 async def bomb(folder: Path) -> dict[str, Any]:
     tree = build_machine(folder / "sys", nodes=2, cpus_per_node=2)
-    health = free_port()
+    health = held_port()
     path = folder / "configs.yaml"
     path.write_text(BOMB)
     figures: dict[str, Any] = {"file_bytes": len(BOMB)}
@@ -177,7 +177,7 @@ async def big_pod_resources(folder: Path, containers: int, seconds: float) -> di
     from numa_device_plugin.kubelet_standin import KubeletStandIn
 
     tree = build_machine(folder / "sys", nodes=2, cpus_per_node=4)
-    health = free_port()
+    health = held_port()
     standin = KubeletStandIn(folder / "dp", pod_resources_dir=folder / "pr",
                              allocatable_cpus=range(1, 8))  # fmt: skip
     per_pod = 100

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from benchmarks.harness import free_port as free_port  # re-exported for the tests
+from benchmarks.harness import held_port as held_port  # re-exported for the tests
 from numa_device_plugin.kubelet_standin import KubeletStandIn
 from numa_device_plugin.plugin.config import Config
 from numa_device_plugin.plugin.manager import PluginManager

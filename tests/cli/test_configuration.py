@@ -18,7 +18,7 @@ from numa_device_plugin.plugin.config import Config
 from numa_device_plugin.plugin.manager import PluginManager
 from numa_device_plugin.topology.fake import SysfsTree
 from tests.cli.test_cli import run_main, serve_config, serve_params
-from tests.standin_helpers import free_port
+from tests.standin_helpers import held_port
 
 # Every variable of serve but the listener addresses: set but empty is an error.
 NOT_EMPTY = [
@@ -206,7 +206,7 @@ def test_a_listener_that_cannot_listen_exits_2_naming_flag_and_address(
     capsys: pytest.CaptureFixture[str],
     served: list[object],
 ) -> None:
-    same = free_port()
+    same = held_port()
     argv = [f.replace("TAKEN", str(taken_port)).replace("SAME", str(same)) for f in flags]
     base = ["serve", "--sysfs-root", str(two_nodes.root), "--socket-dir", str(sock_dir)]
     code, _, err = run_main([*base, *argv], capsys)

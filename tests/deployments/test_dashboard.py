@@ -27,7 +27,7 @@ from numa_device_plugin.kubelet_standin import KubeletStandIn
 from tests.conftest import venv_tool
 from tests.deployments.test_alerts import rules_by_alert
 from tests.deployments.test_helm import CHART, RELEASE, of_kind, template
-from tests.standin_helpers import eventually, free_port, serve_process, wait_all_live
+from tests.standin_helpers import eventually, held_port, serve_process, wait_all_live
 
 DASHBOARD = f"{RELEASE}-dashboard"
 NODE = "node-a"
@@ -80,7 +80,7 @@ class Prometheus:
 async def start_prometheus(folder: Path, metrics_port: int) -> tuple[subprocess.Popen[bytes], int]:
     """Prometheus scraping 127.0.0.1:``metrics_port`` every second, with the labels the
     chart's PodMonitor gives a plugin pod (node, namespace, pod)."""
-    port = free_port()
+    port = held_port()
     config = {
         "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
         "scrape_configs": [{
@@ -111,7 +111,7 @@ async def scraped(
     ``shop/bad`` holds numa-1 with CPU 1 of node 0 (misaligned); ``ops/cache`` holds
     CPUs 2-3 exclusively with no device: NUMA node 0 is full."""
     venv_tool("prometheus")
-    metrics_port = free_port()
+    metrics_port = held_port()
     standin = KubeletStandIn(
         sock_dir,
         pod_resources_dir=sock_dir / "pr",

@@ -23,7 +23,7 @@ from numa_device_plugin.topology.fake import SysfsTree
 from tests.conftest import REPO
 from tests.standin_helpers import (
     eventually,
-    free_port,
+    held_port,
     live_plugin,
     serve_process,
     wait_all_live,
@@ -164,7 +164,7 @@ async def test_the_shipped_daemonsets_probes_pass(
 
     spec = container()
     ports = {port["name"]: port["containerPort"] for port in spec["ports"]}
-    local = {number: free_port() for number in ports.values()}
+    local = {number: held_port() for number in ports.values()}
 
     def moved(text: str) -> str:
         for number, port in local.items():

@@ -4,11 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import signal
 import socket
-import subprocess
-import sys
 import time
 import urllib.error
 import urllib.request
@@ -27,9 +23,14 @@ from numa_device_plugin.ops.probes import MAX_SCRAPES, ProbeServer, parse_addres
 from numa_device_plugin.plugin.manager import PluginManager
 from numa_device_plugin.plugin.prometheus import PrometheusRecorder
 from numa_device_plugin.topology.fake import SysfsTree
-from tests.conftest import REPO
 from tests.plugin.test_manager import NAMES, make_config
-from tests.standin_helpers import eventually, free_port, wait_all_live
+from tests.standin_helpers import (
+    ServeProcess,
+    bound_port,
+    eventually,
+    serve_process,
+    wait_all_live,
+)
 
 
 @asynccontextmanager
@@ -229,23 +230,16 @@ def test_bad_metrics_address_exits_2(capsys: pytest.CaptureFixture[str]) -> None
 
 
 @asynccontextmanager
-async def serve_process(tree: SysfsTree, folder: Path, *flags: str) -> AsyncIterator[int]:
-    """A real `serve` process on ``tree`` and ``folder`` with ``flags``; yields its pid,
-    registered with a stand-in; SIGTERM at the end must exit 0."""
-    args = ["--sysfs-root", str(tree.root), "--socket-dir", str(folder), "--log-level", "warning"]
-    env = dict(os.environ, PYTHONPATH=str(REPO))
-    async with KubeletStandIn(folder) as kubelet:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "numa_device_plugin", "serve", *args, *flags], env=env
-        )
-        try:
-            await wait_all_live(kubelet, NAMES, timeout=20)
-            yield process.pid
-            response = await kubelet.allocate("numa-align/numa-0", ["numa0-slot0001"])
-            assert dict(response.container_responses[0].envs) == {"NUMA_NODE": "0"}
-        finally:
-            process.send_signal(signal.SIGTERM)
-            assert process.wait(10) == 0
+async def serving(tree: SysfsTree, folder: Path, *flags: str) -> AsyncIterator[ServeProcess]:
+    """A real `serve` process on ``tree`` and ``folder`` with ``flags`` (listeners on
+    ``127.0.0.1:0``, their ports read with ``bound_port``), registered with a stand-in;
+    Allocate still answers at the end, and SIGTERM must exit 0."""
+    async with KubeletStandIn(folder) as kubelet, serve_process(tree, folder, *flags) as plugin:
+        await wait_all_live(kubelet, NAMES, timeout=20)
+        yield plugin
+        response = await kubelet.allocate("numa-align/numa-0", ["numa0-slot0001"])
+        assert dict(response.container_responses[0].envs) == {"NUMA_NODE": "0"}
+        assert await plugin.terminate() == 0, plugin.log()
 
 
 def _rss(pid: int) -> int:
@@ -258,8 +252,8 @@ def _rss(pid: int) -> int:
 async def test_a_thousand_scrapes_leave_a_real_plugin_serving_and_its_memory_flat(
     two_nodes: SysfsTree, sock_dir: Path
 ) -> None:
-    port = free_port()
-    async with serve_process(two_nodes, sock_dir, "--metrics-address", f"127.0.0.1:{port}") as pid:
+    async with serving(two_nodes, sock_dir, "--metrics-address", "127.0.0.1:0") as plugin:
+        port, pid = await bound_port(plugin, "metrics"), plugin.pid
 
         def scrape(times: int) -> None:
             for _ in range(times):
@@ -278,12 +272,10 @@ async def test_a_thousand_scrapes_leave_a_real_plugin_serving_and_its_memory_fla
 async def test_both_listeners_serve_the_probes_and_only_one_the_metrics(
     two_nodes: SysfsTree, sock_dir: Path
 ) -> None:
-    metrics_port, health_port = free_port(), free_port()
-    flags = [
-        *("--metrics-address", f"127.0.0.1:{metrics_port}"),
-        *("--health-address", f"127.0.0.1:{health_port}"),
-    ]
-    async with serve_process(two_nodes, sock_dir, *flags):
+    flags = [*("--metrics-address", "127.0.0.1:0"), *("--health-address", "127.0.0.1:0")]
+    async with serving(two_nodes, sock_dir, *flags) as plugin:
+        metrics_port = await bound_port(plugin, "metrics")
+        health_port = await bound_port(plugin, "health")
 
         def ready() -> bool:
             try:
