@@ -208,6 +208,28 @@ metrics_address = _option(
     shown="off",
     allow_empty=True,
 )
+
+
+def on_off(text: str) -> bool:
+    """``true``/``false`` (also 1/0, yes/no, on/off, any case) -> bool; ValueError
+    naming the text otherwise."""
+    word = text.strip().lower()
+    if word in ("true", "1", "yes", "on"):
+        return True
+    if word in ("false", "0", "no", "off"):
+        return False
+    raise ValueError(f"{text!r} is not true or false")
+
+
+debug_endpoints = _option(
+    "--debug-endpoints",
+    "with --metrics-address: serve the node page (/) and /debug/state there too (they "
+    "name the node's pods and devices); false: /metrics, /healthz and /readyz only",
+    on_off,
+    True,
+    "BOOL",
+)
+
 health_address = _option(
     "--health-address",
     "serve /healthz and /readyz (no /metrics) on HOST:PORT or :PORT; off when empty",

@@ -61,6 +61,7 @@ class Runner(Protocol):
     options.log_level,
     options.log_format,
     options.metrics_address,
+    options.debug_endpoints,
     options.health_address,
     options.pod_resources_socket,
     options.pod_resources_interval,
@@ -97,6 +98,7 @@ def command(ctx: click.Context, /, **params: Any) -> int:
                 select=select,
                 select_interval=params["node_config_interval"],
                 levels=LevelSwitch(params["log_level"], params["log_format"]),
+                debug_endpoints=params["debug_endpoints"],
             )
         )
     except SocketPathError as exc:
@@ -157,12 +159,14 @@ async def serve(
     select: Selector | None = None,
     select_interval: float = 60.0,
     levels: LevelSwitch | None = None,
+    debug_endpoints: bool = True,
 ) -> int:
     """Run a :class:`PluginManager` for ``config`` with the HTTP listeners asked for
     (``""``: none) until a stop signal; 0 then. With ``select`` (per-node
     configuration), a :class:`ConfigSupervisor` runs the manager for the Config it
     chooses, looking again every ``select_interval`` seconds. With ``levels``, SIGUSR1
-    toggles the log level (:class:`LevelSwitch`). Raises
+    toggles the log level (:class:`LevelSwitch`). ``debug_endpoints`` False: the
+    metrics listener serves no node page and no ``/debug/state``. Raises
     :class:`ListenerError` when a listener cannot be bound, before anything else is
     served."""
     loop = asyncio.get_running_loop()
@@ -198,7 +202,9 @@ async def serve(
         from numa_device_plugin.nodeconfig.supervisor import ConfigSupervisor
 
         manager = ConfigSupervisor(select, make_manager, select_interval, check)
-    servers = await start_listeners(manager, metrics_address, health_address, render)
+    servers = await start_listeners(
+        manager, metrics_address, health_address, render, debug_endpoints=debug_endpoints
+    )
     for signum in STOP_SIGNALS:
         loop.add_signal_handler(signum, manager.stop)
     # Until here a stop signal ended the process at once (signals.catch_early): nothing
@@ -238,9 +244,12 @@ async def start_listeners(
     metrics_address: str,
     health_address: str,
     render: Callable[[], bytes] | None,
+    *,
+    debug_endpoints: bool = True,
 ) -> list[Any]:
     """The HTTP listeners asked for, listening: both serve ``/healthz`` and ``/readyz``,
-    the metrics one ``/metrics`` too; each logs ``listening`` with its ``listener``
+    the metrics one ``/metrics`` too, and with ``debug_endpoints`` the node page (``/``)
+    and ``/debug/state``; each logs ``listening`` with its ``listener``
     (``metrics``, ``health``) and the ``port`` it bound (port 0: one the kernel picks).
     Raises :class:`ListenerError`."""
     from numa_device_plugin.ops.probes import ProbeServer, parse_address
@@ -256,7 +265,7 @@ async def start_listeners(
             parse_address(address),
             manager.readiness_problems,
             metrics,
-            pages=None if metrics is None else node_pages(manager.snapshot),
+            pages=node_pages(manager.snapshot) if metrics and debug_endpoints else None,
         )
         try:
             await listener.start()

@@ -55,6 +55,7 @@ SERVE_FLAGS = [
     ("--log-level", "NUMA_LOG_LEVEL"),
     ("--log-format", "NUMA_LOG_FORMAT"),
     ("--metrics-address", "NUMA_METRICS_ADDRESS"),
+    ("--debug-endpoints", "NUMA_DEBUG_ENDPOINTS"),
     ("--health-address", "NUMA_HEALTH_ADDRESS"),
     ("--pod-resources-socket", "NUMA_POD_RESOURCES_SOCKET"),
     ("--pod-resources-interval", "NUMA_POD_RESOURCES_INTERVAL"),
@@ -262,6 +263,7 @@ def test_bad_flags_exit_2_with_usage(
         ("NUMA_REGISTER_TIMEOUT", "0", "'0' must be a positive number of seconds"),
         ("NUMA_SHUTDOWN_GRACE", "soon", "'soon' is not a number of seconds"),
         ("NUMA_HEALTH_ADDRESS", "nine", "HOST:PORT"),
+        ("NUMA_DEBUG_ENDPOINTS", "maybe", "'maybe' is not true or false"),
     ],
 )
 def test_bad_env_values_exit_2_naming_the_variable(

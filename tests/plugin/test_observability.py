@@ -432,3 +432,34 @@ def test_allocatable_memory_reaches_its_metric() -> None:
         'numa_node_allocatable_memory_bytes{memory_type="hugepages-1Gi",numa_node="1"} '
         "1.073741824e+09" in text
     )
+
+
+@pytest.mark.parametrize("how", ["flag", "variable"])
+async def test_debug_endpoints_false_closes_the_node_page_and_debug_state_not_the_metrics(
+    two_nodes: SysfsTree, sock_dir: Path, monkeypatch: pytest.MonkeyPatch, how: str
+) -> None:
+    """`--debug-endpoints=false` (or NUMA_DEBUG_ENDPOINTS=false): the metrics listener
+    answers 404 for the pages that name pods and devices, and still serves /metrics
+    and the probes."""
+    flags = ["--metrics-address", "127.0.0.1:0"]
+    if how == "flag":
+        flags.append("--debug-endpoints=false")
+    else:
+        monkeypatch.setenv("NUMA_DEBUG_ENDPOINTS", "False")
+    async with serving(two_nodes, sock_dir, *flags) as plugin:
+        port = await bound_port(plugin, "metrics")
+        for path in ("/", "/debug/state"):
+            assert (await asyncio.to_thread(get, port, path))[0] == 404, path
+        status, text = await asyncio.to_thread(get, port, "/metrics")
+        assert status == 200
+        assert "numa_device_plugin_registered" in text
+        assert await asyncio.to_thread(get, port, "/readyz") == (200, "ok\n")
+
+
+def test_a_debug_endpoints_value_that_is_not_a_boolean_exits_2_with_usage(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert main(["serve", "--debug-endpoints", "maybe"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("Usage: numa-device-plugin serve ")
+    assert "'maybe' is not true or false" in err
