@@ -25,7 +25,8 @@ MARKER = re.compile(r"<!-- generated: ([a-z-]+) -->")
 
 def helm_values_table() -> str:
     """The chart's values: ``| value | default | meaning |``, one row per leaf of
-    values.schema.json, the default from values.yaml. Raises KeyError for a value the
+    values.schema.json (an object with a description of its own, such as
+    ``securityContext``, is one leaf), the default from values.yaml. Raises KeyError for a value the
     schema describes but values.yaml lacks."""
     schema = json.loads((CHART / "values.schema.json").read_text())
     defaults = yaml.safe_load((CHART / "values.yaml").read_text())
@@ -33,7 +34,7 @@ def helm_values_table() -> str:
 
     def walk(properties: dict[str, Any], values: dict[str, Any], prefix: str) -> None:
         for key, spec in properties.items():
-            if "properties" in spec:
+            if "properties" in spec and "description" not in spec:
                 walk(spec["properties"], values[key], f"{prefix}{key}.")
                 continue
             default = json.dumps(values[key], separators=(", ", ": "))

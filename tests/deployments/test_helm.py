@@ -117,7 +117,6 @@ def test_every_rendering_passes_kubernetes_validate_strict(name: str, version: s
         (["--set", "kubelet.flavour=k3s"], "flavour"),
         (["--set", "kubelet.flavour=custom"], "root"),
         (["--set", "kubelet.flavour=custom", "--set", "kubelet.root=relative"], "root"),
-        (["--set", "config.reservedCpus=0-1"], "capacity"),
         (["--set", "config.reservedCpus=zero"], "reservedCpus"),
         (["--set-json", "config.podResourcesInterval=0.01"], "podResourcesInterval"),
         (["--set-json", "config.nodeConfigInterval=0"], "nodeConfigInterval"),
@@ -131,10 +130,8 @@ def test_every_rendering_passes_kubernetes_validate_strict(name: str, version: s
         (["--set-json", 'config.named={"a": {"capacity": "all"}}'], "capacity"),
         (["--set-json", 'config.named={"a": {"logLevel": "debug"}}'], "logLevel"),
         (["--set-json", 'config.named={"-a": {}}'], "-a"),
-        (["--set-json", 'config.named={"a": {"capacity": 5, "reservedCpus": "0"}}'], "capacity"),
         (["--set-json", 'config.named={"a": {"podResourcesInterval": 0}}'], "podResources"),
         (["--set", "config.memoryUnit=1.5Gi"], "memoryUnit"),
-        (["--set", "config.reservedMemory=0:memory=1Gi"], "memoryUnit"),
         (
             ["--set", "config.memoryUnit=1Gi", "--set", "config.reservedMemory=memory"],
             "reservedMemory",
@@ -193,9 +190,24 @@ def test_nfd_and_own_node_affinity_cannot_be_mixed() -> None:
             [*RENDERINGS["cpus"], "--set-json", 'config.named={"a": {"capacity": 5}}'],
             'config.named.a: reservedCpus "0-1" need capacity "cpus"',
         ),
+        (
+            ["--set-json", 'config.named={"a": {"capacity": 5, "reservedCpus": "0"}}'],
+            'config.named.a: reservedCpus "0" need capacity "cpus" (it has 5)',
+        ),
+        # Issue 38's trap 6: the schema said "at '/config/capacity': value must be 'cpus'".
+        (
+            ["--set-string", "config.reservedCpus=0"],
+            'config.reservedCpus "0" needs config.capacity "cpus" (it is 100)',
+        ),
+        (
+            ["--set", "config.reservedMemory=0:memory=1Gi"],
+            'config.reservedMemory "0:memory=1Gi" needs config.memoryUnit',
+        ),
     ],
 )
-def test_per_node_values_that_cannot_work_fail_the_rendering(args: list[str], needle: str) -> None:
+def test_values_that_cannot_work_together_fail_the_rendering_naming_both(
+    args: list[str], needle: str
+) -> None:
     result = run_helm("template", RELEASE, str(CHART), *args)
     assert result.returncode != 0, f"{args} was accepted"
     assert needle in result.stderr

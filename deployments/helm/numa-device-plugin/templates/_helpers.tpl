@@ -1,16 +1,36 @@
-{{/* The objects' name: the release name when it names the chart, else <release>-<chart>. */}}
+{{/* The chart's name in names and labels: nameOverride, else the chart's. */}}
+{{- define "numa-device-plugin.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{/* The objects' name: fullnameOverride; else the release name when it holds the name,
+else <release>-<name>. */}}
 {{- define "numa-device-plugin.fullname" -}}
-{{- if contains .Chart.Name .Release.Name -}}
+{{- if .Values.fullnameOverride -}}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- $name := include "numa-device-plugin.name" . -}}
+{{- if contains $name .Release.Name -}}
 {{- .Release.Name | trunc 63 | trimSuffix "-" -}}
 {{- else -}}
-{{- printf "%s-%s" .Release.Name .Chart.Name | trunc 63 | trimSuffix "-" -}}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
 {{- end -}}
 {{- end -}}
 
 {{/* What selects the plugin's pods. */}}
 {{- define "numa-device-plugin.selectorLabels" -}}
-app.kubernetes.io/name: {{ .Chart.Name }}
+app.kubernetes.io/name: {{ include "numa-device-plugin.name" . }}
 app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end -}}
+
+{{/* The container's image: <repository>:<tag>, with image.digest <repository>:<tag>@<digest>
+(the digest is what the runtime pulls; the tag stays for people reading the pod). */}}
+{{- define "numa-device-plugin.image" -}}
+{{- $image := .Values.image -}}
+{{- $ref := printf "%s:%s" $image.repository ($image.tag | default .Chart.AppVersion) -}}
+{{- if $image.digest -}}{{- $ref = printf "%s@%s" $ref $image.digest -}}{{- end -}}
+{{- $ref -}}
 {{- end -}}
 
 {{/* Every object's labels. */}}
@@ -41,6 +61,15 @@ NUMA_LOG_FORMAT: {{ $c.logFormat | quote }}
 NUMA_LOG_LEVEL: {{ $c.logLevel | quote }}
 {{- if $c.metricsPort }}
 NUMA_METRICS_ADDRESS: {{ printf ":%d" (int $c.metricsPort) | quote }}
+{{- if not $c.debugEndpoints }}
+NUMA_DEBUG_ENDPOINTS: "false"
+{{- end }}
+{{- end }}
+{{- if and $c.reservedCpus (ne (toString $c.capacity) "cpus") }}
+{{- fail (printf "config.reservedCpus %q needs config.capacity \"cpus\" (it is %v): reserved CPUs are counted only in the cpus mode" $c.reservedCpus $c.capacity) }}
+{{- end }}
+{{- if and $c.reservedMemory (not $c.memoryUnit) }}
+{{- fail (printf "config.reservedMemory %q needs config.memoryUnit (memory devices are off without it)" $c.reservedMemory) }}
 {{- end }}
 NUMA_RESOURCE_PREFIX: {{ $c.resourcePrefix | quote }}
 {{- if not (kindIs "invalid" $c.podResourcesInterval) }}
