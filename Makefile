@@ -5,7 +5,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 BIN    := $(VENV)/bin
 
-.PHONY: install run test coverage test-loaded test-e2e test-e2e-local kube-etcd helm prometheus promtool chromium screenshots docs lint proto bench attack soak image image-name push lock docker-build docker-push deploy undeploy clean
+.PHONY: install run test coverage test-loaded test-e2e test-e2e-local kube-etcd helm prometheus promtool chromium screenshots docs lint proto bench attack soak image image-name push release lock docker-build docker-push deploy undeploy clean
 
 install: $(VENV)/.installed
 
@@ -173,6 +173,21 @@ push:
 	@test -n "$(CONTAINER_TOOL)" || { echo "no image tool: install docker, podman or buildah, or set CONTAINER_TOOL" >&2; exit 2; }
 	$(CONTAINER_TOOL) push $(PUSH_FLAGS) $(IMAGE)
 	$(CONTAINER_TOOL) push $(PUSH_FLAGS) $(IMAGE_RELEASE)
+
+## release: VERSION=X.Y.Z: the image for PLATFORMS (linux/amd64,linux/arm64) as one image
+## index and the chart (its image.digest set to it) pushed to REGISTRY (the chart as
+## oci://REGISTRY/charts), then the annotated tag vX.Y.Z with the CHANGELOG entry; refuses a
+## dirty tree, an existing tag, or a version that __init__.py, Chart.yaml and CHANGELOG.md
+## do not all say (deployments/release.py). RELEASE_FLAGS: --plain-http (an HTTP
+## registry), --base PLATFORM=IMAGE (a base image per platform)
+PLATFORMS ?= linux/amd64,linux/arm64
+RELEASE_FLAGS ?=
+release: install helm
+	@test "$(origin VERSION)" = "command line" || { echo "make release needs VERSION=X.Y.Z" >&2; exit 2; }
+	@test -n "$(CONTAINER_TOOL)" || { echo "no image builder: install docker, podman or buildah, or set CONTAINER_TOOL" >&2; exit 2; }
+	$(PY) deployments/release.py "$(VERSION)" --registry "$(REGISTRY)" --tool "$(CONTAINER_TOOL)" \
+	    --platforms "$(PLATFORMS)" --helm "$$(command -v helm || echo $(BIN)/helm)" \
+	    --source="$(SOURCE)" --build-flags="$(BUILD_FLAGS)" --push-flags="$(PUSH_FLAGS)" $(RELEASE_FLAGS)
 
 ## lock: regenerate requirements.lock (the image's runtime dependencies) and
 ## requirements-build.lock (the build backend that makes the plugin's wheel), both

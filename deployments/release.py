@@ -1,0 +1,265 @@
+"""``make release VERSION=X.Y.Z``: the image for every platform as one image index, the
+chart packaged for that image's digest, both pushed to a registry, and an annotated git
+tag ``vX.Y.Z`` carrying the CHANGELOG entry.
+
+Nothing is built before the checks pass: a clean work tree, no tag ``vX.Y.Z`` yet, the
+version written in ``numa_device_plugin/__init__.py`` and ``Chart.yaml`` (``version``
+and ``appVersion``), and a ``## [X.Y.Z]`` entry in ``CHANGELOG.md``. A failed check
+exits 2 naming what to fix; a failed build or push exits 1 and tags nothing.
+
+The image: one build per platform (``--platforms``, default linux/amd64 and
+linux/arm64) into one manifest list, pushed with ``--all`` (buildah, podman) or by
+``docker buildx build --push``; a platform foreign to this machine runs its ``RUN``
+steps under qemu user emulation (binfmt_misc; Debian's ``qemu-user-static``).
+``--base PLATFORM=IMAGE`` replaces the Dockerfile's base image for one platform (a
+machine without a registry that has ``python:3.11-slim-bookworm``).
+
+The chart: the chart folder copied, its ``image.repository`` and ``image.digest``
+defaults set to what was pushed, packaged with ``version`` = ``appVersion`` = X.Y.Z
+and pushed as an OCI artifact (``helm push … oci://REGISTRY/charts``)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+
+import yaml
+
+REPO = Path(__file__).resolve().parent.parent
+CHART = REPO / "deployments" / "helm" / "numa-device-plugin"
+NAME = "numa-device-plugin"
+# Semantic versioning 2.0.0's version core and pre-release (no build metadata: an OCI tag
+# cannot hold "+").
+SEMVER = re.compile(r"(0|[1-9]\d*)\.(0|[1-9]\d*)\.(0|[1-9]\d*)(-[0-9A-Za-z-]+(\.[0-9A-Za-z-]+)*)?")
+DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
+
+
+class ReleaseError(Exception):
+    """A check before the release failed; the message says what to fix."""
+
+
+def run(argv: Sequence[str], **kwargs: object) -> subprocess.CompletedProcess[str]:
+    """``argv`` echoed, run from the repository, its output captured as text; raises
+    CalledProcessError on a non-zero exit."""
+    print("+ " + " ".join(argv), file=sys.stderr, flush=True)
+    return subprocess.run(list(argv), cwd=REPO, check=True, text=True, **kwargs)  # type: ignore[call-overload, no-any-return]
+
+
+def git(*args: str) -> str:
+    """A git command's standard output (no echo: checks only read)."""
+    result = subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True)
+    if result.returncode != 0:
+        raise ReleaseError(f"git {' '.join(args)}: {result.stderr.strip()}")
+    return result.stdout
+
+
+def changelog_entry(text: str, version: str) -> str:
+    """The body of ``## [version]`` (a date may follow) in a CHANGELOG's ``text``, up to
+    the next ``## ``; ReleaseError when absent or empty."""
+    lines = text.splitlines()
+    heading = re.compile(rf"^## \[{re.escape(version)}\](\s|$)")
+    for index, line in enumerate(lines):
+        if heading.match(line):
+            body = []
+            for following in lines[index + 1 :]:
+                if following.startswith("## "):
+                    break
+                body.append(following)
+            entry = "\n".join(body).strip()
+            if not entry:
+                raise ReleaseError(f"CHANGELOG.md: the entry ## [{version}] is empty")
+            return entry
+    raise ReleaseError(f"CHANGELOG.md has no entry ## [{version}]: write what changed first")
+
+
+def check(version: str) -> str:
+    """The checks before anything is built (module docstring); the CHANGELOG entry.
+    Raises ReleaseError."""
+    if not SEMVER.fullmatch(version):
+        raise ReleaseError(f"VERSION={version!r} is not a version X.Y.Z (semver, no +build)")
+    changes = git("status", "--porcelain")
+    if changes.strip():
+        first = changes.splitlines()[0]
+        raise ReleaseError(f"the work tree has changes ({first.strip()}, ...): commit them first")
+    if git("tag", "--list", f"v{version}").strip():
+        raise ReleaseError(f"the tag v{version} exists: a released version is never rebuilt")
+    init = (REPO / "numa_device_plugin" / "__init__.py").read_text()
+    written = re.search(r'__version__ = "([^"]+)"', init)
+    if written is None or written[1] != version:
+        found = written[1] if written else "none"
+        raise ReleaseError(
+            f"numa_device_plugin/__init__.py says __version__ {found}, not {version}"
+        )
+    chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
+    for key in ("version", "appVersion"):
+        if str(chart.get(key)) != version:
+            raise ReleaseError(f"Chart.yaml says {key} {chart.get(key)}, not {version}")
+    return changelog_entry((REPO / "CHANGELOG.md").read_text(), version)
+
+
+def build_and_push_image(
+    tool: str,
+    image: str,
+    platforms: list[str],
+    bases: dict[str, str],
+    build_flags: list[str],
+    push_flags: list[str],
+    labels: dict[str, str],
+) -> str:
+    """Build ``image`` for each of ``platforms`` into one manifest list and push it with
+    every platform; the pushed index's digest (``sha256:…``)."""
+    args = [arg for key, value in labels.items() for arg in ("--build-arg", f"{key}={value}")]
+    with tempfile.TemporaryDirectory() as scratch:
+        digest_file = Path(scratch) / "digest"
+        if tool == "docker":
+            base = sorted(set(bases.values()))
+            if len(base) > 1:
+                raise ReleaseError("docker buildx takes one base image for all platforms")
+            run(["docker", "buildx", "build", "--platform", ",".join(platforms), *args,
+                 *(["--build-arg", f"PYTHON_IMAGE={base[0]}"] if base else []), *build_flags,
+                 "--metadata-file", str(digest_file), "--push", "-t", image, "."])  # fmt: skip
+            digest = str(json.loads(digest_file.read_text())["containerd.image.digest"])
+        else:  # buildah, podman: a manifest list built platform by platform
+            for stale in (["manifest", "rm", image], ["rmi", "--force", image]):
+                subprocess.run([tool, *stale], cwd=REPO, capture_output=True)
+            run([tool, "manifest", "create", image], stdout=subprocess.DEVNULL)
+            for platform in platforms:
+                own = bases.get(platform)
+                run([tool, "build", "--platform", platform, "--manifest", image, *args,
+                     *(["--build-arg", f"PYTHON_IMAGE={own}"] if own else []),
+                     *build_flags, "."])  # fmt: skip
+            run([tool, "manifest", "push", "--all", *push_flags, "--digestfile",
+                 str(digest_file), image, f"docker://{image}"])  # fmt: skip
+            digest = digest_file.read_text().strip()
+    if not DIGEST.fullmatch(digest):
+        raise ReleaseError(f"the push reported {digest!r}, not a sha256 digest")
+    return digest
+
+
+def chart_for(folder: Path, repository: str, digest: str) -> None:
+    """In a copy of the chart at ``folder``: ``image.repository`` and ``image.digest``
+    default to the pushed image (values.yaml's text edited, its comments kept)."""
+    values = folder / "values.yaml"
+    text = values.read_text()
+    text, repositories = re.subn(
+        r"(?m)^(  repository: ).*$", lambda m: m[1] + repository, text, count=1
+    )
+    text, digests = re.subn(
+        r'(?m)^(  digest: )"".*$', lambda m: m[1] + f'"{digest}"', text, count=1
+    )
+    if (repositories, digests) != (1, 1):
+        raise ReleaseError("values.yaml: no image.repository or image.digest line to set")
+    values.write_text(text)
+
+
+def package_and_push_chart(
+    helm: str, version: str, repository: str, digest: str, target: str, plain_http: bool
+) -> str:
+    """The chart for ``repository@digest``, packaged as ``version`` and pushed to the OCI
+    ``target`` (``oci://REGISTRY/charts``); the chart's digest."""
+    with tempfile.TemporaryDirectory() as scratch:
+        folder = Path(scratch) / NAME
+        shutil.copytree(CHART, folder)
+        chart_for(folder, repository, digest)
+        run([helm, "lint", "--strict", str(folder)], stdout=subprocess.DEVNULL)
+        run([helm, "package", str(folder), "--version", version, "--app-version", version,
+             "--destination", scratch], stdout=subprocess.DEVNULL)  # fmt: skip
+        package = Path(scratch) / f"{NAME}-{version}.tgz"
+        pushed = run([helm, "push", str(package), target,
+                      *(["--plain-http"] if plain_http else [])],
+                     capture_output=True)  # fmt: skip
+    said = pushed.stdout + pushed.stderr
+    found = re.search(r"Digest: (sha256:[0-9a-f]{64})", said)
+    if found is None:
+        raise ReleaseError(f"helm push did not report a digest: {said.strip()}")
+    return found[1]
+
+
+def parse_args(argv: Sequence[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="make release", description=__doc__.split("\n")[0])
+    parser.add_argument("version", help="X.Y.Z: what __init__.py, Chart.yaml and CHANGELOG say")
+    parser.add_argument("--registry", required=True, help="HOST[:PORT][/PATH] to push to")
+    parser.add_argument("--tool", required=True, choices=("buildah", "podman", "docker"))
+    parser.add_argument("--platforms", default="linux/amd64,linux/arm64",
+                        help="comma-separated (default: %(default)s)")  # fmt: skip
+    parser.add_argument("--base", action="append", default=[], metavar="PLATFORM=IMAGE",
+                        help="one platform's base image (default: the Dockerfile's)")  # fmt: skip
+    parser.add_argument("--build-flags", default="", help="more flags for each build")
+    parser.add_argument("--push-flags", default="", help="more flags for the image push")
+    parser.add_argument("--plain-http", action="store_true",
+                        help="the registry speaks plain HTTP (helm push --plain-http)")  # fmt: skip
+    parser.add_argument("--helm", default="helm", help="the helm program")
+    parser.add_argument("--source", default="", help="the image's source label")
+    args = parser.parse_args(argv)
+    bases = {}
+    for item in args.base:
+        platform, sep, image = item.partition("=")
+        if not sep or not image:
+            parser.error(f"--base {item!r}: PLATFORM=IMAGE")
+        bases[platform] = image
+    args.bases = bases
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Release; 0 when all was pushed and tagged, 2 for a failed check, 1 when a
+    build, push or tag failed (nothing is tagged then)."""
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    version = args.version
+    try:
+        entry = check(version)
+    except ReleaseError as exc:
+        print(f"make release: {exc}", file=sys.stderr)
+        return 2
+    repository = f"{args.registry}/{NAME}"
+    image = f"{repository}:{version}"
+    platforms = [p.strip() for p in args.platforms.split(",") if p.strip()]
+    labels = {"VERSION": version, "REVISION": git("rev-parse", "HEAD").strip(),
+              "SOURCE": args.source}  # fmt: skip
+    target = f"oci://{args.registry}/charts"
+    try:
+        digest = build_and_push_image(
+            args.tool, image, platforms, args.bases,
+            args.build_flags.split(), args.push_flags.split(), labels,
+        )  # fmt: skip
+        chart_digest = package_and_push_chart(
+            args.helm, version, repository, digest, target, args.plain_http
+        )
+        message = (
+            f"{NAME} {version}\n\n{entry}\n\n"
+            f"image: {image}@{digest} ({', '.join(platforms)})\n"
+            f"chart: {target}/{NAME} {version} ({chart_digest})\n"
+        )
+        run(
+            [
+                "git",
+                "tag",
+                "--annotate",
+                "--cleanup=whitespace",
+                f"v{version}",
+                "--message",
+                message,
+            ]
+        )
+    except (subprocess.CalledProcessError, ReleaseError, OSError) as exc:
+        print(f"make release: {exc}; nothing was tagged", file=sys.stderr)
+        return 1
+    print(f"released {NAME} {version}")
+    print(f"image:   {image}@{digest} ({', '.join(platforms)})")
+    print(f"chart:   {target}/{NAME} --version {version} ({chart_digest})")
+    print(f"tag:     v{version} (publish it: git push origin v{version})")
+    print("install:")
+    print(f"  helm install {NAME} {target}/{NAME} --version {version} --namespace kube-system \\")
+    print(f"    --set image.digest={digest}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,234 @@
+"""``make release`` (deployments/release.py), offline: the checks that refuse a release
+(a dirty tree, an existing tag, a version the files do not all say, no CHANGELOG
+entry), the chart pinned to the pushed digest, and a whole release against stand-in
+image and chart pushes: what it runs per platform, the tag it makes, and that nothing is
+tagged when a push fails. The real release (buildah, qemu, a registry) is in the note of
+the session that ran it and in docs/development.md."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import stat
+import subprocess
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.conftest import REPO
+from tests.deployments.test_helm import helm
+
+DIGEST = "sha256:" + "cd" * 32
+CHART_DIGEST = "sha256:" + "ef" * 32
+ENTRY = "### Added\n- resources that follow a device"
+
+
+def load_release() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("release", REPO / "deployments" / "release.py")
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def git(folder: Path, *args: str) -> str:
+    return subprocess.run(
+        ["git", "-C", str(folder), *args], check=True, capture_output=True, text=True
+    ).stdout
+
+
+@pytest.fixture
+def project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[ModuleType, Path]:
+    """release.py pointed at a small committed repository saying version 0.2.0 everywhere
+    (the real chart, its version set)."""
+    folder = tmp_path / "repo"
+    (folder / "numa_device_plugin").mkdir(parents=True)
+    (folder / "numa_device_plugin" / "__init__.py").write_text('__version__ = "0.2.0"\n')
+    chart = folder / "deployments" / "helm" / "numa-device-plugin"
+    shutil.copytree(REPO / "deployments" / "helm" / "numa-device-plugin", chart)
+    meta = yaml.safe_load((chart / "Chart.yaml").read_text())
+    meta.update(version="0.2.0", appVersion="0.2.0")
+    (chart / "Chart.yaml").write_text(yaml.safe_dump(meta))
+    (folder / "CHANGELOG.md").write_text(
+        f"# Changelog\n\n## [0.2.0] - 2026-11-27\n\n{ENTRY}\n\n## [0.1.0] - 2026-11-24\n\n- first\n"
+    )
+    git(folder, "init", "-q")
+    git(folder, "add", "-A")
+    git(folder, "-c", "user.name=t", "-c", "user.email=t@example.com", "commit", "-qm", "0.2.0")
+    release = load_release()
+    monkeypatch.setattr(release, "REPO", folder)
+    monkeypatch.setattr(release, "CHART", chart)
+    monkeypatch.setenv("GIT_AUTHOR_NAME", "t")
+    monkeypatch.setenv("GIT_AUTHOR_EMAIL", "t@example.com")
+    monkeypatch.setenv("GIT_COMMITTER_NAME", "t")
+    monkeypatch.setenv("GIT_COMMITTER_EMAIL", "t@example.com")
+    return release, folder
+
+
+def test_the_checks_pass_for_a_clean_tree_saying_the_version_everywhere(
+    project: tuple[ModuleType, Path],
+) -> None:
+    release, _ = project
+    assert release.check("0.2.0") == ENTRY
+
+
+@pytest.mark.parametrize(
+    ("change", "version", "needle"),
+    [
+        (None, "0.2", "is not a version X.Y.Z"),
+        (None, "0.2.0+build.1", "is not a version"),
+        ("dirty", "0.2.0", "the work tree has changes (?? stray.txt"),
+        ("tagged", "0.2.0", "the tag v0.2.0 exists"),
+        (None, "0.3.0", "__version__ 0.2.0, not 0.3.0"),
+        ("chart", "0.2.0", "Chart.yaml says appVersion 0.1.9, not 0.2.0"),
+        ("no-entry", "0.2.0", "CHANGELOG.md has no entry ## [0.2.0]"),
+        ("empty-entry", "0.2.0", "the entry ## [0.2.0] is empty"),
+    ],
+)
+def test_a_release_is_refused_before_anything_is_built(
+    project: tuple[ModuleType, Path], change: str | None, version: str, needle: str
+) -> None:
+    release, folder = project
+    changelog = folder / "CHANGELOG.md"
+    if change == "dirty":
+        (folder / "stray.txt").write_text("x")
+    elif change == "tagged":
+        git(folder, "tag", "-a", "v0.2.0", "-m", "0.2.0")
+    elif change == "chart":
+        path = folder / "deployments" / "helm" / "numa-device-plugin" / "Chart.yaml"
+        path.write_text(path.read_text().replace("appVersion: 0.2.0", "appVersion: 0.1.9"))
+    elif change == "no-entry":
+        changelog.write_text(changelog.read_text().replace("## [0.2.0]", "## [Unreleased]"))
+    elif change == "empty-entry":
+        changelog.write_text("## [0.2.0]\n\n## [0.1.0]\n- first\n")
+    if change in ("chart", "no-entry", "empty-entry"):
+        git(folder, "commit", "-qam", "edit")
+    with pytest.raises(release.ReleaseError) as raised:
+        release.check(version)
+    assert needle in str(raised.value)
+
+
+def test_the_released_chart_defaults_to_the_pushed_image_by_digest(tmp_path: Path) -> None:
+    release = load_release()
+    folder = tmp_path / "numa-device-plugin"
+    shutil.copytree(REPO / "deployments" / "helm" / "numa-device-plugin", folder)
+    release.chart_for(folder, "registry.example.com/numa-device-plugin", DIGEST)
+    text = (folder / "values.yaml").read_text()
+    assert "# -- the plugin's image" in text  # the comments (the values reference) kept
+    rendered = subprocess.run(
+        [helm(), "template", "x", str(folder)], check=True, capture_output=True, text=True
+    ).stdout
+    (daemonset,) = [d for d in yaml.safe_load_all(rendered) if d and d["kind"] == "DaemonSet"]
+    (plugin,) = daemonset["spec"]["template"]["spec"]["containers"]
+    version = yaml.safe_load((folder / "Chart.yaml").read_text())["appVersion"]
+    assert plugin["image"] == f"registry.example.com/numa-device-plugin:{version}@{DIGEST}"
+
+
+def stand_in(path: Path, body: str) -> str:
+    """An executable shell script at ``path``; its path."""
+    path.write_text("#!/bin/sh\n" + body)
+    path.chmod(path.stat().st_mode | stat.S_IXUSR)
+    return str(path)
+
+
+def fake_tools(folder: Path, push_fails: bool = False) -> tuple[str, str, Path]:
+    """A ``buildah`` that logs its arguments and writes DIGEST to --digestfile, and a helm
+    that is the real one except ``push`` (which prints what helm prints); their calls
+    are logged in the returned file."""
+    calls = folder / "calls.log"
+    buildah = stand_in(folder / "buildah", f"""echo "buildah $*" >> {calls}
+if [ "$1 $2" = "manifest push" ]; then
+  {"exit 1" if push_fails else ""}
+  while [ $# -gt 0 ]; do
+    if [ "$1" = --digestfile ]; then printf '{DIGEST}' > "$2"; fi; shift
+  done
+fi
+""")  # fmt: skip
+    fake_helm = stand_in(folder / "helm", f"""echo "helm $*" >> {calls}
+if [ "$1" = push ]; then
+  echo "Pushed: registry.test:5000/charts/numa-device-plugin:0.2.0"
+  echo "Digest: {CHART_DIGEST}"; exit 0
+fi
+exec {helm()} "$@"
+""")  # fmt: skip
+    return buildah, fake_helm, calls
+
+
+def test_a_release_builds_each_platform_pushes_image_and_chart_and_tags(
+    project: tuple[ModuleType, Path],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    release, folder = project
+    _, fake_helm, calls = fake_tools(tmp_path)
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    code = release.main([
+        "0.2.0", "--registry", "registry.test:5000", "--tool", "buildah", "--helm", fake_helm,
+        "--base", "linux/arm64=localhost/base:arm64", "--push-flags=--tls-verify=false",
+        "--plain-http",
+    ])  # fmt: skip
+    out = capsys.readouterr().out
+    assert code == 0, out
+    image = "registry.test:5000/numa-device-plugin:0.2.0"
+    log = calls.read_text().splitlines()
+    builds = [line for line in log if line.startswith("buildah build ")]
+    assert len(builds) == 2
+    assert "--platform linux/amd64 --manifest " + image in builds[0]
+    assert "PYTHON_IMAGE" not in builds[0]
+    assert "--platform linux/arm64 --manifest " + image in builds[1]
+    assert "--build-arg PYTHON_IMAGE=localhost/base:arm64" in builds[1]
+    assert "--build-arg VERSION=0.2.0" in builds[1]
+    (push,) = [line for line in log if line.startswith("buildah manifest push")]
+    assert "--all --tls-verify=false" in push
+    assert push.endswith(f"{image} docker://{image}")
+    (chart_push,) = [line for line in log if line.startswith("helm push")]
+    assert "numa-device-plugin-0.2.0.tgz oci://registry.test:5000/charts --plain-http" in chart_push
+    message = git(folder, "tag", "-l", "--format=%(contents)", "v0.2.0")
+    assert ENTRY in message
+    assert f"image: {image}@{DIGEST} (linux/amd64, linux/arm64)" in message
+    assert f"{image}@{DIGEST}" in out
+    assert (
+        "helm install numa-device-plugin oci://registry.test:5000/charts/numa-device-plugin" in out
+    )
+    assert f"--set image.digest={DIGEST}" in out
+
+
+def test_a_failed_push_tags_nothing_and_exits_1(
+    project: tuple[ModuleType, Path],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    release, folder = project
+    _, fake_helm, calls = fake_tools(tmp_path, push_fails=True)
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    code = release.main(["0.2.0", "--registry", "r.test", "--tool", "buildah", "--helm", fake_helm])
+    assert code == 1
+    assert "nothing was tagged" in capsys.readouterr().err
+    assert git(folder, "tag", "-l") == ""
+    assert not [line for line in calls.read_text().splitlines() if line.startswith("helm push")]
+
+
+def test_make_release_needs_an_explicit_version() -> None:
+    result = subprocess.run(
+        ["make", "-s", "-C", str(REPO), "release", "CONTAINER_TOOL=buildah"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert result.returncode != 0
+    assert "make release needs VERSION=X.Y.Z" in result.stderr
+
+
+def test_a_bad_flag_exits_2_with_usage(capsys: pytest.CaptureFixture[str]) -> None:
+    release = load_release()
+    with pytest.raises(SystemExit) as exited:
+        release.main(["0.2.0", "--registry", "r", "--tool", "buildah", "--base", "arm64"])
+    assert exited.value.code == 2
+    err: Any = capsys.readouterr().err
+    assert err.startswith("usage: make release")
+    assert "PLATFORM=IMAGE" in err
