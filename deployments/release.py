@@ -79,16 +79,21 @@ def changelog_entry(text: str, version: str) -> str:
     raise ReleaseError(f"CHANGELOG.md has no entry ## [{version}]: write what changed first")
 
 
-def check(version: str) -> str:
+def check(version: str, tagged: bool = False) -> str:
     """The checks before anything is built (module docstring); the CHANGELOG entry.
-    Raises ReleaseError."""
+    ``tagged`` (CI building a pushed tag): the tag ``vX.Y.Z`` must exist and name this
+    commit, instead of being absent. Raises ReleaseError."""
     if not SEMVER.fullmatch(version):
         raise ReleaseError(f"VERSION={version!r} is not a version X.Y.Z (semver, no +build)")
     changes = git("status", "--porcelain")
     if changes.strip():
         first = changes.splitlines()[0]
         raise ReleaseError(f"the work tree has changes ({first.strip()}, ...): commit them first")
-    if git("tag", "--list", f"v{version}").strip():
+    exists = bool(git("tag", "--list", f"v{version}").strip())
+    if tagged:
+        if not exists or git("rev-parse", f"v{version}^{{commit}}") != git("rev-parse", "HEAD"):
+            raise ReleaseError(f"--tagged: the tag v{version} does not name this commit")
+    elif exists:
         raise ReleaseError(f"the tag v{version} exists: a released version is never rebuilt")
     init = (REPO / "numa_device_plugin" / "__init__.py").read_text()
     written = re.search(r'__version__ = "([^"]+)"', init)
@@ -197,6 +202,8 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
                         help="the registry speaks plain HTTP (helm push --plain-http)")  # fmt: skip
     parser.add_argument("--helm", default="helm", help="the helm program")
     parser.add_argument("--source", default="", help="the image's source label")
+    parser.add_argument("--tagged", action="store_true",
+                        help="CI on a pushed tag vX.Y.Z: build it, tag nothing")  # fmt: skip
     args = parser.parse_args(argv)
     bases = {}
     for item in args.base:
@@ -214,7 +221,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     version = args.version
     try:
-        entry = check(version)
+        entry = check(version, args.tagged)
     except ReleaseError as exc:
         print(f"make release: {exc}", file=sys.stderr)
         return 2
@@ -254,7 +261,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"released {NAME} {version}")
     print(f"image:   {image}@{digest} ({', '.join(platforms)})")
     print(f"chart:   {target}/{NAME} --version {version} ({chart_digest})")
-    print(f"tag:     v{version} (publish it: git push origin v{version})")
+    if not args.tagged:
+        print(f"tag:     v{version} (publish it: git push origin v{version})")
     print("install:")
     print(f"  helm install {NAME} {target}/{NAME} --version {version} --namespace kube-system \\")
     print(f"    --set image.digest={digest}")

@@ -215,6 +215,21 @@ def test_a_failed_push_tags_nothing_and_exits_1(
     assert not [line for line in calls.read_text().splitlines() if line.startswith("helm push")]
 
 
+def test_tagged_builds_the_pushed_tags_commit_and_refuses_another(
+    project: tuple[ModuleType, Path],
+) -> None:
+    """CI on a pushed tag (``--tagged``): the tag must name HEAD; nothing is refused for
+    its existing."""
+    release, folder = project
+    with pytest.raises(release.ReleaseError, match="does not name this commit"):
+        release.check("0.2.0", tagged=True)
+    git(folder, "tag", "-a", "v0.2.0", "-m", "0.2.0")
+    assert release.check("0.2.0", tagged=True) == ENTRY
+    git(folder, "commit", "-q", "--allow-empty", "-m", "later")
+    with pytest.raises(release.ReleaseError, match="does not name this commit"):
+        release.check("0.2.0", tagged=True)
+
+
 def test_make_release_needs_an_explicit_version() -> None:
     result = subprocess.run(
         ["make", "-s", "-C", str(REPO), "release", "CONTAINER_TOOL=buildah"],
