@@ -3,10 +3,15 @@ from disk (``make docs``, then ``site/index.html``)."""
 
 from __future__ import annotations
 
+import html
+import json
 import re
 import subprocess
 import sys
+import urllib.parse
 from pathlib import Path
+
+import pytest
 
 from tests.conftest import REPO
 
@@ -28,3 +33,80 @@ def test_the_built_site_links_to_pages_not_folders(tmp_path: Path) -> None:
     for link in links:
         assert not link.endswith("/"), f"a link to a folder: {link}"
         assert (tmp_path / "site" / link).resolve().is_file(), link
+
+
+MEASURE = """<script>
+window.addEventListener('load', () => {
+  const column = document.querySelector('article').getBoundingClientRect();
+  const edge = Math.max(column.right, window.innerWidth) + 1;
+  const scrolls = el => ['auto', 'scroll'].includes(getComputedStyle(el).overflowX);
+  const wide = [...document.querySelectorAll('article pre')]
+    .filter(pre => {
+      const code = pre.querySelector('code') || pre;
+      const clipped = code.scrollWidth > code.clientWidth + 1 && !scrolls(code) && !scrolls(pre);
+      return pre.getBoundingClientRect().right > edge || clipped;
+    })
+    .map(pre => pre.textContent.slice(0, 60));
+  if (document.documentElement.scrollWidth > window.innerWidth + 1) wide.push('(the page)');
+  const broken = [...document.querySelectorAll('article table tr td:first-child code')]
+    .filter(code => code.getClientRects().length > 1)
+    .map(code => code.textContent);
+  document.body.setAttribute('data-measured', JSON.stringify({wide, broken}));
+});
+</script>"""
+
+
+def built_site(folder: Path) -> Path:
+    subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "--quiet", "--site-dir",
+         str(folder)],
+        cwd=REPO, check=True, capture_output=True, env={"NO_MKDOCS_2_WARNING": "1",
+                                                       "PATH": str(Path(sys.executable).parent)},
+    )  # fmt: skip
+    return folder
+
+
+def dump_dom(url: str, width: int) -> str:
+    from tests.plugin.test_nodepage import BROWSER_FLAGS, chromium
+
+    return subprocess.run(
+        [chromium(), *BROWSER_FLAGS, f"--window-size={width},900", "--virtual-time-budget=5000",
+         "--dump-dom", url],
+        check=True, capture_output=True, text=True, timeout=120,
+    ).stdout  # fmt: skip
+
+
+@pytest.mark.parametrize("width", [1280, 800, 420])
+@pytest.mark.parametrize("page", ["getting-started.html", "reference/helm-values.html"])
+def test_code_stays_in_the_column_and_value_names_are_never_broken(
+    tmp_path: Path, page: str, width: int
+) -> None:
+    """Issue 38's trap 10: code blocks wider than the column, and the Helm values table
+    breaking names mid-word. Chromium draws the built page; a script measures it: a
+    code block stays within the column (on a narrow screen the theme lets it reach the
+    screen's edges) and scrolls what is wider, the page never scrolls sideways, and a
+    name in a table's first column is on one line."""
+    site = built_site(tmp_path / "site")
+    path = site / page
+    path.write_text(path.read_text().replace("</body>", MEASURE + "</body>"))
+    dom = dump_dom(path.as_uri(), width)
+    found = re.search(r"data-measured=\"([^\"]*)\"", dom)
+    assert found is not None, "the measuring script did not run"
+    measured = json.loads(html.unescape(found[1]))
+    assert measured["wide"] == [], f"code blocks wider than the column: {measured['wide']}"
+    assert measured["broken"] == [], f"names broken over lines: {measured['broken']}"
+
+
+def test_a_navigation_link_of_the_site_opened_from_disk_opens_its_page(tmp_path: Path) -> None:
+    """Issue 38's trap 2 in the browser: from site/index.html under file://, the
+    navigation's link to Getting started opens that page, not a directory listing."""
+    site = built_site(tmp_path / "site")
+    dom = dump_dom((site / "index.html").as_uri(), 1280)
+    links = re.findall(
+        r'class="md-nav__link"[^>]*href="([^"]+)"|href="([^"]+)"[^>]*class="md-nav__link"', dom
+    )
+    targets = [a or b for a, b in links]
+    (started,) = {t for t in targets if "getting-started" in t}
+    page = dump_dom(urllib.parse.urljoin((site / "index.html").as_uri(), started), 1280)
+    assert "<title>Getting started" in page
+    assert "Index of" not in page
