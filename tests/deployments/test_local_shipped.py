@@ -60,8 +60,11 @@ def test_the_readme_commands_are_what_the_harness_runs() -> None:
 
 
 def test_readme_command_joins_continuations_drops_comments_and_names_a_missing_one() -> None:
-    text = "intro\nhelm install a \\\n  --set x=registry.example.com:5000/p   # note\nafter\n"
-    assert shipped.readme_command(text, "helm", "r:1") == "helm install a --set x=r:1/p"
+    text = ("intro\nhelm install numa-device-plugin deployments/a \\\n"
+            "  --set x=registry.example.com:5000/p   # note\nafter\n")  # fmt: skip
+    assert shipped.readme_command(text, "helm", "r:1") == (
+        "helm install numa-device-plugin deployments/a --set x=r:1/p"
+    )
     with pytest.raises(LookupError, match=r"no line starting 'kubectl kustomize deployments/ \|'"):
         shipped.readme_command(text, "kustomize")
 
@@ -133,12 +136,33 @@ def test_image_modes_name_each_missing_tool(monkeypatch: pytest.MonkeyPatch) -> 
     assert any(line.startswith("helm:") for line in lines)
 
 
-def test_make_passes_plugin_to_the_harness() -> None:
+def test_make_passes_plugin_and_release_to_the_harness() -> None:
     done = subprocess.run(
-        ["make", "-n", "test-e2e-local", "PLUGIN=helm", "KUBE_BIN_DIR=/k"],
+        ["make", "-n", "test-e2e-local", "PLUGIN=helm", "RELEASE=1", "KUBE_BIN_DIR=/k"],
         cwd=REPO, capture_output=True, text=True, check=True,
     )  # fmt: skip
     assert 'PLUGIN="helm"' in done.stdout
+    assert 'RELEASE="1"' in done.stdout
+
+
+def test_the_release_is_installed_with_the_readmes_command_at_this_runs_digest() -> None:
+    """RELEASE=1: the README's install-from-a-release line, with the registry, version
+    and digest of this run's release, over plain HTTP (the cluster's registry)."""
+    digest = "sha256:" + "ab" * 32
+    command = shipped.release_install_command(README, {"version": "9.8.7", "digest": digest})
+    assert command == (
+        "helm install numa-device-plugin oci://registry.local:5000/charts/numa-device-plugin "
+        f"--version 9.8.7 --namespace kube-system --set image.digest={digest} --plain-http"
+    )
+    # The checkout's install line is still the helm mode's, whatever comes after it.
+    assert "oci://" not in shipped.readme_command(README, "helm")
+
+
+def test_release_without_helm_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        cluster.main(["run", "--plugin", "kustomize", "--release", "--bin-dir", "/k"])
+    assert exited.value.code == 2
+    assert "RELEASE=1 installs the released chart: it needs PLUGIN=helm" in capsys.readouterr().err
 
 
 def test_the_apiserver_is_private_to_loopback_in_process_mode_and_on_the_bridge_otherwise(
