@@ -358,7 +358,7 @@ def release_install_command(readme: str, release: dict[str, str]) -> str:
 
 
 def image_tag(work: Path) -> str:
-    """The commit's tag :func:`build_image` built (``0.1.0-<commit>[-dirty-<hash>]``)."""
+    """The commit's tag :func:`build_image` built (``0.2.0-<commit>[-dirty-<hash>]``)."""
     return (work / "image-tag").read_text().strip()
 
 

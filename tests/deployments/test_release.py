@@ -247,3 +247,14 @@ def test_a_bad_flag_exits_2_with_usage(capsys: pytest.CaptureFixture[str]) -> No
     err: Any = capsys.readouterr().err
     assert err.startswith("usage: make release")
     assert "PLATFORM=IMAGE" in err
+
+
+def test_this_checkout_says_one_version_everywhere_with_a_changelog_entry() -> None:
+    """What make release checks, on this checkout: __init__.py, Chart.yaml (version and
+    appVersion) and CHANGELOG.md say the same version (the version bump is one commit)."""
+    from numa_device_plugin import __version__
+
+    release = load_release()
+    chart = yaml.safe_load((REPO / "deployments/helm/numa-device-plugin/Chart.yaml").read_text())
+    assert chart["version"] == chart["appVersion"] == __version__
+    assert release.changelog_entry((REPO / "CHANGELOG.md").read_text(), __version__)
