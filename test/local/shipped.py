@@ -316,7 +316,8 @@ def make_release(repo: Path, work: Path, standins: dict[str, Path], helm: str) -
         bases += ["--base", f"linux/{arch}={image}"]
     source = work / "release-source"
     shutil.rmtree(source, ignore_errors=True)
-    subprocess.run(["git", "clone", "--quiet", str(repo), str(source)], check=True)
+    # --no-tags: a release made here before (the tag vX.Y.Z) must not stop this one.
+    subprocess.run(["git", "clone", "--quiet", "--no-tags", str(repo), str(source)], check=True)
     version = release_version(source)
     registry = start_registry(work, work / "registry")
     try:
