@@ -7,6 +7,8 @@ these."""
 from __future__ import annotations
 
 import json
+import os
+import shlex
 import subprocess
 import sys
 import time
@@ -15,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import REPO
+from tests.conftest import REPO, missing, require_tool
 
 sys.path.insert(0, str(REPO / "test" / "local"))
 import cluster
@@ -54,31 +56,61 @@ def test_a_worker_count_out_of_range_is_refused(count: int) -> None:
         workers.workers(count)
 
 
-def test_the_host_makes_the_bridge_before_the_taps_and_routes_each_pod_subnet() -> None:
+def in_network_namespace(commands: list[list[str]], *then: str) -> list[str]:
+    """``commands`` run in a new network namespace (root, ``unshare --net``), then each
+    shell command of ``then`` there; their outputs. The kernel's state, not the text."""
+    if os.geteuid() != 0:
+        missing("a network namespace needs root (the test cluster runs as root)")
+    require_tool("unshare", "util-linux")
+    require_tool("iptables", "iptables")
+    marker = "--- next ---"
+    script = "set -e\n" + "".join(shlex.join(c) + " >/dev/null\n" for c in commands)
+    script += "".join(f"echo {marker}\n{command}\n" for command in then)
+    done = subprocess.run(["unshare", "--net", "sh", "-c", script], capture_output=True,
+                          text=True, timeout=60)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    return [part.strip() for part in done.stdout.split(marker)[1:]]
+
+
+def test_the_host_bridge_holds_each_workers_tap_and_routes_each_pod_subnet_to_it() -> None:
     found = workers.workers(2)
-    commands = [" ".join(c) for c in workers.host_network_commands(found)]
-    bridge = commands.index(f"ip link add {workers.BRIDGE} type bridge")
-    assert f"ip addr add {workers.CONTROL_PLANE_IP}/24 dev {workers.BRIDGE}" in commands
+    links, routes = in_network_namespace(
+        workers.host_network_commands(found), "ip -j link show", "ip -j route show"
+    )
+    by_name = {link["ifname"]: link for link in json.loads(links)}
+    assert "UP" in by_name[workers.BRIDGE]["flags"]
     for worker in found:
-        made = commands.index(f"ip tuntap add dev {worker.tap} mode tap")
-        enslaved = commands.index(f"ip link set {worker.tap} master {workers.BRIDGE}")
-        assert bridge < made < enslaved < commands.index(f"ip link set {worker.tap} up")
-        assert f"ip route add {worker.pod_subnet} via {worker.ip}" in commands
+        tap = by_name[worker.tap]
+        assert tap["master"] == workers.BRIDGE
+        assert "UP" in tap["flags"]
+    via = {r["dst"]: r.get("gateway") for r in json.loads(routes)}
+    assert via == {
+        "10.99.0.0/24": None,
+        **{worker.pod_subnet: worker.ip for worker in found},
+    }
 
 
-def test_a_guest_joins_the_bridge_routes_the_other_pods_and_reaches_the_api_server() -> None:
+def test_a_guest_routes_the_other_pods_its_default_and_the_api_servers_service() -> None:
     a, b = workers.workers(2)
-    commands = [" ".join(c) for c in workers.guest_network_commands(b, [a, b], "eth0", 6443)]
-    assert f"ip addr add {b.ip}/24 dev eth0" in commands
-    assert f"ip route add default via {workers.CONTROL_PLANE_IP}" in commands
-    assert f"ip addr add {b.pod_gateway}/24 dev cni0" in commands
-    assert f"ip route add {a.pod_subnet} via {a.ip}" in commands
-    assert not any(b.pod_subnet in c and "route" in c for c in commands), "not its own"
-    assert "sysctl -w net.ipv4.ip_forward=1" in commands
-    dnat = [c for c in commands if "DNAT" in c]
-    assert len(dnat) == 2
-    assert all(f"--to-destination {workers.CONTROL_PLANE_IP}:6443" in c for c in dnat)
-    assert {c.split()[4] for c in dnat} == {"PREROUTING", "OUTPUT"}
+    # The guest's NIC: one end of a veth pair (its peer up, so eth0 has a carrier).
+    setup = [["ip", "link", "add", "eth0", "type", "veth", "peer", "name", "wire"],
+             ["ip", "link", "set", "wire", "up"]]  # fmt: skip
+    other, default, forwarding, nat = in_network_namespace(
+        setup + workers.guest_network_commands(b, [a, b], "eth0", 6443),
+        f"ip -j route get {a.pod_subnet.rsplit('.', 1)[0]}.7",
+        "ip -j route get 192.0.2.1",
+        "cat /proc/sys/net/ipv4/ip_forward",
+        "iptables -t nat -S",
+    )  # fmt: skip
+    (to_a,) = json.loads(other)
+    assert (to_a["gateway"], to_a["dev"]) == (a.ip, "eth0")
+    (out,) = json.loads(default)
+    assert (out["gateway"], out["dev"]) == (workers.CONTROL_PLANE_IP, "eth0")
+    assert forwarding == "1"
+    service = f"-d {workers.SERVICE_IP}/32 -p tcp -m tcp --dport 443 -j DNAT --to-destination"
+    rules = [line for line in nat.splitlines() if service in line]
+    assert {line.split()[1] for line in rules} == {"PREROUTING", "OUTPUT"}
+    assert all(line.endswith(f"{workers.CONTROL_PLANE_IP}:6443") for line in rules)
 
 
 def test_every_guest_resolves_the_registry_and_each_worker_alike() -> None:
