@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib.util
 import os
 import shutil
+import sys
 import tarfile
 import tempfile
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from types import ModuleType
 from typing import NoReturn
 
 import pytest
@@ -45,6 +48,19 @@ def require_tool(name: str, provider: str, path: str | None = None) -> str:
     if found is None:
         missing(f"{name} is not installed ({provider})")
     return found
+
+
+def load_script(path: Path, name: str) -> ModuleType:
+    """A script of the repository that is not in a package (docs/hooks.py,
+    protos/generate.py, deployments/release.py) imported as module ``name`` (registered
+    in sys.modules, as dataclasses in it need)."""
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
 
 
 def venv_tool(name: str) -> str:

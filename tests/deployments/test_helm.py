@@ -22,7 +22,7 @@ import yaml
 from numa_device_plugin import __version__
 from numa_device_plugin.cli import options, serve
 from numa_device_plugin.nodeconfig.configs import parse_node_configs
-from tests.conftest import REPO, venv_tool
+from tests.conftest import REPO, load_script, venv_tool
 from tests.deployments.test_deployments import KUBERNETES_VERSIONS, check_pod_monitor, render
 
 CHART = REPO / "deployments" / "helm" / "numa-device-plugin"
@@ -416,14 +416,7 @@ def test_the_defaults_render_what_kustomize_applies() -> None:
 
 def docs_hooks() -> Any:
     """docs/hooks.py, which generates the docs' reference pages."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("docs_hooks", REPO / "docs" / "hooks.py")
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(REPO / "docs" / "hooks.py", "docs_hooks")
 
 
 def test_the_values_reference_documents_every_value() -> None:

@@ -7,7 +7,6 @@ the session that ran it and in docs/development.md."""
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import shutil
 import stat
@@ -19,7 +18,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.conftest import REPO
+from tests.conftest import REPO, load_script
 from tests.deployments.test_helm import helm
 
 DIGEST = "sha256:" + "cd" * 32
@@ -28,12 +27,7 @@ ENTRY = "### Added\n- resources that follow a device"
 
 
 def load_release() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("release", REPO / "deployments" / "release.py")
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(REPO / "deployments" / "release.py", "release")
 
 
 def git(folder: Path, *args: str) -> str:
@@ -136,12 +130,14 @@ def stand_in(path: Path, body: str) -> str:
     return str(path)
 
 
-def fake_tools(folder: Path, push_fails: bool = False) -> tuple[str, str, Path]:
-    """A ``buildah`` that logs its arguments and writes DIGEST to --digestfile, and a helm
-    that is the real one except ``push`` (which prints what helm prints); their calls
-    are logged in the returned file."""
+def fake_tools(
+    folder: Path, monkeypatch: pytest.MonkeyPatch, push_fails: bool = False
+) -> tuple[str, Path]:
+    """A ``buildah`` (first on PATH) that logs its arguments and writes DIGEST to
+    --digestfile, and a helm that is the real one except ``push`` (which prints what helm
+    prints); the helm's path and the file their calls are logged in."""
     calls = folder / "calls.log"
-    buildah = stand_in(folder / "buildah", f"""echo "buildah $*" >> {calls}
+    stand_in(folder / "buildah", f"""echo "buildah $*" >> {calls}
 if [ "$1 $2" = "manifest push" ]; then
   {"exit 1" if push_fails else ""}
   while [ $# -gt 0 ]; do
@@ -156,7 +152,8 @@ if [ "$1" = push ]; then
 fi
 exec {helm()} "$@"
 """)  # fmt: skip
-    return buildah, fake_helm, calls
+    monkeypatch.setenv("PATH", f"{folder}{os.pathsep}{os.environ['PATH']}")
+    return fake_helm, calls
 
 
 def test_a_release_builds_each_platform_pushes_image_and_chart_and_tags(
@@ -166,8 +163,7 @@ def test_a_release_builds_each_platform_pushes_image_and_chart_and_tags(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     release, folder = project
-    _, fake_helm, calls = fake_tools(tmp_path)
-    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    fake_helm, calls = fake_tools(tmp_path, monkeypatch)
     code = release.main([
         "0.2.0", "--registry", "registry.test:5000", "--tool", "buildah", "--helm", fake_helm,
         "--base", "linux/arm64=localhost/base:arm64", "--push-flags=--tls-verify=false",
@@ -206,8 +202,7 @@ def test_a_failed_push_tags_nothing_and_exits_1(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     release, folder = project
-    _, fake_helm, calls = fake_tools(tmp_path, push_fails=True)
-    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    fake_helm, calls = fake_tools(tmp_path, monkeypatch, push_fails=True)
     code = release.main(["0.2.0", "--registry", "r.test", "--tool", "buildah", "--helm", fake_helm])
     assert code == 1
     assert "nothing was tagged" in capsys.readouterr().err

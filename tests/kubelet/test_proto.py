@@ -3,27 +3,17 @@ the kubelet's api.proto (k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1)."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 
 import pytest
 from google.protobuf.descriptor import FieldDescriptor
 
 from numa_device_plugin.api.deviceplugin.v1beta1 import api_pb2
-from tests.conftest import REPO
+from tests.conftest import REPO, load_script
 
 
 def _load_generator() -> object:
-    spec = importlib.util.spec_from_file_location(
-        "protos_generate", REPO / "protos" / "generate.py"
-    )
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_script(REPO / "protos" / "generate.py", "protos_generate")
 
 
 def test_committed_stubs_are_not_stale(tmp_path: Path) -> None:
