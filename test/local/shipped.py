@@ -300,12 +300,12 @@ def release_version(repo: Path) -> str:
 
 
 def make_release(repo: Path, work: Path, standins: dict[str, Path], helm: str) -> dict[str, str]:
-    """``make release``'s program (deployments/release.py) for linux/amd64 and linux/arm64
-    over the stand-ins (``standins``: Debian arch -> archive), pushing to a registry on
-    this host's loopback (``registry.local`` in this mount namespace's /etc/hosts) whose
-    storage the cluster's registry then serves. Runs on a clone of ``repo``'s HEAD (the
-    release tags it; the checkout is left alone). Writes and returns ``work/release.json``:
-    version, image digest, chart digest."""
+    """``make release`` for linux/amd64 and linux/arm64 over the stand-ins (``standins``:
+    Debian arch -> archive), pushing to a registry on this host's loopback
+    (``registry.local`` in this mount namespace's /etc/hosts) whose storage the cluster's
+    registry then serves; ``helm`` pushes the chart. Runs on a clone of ``repo``'s HEAD
+    (the release tags it; the checkout is left alone). Writes and returns
+    ``work/release.json``: version, image digest, chart digest."""
     private_overlays(work)
     Path("/etc/hosts").write_text(etc_hosts("numa-e2e"))
     env = image_env(work)
@@ -313,7 +313,7 @@ def make_release(repo: Path, work: Path, standins: dict[str, Path], helm: str) -
     for arch, archive in standins.items():
         image = f"{STANDIN_IMAGE}-{arch}"
         import_standin(env, archive, image, arch)
-        bases += ["--base", f"linux/{arch}={image}"]
+        bases.append(f"--base linux/{arch}={image}")
     source = work / "release-source"
     shutil.rmtree(source, ignore_errors=True)
     # --no-tags: a release made here before (the tag vX.Y.Z) must not stop this one.
@@ -322,17 +322,22 @@ def make_release(repo: Path, work: Path, standins: dict[str, Path], helm: str) -
     registry = start_registry(work, work / "registry")
     try:
         started = time.monotonic()
+        # `make release` as a maintainer runs it, in the clone, on this run's venv
+        # (-o install: the venv is not made again for the clone).
         done = subprocess.run(
-            [sys.executable, str(source / "deployments" / "release.py"), version,
-             "--registry", REGISTRY, "--tool", "buildah", "--platforms",
-             ",".join(f"linux/{arch}" for arch in standins), *bases,
-             "--build-flags=--pull=never --network=host", "--push-flags=--tls-verify=false",
-             "--plain-http", "--helm", helm],
-            env=env, check=True, capture_output=True, text=True,
+            ["make", "-s", "-C", str(source), "-o", "install", "release",
+             f"VENV={Path(sys.executable).parent.parent}", f"VERSION={version}",
+             f"REGISTRY={REGISTRY}", "CONTAINER_TOOL=buildah",
+             f"PLATFORMS={','.join(f'linux/{arch}' for arch in standins)}",
+             "BUILD_FLAGS=--pull=never --network=host", "PUSH_FLAGS=--tls-verify=false",
+             f"RELEASE_FLAGS=--plain-http {' '.join(bases)}"],
+            env={**env, "PATH": f"{Path(helm).parent}:{env['PATH']}"},
+            check=True, capture_output=True, text=True,
         )  # fmt: skip
-        log(f"make release {version}: {time.monotonic() - started:.0f} s")
+        log(f"make release VERSION={version}: {time.monotonic() - started:.0f} s")
+        log_index("numa-device-plugin", version)
     except subprocess.CalledProcessError as failed:
-        log(f"the release failed:\n{failed.stderr[-4000:]}")
+        log(f"the release failed:\n{failed.stdout[-2000:]}\n{failed.stderr[-4000:]}")
         raise
     finally:
         registry.terminate()
@@ -346,6 +351,29 @@ def make_release(repo: Path, work: Path, standins: dict[str, Path], helm: str) -
     found = {"version": version, "digest": pushed[1], "chart_digest": chart[1]}
     (work / "release.json").write_text(json.dumps(found))
     return found
+
+
+def log_index(repository: str, tag: str, registry: str = "http://127.0.0.1:5000") -> None:
+    """What the registry on loopback holds for ``repository:tag`` (the registry API's
+    manifest, as ``skopeo inspect --raw`` shows it): its media type and each manifest's
+    platform and digest, logged; RuntimeError unless it is an index of linux/amd64 and
+    linux/arm64."""
+    request = urllib.request.Request(
+        f"{registry}/v2/{repository}/manifests/{tag}",
+        headers={"Accept": "application/vnd.oci.image.index.v1+json, "
+                           "application/vnd.docker.distribution.manifest.list.v2+json"},
+    )  # fmt: skip
+    with urllib.request.urlopen(request, timeout=30) as answer:
+        raw = answer.read().decode()
+    index = json.loads(raw)
+    log(f"the registry's {repository}:{tag}: {index.get('mediaType')}")
+    platforms = set()
+    for manifest in index.get("manifests", []):
+        platform = manifest.get("platform", {})
+        platforms.add(f"{platform.get('os')}/{platform.get('architecture')}")
+        log(f"  {platform.get('os')}/{platform.get('architecture')}: {manifest.get('digest')}")
+    if not {"linux/amd64", "linux/arm64"} <= platforms:
+        raise RuntimeError(f"{repository}:{tag} is not an index of linux/amd64 and arm64: {raw}")
 
 
 def release_install_command(readme: str, release: dict[str, str]) -> str:

@@ -9,6 +9,7 @@ import subprocess
 import sys
 import tomllib
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -180,3 +181,47 @@ def test_the_apiserver_is_private_to_loopback_in_process_mode_and_on_the_bridge_
     assert "ServiceAccount" not in image
     assert cluster.Cluster(spec("helm")).node_ip == shipped.NODE_IP
     assert cluster.Cluster(spec("process")).node_ip == "127.0.0.1"
+
+
+def serve_once(body: dict[str, Any]) -> tuple[str, list[str]]:
+    """A registry stand-in on 127.0.0.1:0 answering one GET with ``body``; its URL and
+    the Accept header it was sent."""
+    import http.server
+    import threading
+
+    accepted: list[str] = []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 (the standard library's name)
+            accepted.append(self.headers.get("Accept", ""))
+            data = json.dumps(body).encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.handle_request, daemon=True).start()
+    return f"http://127.0.0.1:{server.server_address[1]}", accepted
+
+
+def index(*platforms: str) -> dict[str, Any]:
+    return {
+        "mediaType": "application/vnd.oci.image.index.v1+json",
+        "manifests": [
+            {"digest": f"sha256:{n}", "platform": {"os": "linux", "architecture": arch}}
+            for n, arch in enumerate(platforms)
+        ],
+    }
+
+
+def test_the_release_check_wants_an_index_of_both_platforms() -> None:
+    url, accepted = serve_once(index("amd64", "arm64"))
+    shipped.log_index("numa-device-plugin", "0.2.0", url)
+    assert "application/vnd.oci.image.index.v1+json" in accepted[0]
+    url, _ = serve_once(index("amd64"))
+    with pytest.raises(RuntimeError, match="not an index of linux/amd64 and arm64"):
+        shipped.log_index("numa-device-plugin", "0.2.0", url)
