@@ -192,7 +192,7 @@ def serve_once(body: dict[str, Any]) -> tuple[str, list[str]]:
     accepted: list[str] = []
 
     class Handler(http.server.BaseHTTPRequestHandler):
-        def do_GET(self) -> None:  # noqa: N802 (the standard library's name)
+        def do_GET(self) -> None:
             accepted.append(self.headers.get("Accept", ""))
             data = json.dumps(body).encode()
             self.send_response(200)
