@@ -48,7 +48,8 @@ class ReleaseError(Exception):
 def run(argv: Sequence[str], **kwargs: object) -> subprocess.CompletedProcess[str]:
     """``argv`` echoed, run from the repository, its output captured as text; raises
     CalledProcessError on a non-zero exit."""
-    print("+ " + " ".join(argv), file=sys.stderr, flush=True)
+    shown = [arg if len(arg) <= 120 else arg[:117] + "..." for arg in argv]
+    print("+ " + " ".join(shown), file=sys.stderr, flush=True)
     return subprocess.run(list(argv), cwd=REPO, check=True, text=True, **kwargs)  # type: ignore[call-overload, no-any-return]
 
 
@@ -265,7 +266,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"tag:     v{version} (publish it: git push origin v{version})")
     print("install:")
     print(f"  helm install {NAME} {target}/{NAME} --version {version} --namespace kube-system \\")
-    print(f"    --set image.digest={digest}")
+    print(f"    --set image.digest={digest}{' --plain-http' if args.plain_http else ''}")
     return 0
 
 
