@@ -1384,8 +1384,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             missing.append(f"{args.bin_dir / 'kube-controller-manager'}: no such executable "
                            f"(PLUGIN={mode} runs DaemonSets)")  # fmt: skip
     if release and not Path("/proc/sys/fs/binfmt_misc/qemu-aarch64").exists():
-        missing.append("qemu-aarch64 in binfmt_misc: RELEASE=1 builds linux/arm64 under qemu "
-                       "user emulation (Debian's qemu-user-static; docs/deployment.md#releases)")  # fmt: skip
+        missing.append(
+            "qemu-aarch64 in binfmt_misc: RELEASE=1 builds linux/arm64 under qemu user "
+            "emulation (qemu-user-static; docs/deployment.md#releases)"
+        )
     if missing:
         print("test-e2e-local cannot run; missing:", file=sys.stderr)
         for line in missing:
