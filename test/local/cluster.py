@@ -669,6 +669,10 @@ class Cluster:
             PYTHONPATH=str(REPO),
             PYTHONUNBUFFERED="1",
         )
+        if self.spec.helm:
+            # The helm the run found on the host (on PATH there, maybe not in this
+            # checkout's .venv): the chart tests use it too.
+            env["PATH"] = f"{Path(self.spec.helm).parent}{os.pathsep}{env.get('PATH', '')}"
         report = Path(self.spec.results or self.work) / "junit.xml"
         argv = [
             self.spec.python, "-m", "pytest", "-m", "e2e", "-p", "no:cacheprovider", "-rA",
