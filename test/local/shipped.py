@@ -342,7 +342,9 @@ def make_release(repo: Path, work: Path, standins: dict[str, Path], helm: str) -
     finally:
         registry.terminate()
         registry.wait()
-    for line in done.stdout.splitlines():
+    said = done.stdout.splitlines()
+    start = next((i for i, line in enumerate(said) if line.startswith("released ")), 0)
+    for line in said[start:]:  # what it made and the install command, not the build
         log(f"release: {line}")
     pushed = re.search(r"^image: +\S+@(sha256:[0-9a-f]{64})", done.stdout, re.M)
     chart = re.search(r"^chart: .*\((sha256:[0-9a-f]{64})\)", done.stdout, re.M)
