@@ -40,7 +40,7 @@ import threading
 import time
 import urllib.request
 from collections.abc import Iterator, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -105,6 +105,9 @@ class Spec:
     # program instead of ``make image``/``make push``, installed from the registry by
     # digest with the README's install-from-a-release command.
     release: bool = False
+    # What the release made ({version, digest, chart_digest}); filled in once it ran, so
+    # that the worker guests' specs carry it too.
+    release_info: dict[str, str] | None = None
     # The guest kernel's modules (depmod run), bound at /lib/modules/<version> in the guest.
     guest_modules: str = ""
     # WORKERS=N (:mod:`workers`): the cluster has N worker guests. ``role`` says which
@@ -487,10 +490,8 @@ class Cluster:
         """The README's install command for the mode, then the plugin's pod Ready through
         its own probes."""
         readme = (REPO / "README.md").read_text()
-        if self.spec.release:
-            released = json.loads((Path(self.spec.registry_storage).parent / "release.json")
-                                  .read_text())  # fmt: skip
-            command = shipped.release_install_command(readme, released)
+        if self.spec.release_info is not None:
+            command = shipped.release_install_command(readme, self.spec.release_info)
         else:
             command = shipped.readme_command(readme, self.spec.plugin)
         log(f"installing: {command}")
@@ -613,13 +614,8 @@ class Cluster:
                  60 * self.spec.time_scale, self.processes, "plugin")  # fmt: skip
 
     def released(self) -> dict[str, str] | None:
-        """RELEASE=1: the release's version and digests (``work/release.json``); else None."""
-        if not self.spec.release:
-            return None
-        found: dict[str, str] = json.loads(
-            (Path(self.spec.registry_storage).parent / "release.json").read_text()
-        )
-        return found
+        """RELEASE=1: the release's version and digests; else None."""
+        return self.spec.release_info if self.spec.release else None
 
     def description(self) -> dict[str, object]:
         """What the e2e fixtures read (``NUMA_E2E_LOCAL``)."""
@@ -1416,7 +1412,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     for signum in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(signum, interrupt)
     try:
-        if spec.shipped and prepare_image(spec) != 0:
+        status = prepare_image(spec) if spec.shipped else 0
+        if status == 0 and spec.release:
+            released = json.loads((work / "release.json").read_text())
+            spec = replace(spec, release_info=released)
+        if status:
             status = 1
         elif count:
             status = run_workers(spec, args.cpus_per_node)

@@ -174,6 +174,20 @@ def test_the_guest_plan_gives_worker_a_the_memory_only_node_and_each_its_nic(
     assert [p["tests"] for p in plans] == [True, False]
 
 
+def test_each_worker_guest_knows_the_release_the_cluster_installed(tmp_path: Path) -> None:
+    """RELEASE=1: the worker running the tests describes the release (its version and
+    digests) to them; a guest once looked for release.json in a work folder it does not
+    have and the run ended before its first test."""
+    info = {"version": "0.2.0", "digest": "sha256:" + "ab" * 32, "chart_digest": "sha256:0"}
+    boot = cluster.GuestBoot(Path("/k/vmlinuz"), tmp_path / "initrd", Path("/k/modules"), False)
+    released = spec(tmp_path, release=True, release_info=info)
+    for worker in workers.workers(2):
+        guest = cluster.Spec(**cluster.guest_plan(released, worker, boot, 7.5, 2)["spec"])
+        assert guest.release_info == info
+        assert cluster.Cluster(guest).released() == info
+    assert cluster.Cluster(spec(tmp_path)).released() is None
+
+
 def test_each_worker_gets_its_data_disk_on_its_own_numa_node(tmp_path: Path) -> None:
     """A's disk behind an expander bridge on NUMA node 1, B's on node 0 (one template
     must land on different nodes), each with its own serial and a sparse image made in
