@@ -225,3 +225,21 @@ def test_the_release_check_wants_an_index_of_both_platforms() -> None:
     url, _ = serve_once(index("amd64"))
     with pytest.raises(RuntimeError, match="not an index of linux/amd64 and arm64"):
         shipped.log_index("numa-device-plugin", "0.2.0", url)
+
+
+@pytest.mark.parametrize(
+    ("image", "parts"),
+    [
+        ("r.local:5000/numa-device-plugin:0.2.0", ("r.local:5000/numa-device-plugin", "0.2.0", "")),
+        ("r.local:5000/numa-device-plugin:0.2.0@sha256:ab",
+         ("r.local:5000/numa-device-plugin", "0.2.0", "sha256:ab")),
+    ],
+)  # fmt: skip
+def test_the_e2e_rollout_reads_tag_and_digest_apart(
+    image: str, parts: tuple[str, str, str]
+) -> None:
+    """A release's chart pins the digest: the rollout tests once took the digest's hex as
+    the tag (RELEASE=1 run, test_a_rolling_update_to_a_new_tag_leaves_workload_pods_untouched)."""
+    from tests.e2e.test_shipped import image_parts
+
+    assert image_parts(image) == parts

@@ -112,7 +112,7 @@ def test_a_rolling_update_to_a_new_tag_leaves_workload_pods_untouched(
     pids = container_processes(before.container_id)
     old = platform.plugin_pod()
     image = old.spec.containers[0].image
-    repository, _, tag = image.rpartition(":")
+    repository, tag, digest = image_parts(image)
     new = f"{tag}-rollout"
     retag(platform.description["registry"], tag, new, 10 * platform.time_scale)
     try:
@@ -132,7 +132,7 @@ def test_a_rolling_update_to_a_new_tag_leaves_workload_pods_untouched(
         platform.eventually(lambda: platform.registered(resources), 60, "registered")
         _untouched(platform, namespace, before, pids)
     finally:
-        set_tag(platform, repository, tag)
+        set_tag(platform, repository, tag, digest)
         platform.eventually(
             lambda: (
                 (pod := platform.plugin_pod()) is not None
@@ -143,14 +143,24 @@ def test_a_rolling_update_to_a_new_tag_leaves_workload_pods_untouched(
         )  # fmt: skip
 
 
-def set_tag(platform: ShippedPlatform, repository: str, tag: str) -> None:
-    """As a user rolls a new version: ``helm upgrade --set image.tag`` or ``kubectl set
-    image`` on the kustomize DaemonSet."""
+def image_parts(image: str) -> tuple[str, str, str]:
+    """``repository[:tag][@digest]`` -> ``(repository, tag, digest)``; a release's
+    chart pins the digest (``…:0.2.0@sha256:…``), whose own colon is not the tag's."""
+    name, _, digest = image.partition("@")
+    repository, _, tag = name.rpartition(":")
+    return repository, tag, digest
+
+
+def set_tag(platform: ShippedPlatform, repository: str, tag: str, digest: str = "") -> None:
+    """As a user rolls a new version: ``helm upgrade --set image.tag`` (and the digest:
+    none, or the one to go back to) or ``kubectl set image`` on the kustomize DaemonSet."""
     if platform.mode == "helm":
-        platform.helm_upgrade("--reuse-values", "--set-string", f"image.tag={tag}")
+        platform.helm_upgrade("--reuse-values", "--set-string", f"image.tag={tag}",
+                              "--set-string", f"image.digest={digest}")  # fmt: skip
     else:
+        pinned = f"@{digest}" if digest else ""
         platform.kubectl("-n", NAMESPACE, "set", "image", f"ds/{PLUGIN}",
-                         f"{PLUGIN}={repository}:{tag}")  # fmt: skip
+                         f"{PLUGIN}={repository}:{tag}{pinned}")  # fmt: skip
 
 
 def kill_time(kubelet_log: str, container_id: str) -> float | None:

@@ -40,7 +40,7 @@ from tests.e2e.test_cluster import (
     unschedulable,
     wait_phase,
 )
-from tests.e2e.test_shipped import retag, set_tag
+from tests.e2e.test_shipped import image_parts, retag, set_tag
 
 pytestmark = pytest.mark.e2e
 NUMA0, NUMA1 = "numa-align/numa-0", "numa-align/numa-1"
@@ -424,7 +424,7 @@ def test_a_rolling_update_goes_node_by_node_and_fails_no_pod(two: Workers, names
     old = two.plugin_pod(two.a)
     assert old is not None
     image = old.spec.containers[0].image
-    repository, _, tag = image.rpartition(":")
+    repository, tag, digest = image_parts(image)
     new = f"{tag}-cluster"
     retag(platform.description["registry"], tag, new, 10 * platform.time_scale)
     unready: dict[str, list[float]] = {n: [] for n in two.names}
@@ -482,7 +482,7 @@ def test_a_rolling_update_goes_node_by_node_and_fails_no_pod(two: Workers, names
         assert not failed_pods(platform, namespace)
         assert not admission_failures(platform, namespace)
     finally:
-        set_tag(platform, repository, tag)
+        set_tag(platform, repository, tag, digest)
         two.rolled_out()
 
 
