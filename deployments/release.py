@@ -229,8 +229,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     repository = f"{args.registry}/{NAME}"
     image = f"{repository}:{version}"
     platforms = [p.strip() for p in args.platforms.split(",") if p.strip()]
-    labels = {"VERSION": version, "REVISION": git("rev-parse", "HEAD").strip(),
-              "SOURCE": args.source}  # fmt: skip
+    # The commit checked and built: the tag names it, whatever HEAD is by the end (a
+    # commit made while the images build must not get the release's tag).
+    revision = git("rev-parse", "HEAD").strip()
+    labels = {"VERSION": version, "REVISION": revision, "SOURCE": args.source}
     target = f"oci://{args.registry}/charts"
     try:
         digest = build_and_push_image(
@@ -245,17 +247,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"image: {image}@{digest} ({', '.join(platforms)})\n"
             f"chart: {target}/{NAME} {version} ({chart_digest})\n"
         )
-        run(
-            [
-                "git",
-                "tag",
-                "--annotate",
-                "--cleanup=whitespace",
-                f"v{version}",
-                "--message",
-                message,
-            ]
-        )
+        if not args.tagged:  # CI on a pushed tag: the tag is there already
+            run(["git", "tag", "--annotate", "--cleanup=whitespace", f"v{version}",
+                 "--message", message, revision])  # fmt: skip
     except (subprocess.CalledProcessError, ReleaseError, OSError) as exc:
         print(f"make release: {exc}; nothing was tagged", file=sys.stderr)
         return 1

@@ -195,6 +195,45 @@ def test_a_release_builds_each_platform_pushes_image_and_chart_and_tags(
     assert f"--set image.digest={DIGEST}" in out
 
 
+def test_the_tag_names_the_commit_that_was_built_not_a_later_head(
+    project: tuple[ModuleType, Path],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A commit made while the images build (seen: make release on a checkout someone
+    committed to meanwhile) must not get the release's tag."""
+    release, folder = project
+    built = git(folder, "rev-parse", "HEAD").strip()
+    fake_helm, _ = fake_tools(tmp_path, monkeypatch)
+    real_package = release.package_and_push_chart
+
+    def package_then_commit(*args: Any) -> str:
+        git(folder, "commit", "-q", "--allow-empty", "-m", "meanwhile")
+        digest: str = real_package(*args)
+        return digest
+
+    monkeypatch.setattr(release, "package_and_push_chart", package_then_commit)
+    assert release.main(["0.2.0", "--registry", "r.test", "--tool", "buildah",
+                         "--helm", fake_helm]) == 0  # fmt: skip
+    assert git(folder, "rev-parse", "v0.2.0^{commit}").strip() == built
+    assert git(folder, "rev-parse", "HEAD").strip() != built
+
+
+def test_tagged_releases_the_pushed_tag_and_makes_no_other(
+    project: tuple[ModuleType, Path],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """CI on a pushed tag: build and push, exit 0, the tag as it was."""
+    release, folder = project
+    git(folder, "tag", "-a", "v0.2.0", "-m", "as pushed")
+    fake_helm, calls = fake_tools(tmp_path, monkeypatch)
+    assert release.main(["0.2.0", "--registry", "r.test", "--tool", "buildah",
+                         "--helm", fake_helm, "--tagged"]) == 0  # fmt: skip
+    assert git(folder, "tag", "-l", "--format=%(contents)", "v0.2.0").strip() == "as pushed"
+    assert any(line.startswith("helm push") for line in calls.read_text().splitlines())
+
+
 def test_a_failed_push_tags_nothing_and_exits_1(
     project: tuple[ModuleType, Path],
     tmp_path: Path,
