@@ -23,7 +23,7 @@ from numa_device_plugin.nodeconfig.configs import (
     load_node_configs,
     parse_node_configs,
 )
-from numa_device_plugin.nodeconfig.labels import NodeLabelReader
+from numa_device_plugin.nodeconfig.labels import READ_DEADLINE, NodeLabelReader
 from numa_device_plugin.topology.fake import SysfsTree
 from tests.apiserver_stub import Raw, make_tls, node_api
 from tests.conftest import require_tool
@@ -248,8 +248,10 @@ async def test_serve_stops_at_once_while_the_api_server_is_silent(
         api.raw = Raw(silent=True)
         await eventually(lambda: api.reads > reads, timeout=20)
         started = time.monotonic()
-        assert await plugin.terminate(timeout=5) == 0
-        assert time.monotonic() - started < 2
+        assert await plugin.terminate(timeout=20) == 0
+        # At once: not after the read's deadline (2 s once failed beside two TCG guests
+        # at nice 19, in 3.9 s: still well under what waiting for the read would take).
+        assert time.monotonic() - started < READ_DEADLINE
 
 
 async def test_a_configuration_impossible_on_this_node_serves_nothing_not_exit(

@@ -18,6 +18,8 @@ from tests.plugin.test_observability import _rss
 from tests.standin_helpers import ServeProcess, bound_port, eventually, serve_process
 
 SCRAPERS = 16
+# The DaemonSet's probes' timeoutSeconds (deployments/base/daemonset.yaml).
+PROBE_TIMEOUT = 3.0
 FLOOD_SECONDS = 3.0
 
 
@@ -93,7 +95,9 @@ async def test_sixteen_scrapers_at_64_numa_nodes_leave_the_probes_answered(
             for thread in scrapers:
                 thread.join(15)
         assert latencies
-        assert max(latencies) < 1.0, sorted(latencies)[-5:]
+        # What matters: the kubelet's probes (timeoutSeconds 3 in the DaemonSet) never
+        # time out during the flood. The figures themselves are benchmarks.hostile's.
+        assert max(latencies) < PROBE_TIMEOUT, sorted(latencies)[-5:]
         assert answers.count(200) >= SCRAPERS, "the scrapes were answered too"
         assert set(answers) <= {200, 503}
         assert await plugin.terminate() == 0
