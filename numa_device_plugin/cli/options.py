@@ -118,14 +118,14 @@ def variable(flag: str) -> str:
 def _option(
     flag: str,
     help: str,
-    convert: Callable[[str], Any] | click.Choice[str],
+    convert: Callable[[str], Any] | click.ParamType[Any],
     default: Any,
     metavar: str | None = None,
     *,
     shown: str | None = None,
     allow_empty: bool = False,
 ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    kind = convert if isinstance(convert, click.Choice) else Converted(metavar or "", convert)
+    kind = convert if isinstance(convert, click.ParamType) else Converted(metavar or "", convert)
     return click.option(
         flag,
         cls=Option,
@@ -210,22 +210,11 @@ metrics_address = _option(
 )
 
 
-def on_off(text: str) -> bool:
-    """``true``/``false`` (also 1/0, yes/no, on/off, any case) -> bool; ValueError
-    naming the text otherwise."""
-    word = text.strip().lower()
-    if word in ("true", "1", "yes", "on"):
-        return True
-    if word in ("false", "0", "no", "off"):
-        return False
-    raise ValueError(f"{text!r} is not true or false")
-
-
 debug_endpoints = _option(
     "--debug-endpoints",
     "with --metrics-address: serve the node page (/) and /debug/state there too (they "
     "name the node's pods and devices); false: /metrics, /healthz and /readyz only",
-    on_off,
+    click.BOOL,
     True,
     "BOOL",
 )

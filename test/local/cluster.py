@@ -39,7 +39,7 @@ import tempfile
 import threading
 import time
 import urllib.request
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -119,6 +119,9 @@ class Spec:
     worker: str = ""
     apiserver: str = ""
     token: str = ""
+    # KUBE_ROUTER=<binary> (with WORKERS=N): each worker runs kube-router's firewall, so
+    # NetworkPolicy is enforced; empty: the bridge CNI plugin alone, which enforces none.
+    kube_router: str = ""
 
     @property
     def me(self) -> Worker | None:
@@ -165,6 +168,19 @@ def missing_requirements(bin_dir: Path | None, vm: bool, is_root: bool) -> list[
         lines.append(f"{BUSYBOX}: not a static busybox (Debian package busybox-static)")
     if not is_root:
         lines.append("root: the cluster needs root (namespaces, cgroups, containerd)")
+    return lines
+
+
+def network_policy_missing(kube_router: Path) -> list[str]:
+    """What KUBE_ROUTER= needs and this machine lacks, one line each: the binary, and
+    the programs it runs in the guests (which run this machine's root)."""
+    lines = []
+    if not os.access(kube_router, os.X_OK) or kube_router.is_dir():
+        lines.append(f"{kube_router}: no such executable (KUBE_ROUTER=)")
+    for program, package in workers.NETWORK_POLICY_TOOLS.items():
+        if shutil.which(program) is None:
+            lines.append(f"{program}: not on PATH (Debian package {package}; KUBE_ROUTER= "
+                         "runs it in the workers)")  # fmt: skip
     return lines
 
 
@@ -337,10 +353,17 @@ class Cluster:
                 self.private_network()
             self.bind_fixed_paths()
         started = time.monotonic()
-        steps = {
+        for step in self.steps():
+            step()
+            log(f"{step.__name__[1:]} ready at {time.monotonic() - started:.0f} s")
+
+    def steps(self) -> list[Callable[[], None]]:
+        """What :meth:`up` starts, in order, for this process's role."""
+        return {
             "control-plane": [self._etcd, self._apiserver, self._controller_manager,
                               self._scheduler, self._registry],
-            "worker": [self._containerd, self._kubelet],
+            "worker": [self._containerd, self._kubelet]
+            + ([self._network_policy] if self.spec.kube_router else []),
         }.get(self.spec.role) or (
             [self._etcd, self._apiserver, self._controller_manager, self._scheduler,
              self._registry, self._containerd, self._kubelet, self._install]
@@ -348,9 +371,6 @@ class Cluster:
             else [self._etcd, self._apiserver, self._scheduler, self._containerd,
                   self._kubelet, self._plugin]
         )  # fmt: skip
-        for step in steps:
-            step()
-            log(f"{step.__name__[1:]} ready at {time.monotonic() - started:.0f} s")
 
     def _etcd(self) -> None:
         client = f"http://127.0.0.1:{self.ports['etcd']}"
@@ -594,6 +614,20 @@ class Cluster:
         wait_for("the not-ready taint to go", lambda: untaint(url, self.token),
                  60 * self.spec.time_scale, self.processes, "kubelet")  # fmt: skip
 
+    def _network_policy(self) -> None:
+        """KUBE_ROUTER=: kube-router's firewall in this worker once its node joined (it
+        reads its Node for the address), with its kernel modules loaded; ready when its
+        /healthz answers 200."""
+        me = self.spec.me
+        assert me is not None
+        for name in workers.NETWORK_POLICY_MODULES:
+            subprocess.run(["modprobe", name], check=False, capture_output=True)
+        self.processes.start("kube-router", workers.network_policy_argv(
+            self.spec.kube_router, str(self.work / "kubeconfig"), me))  # fmt: skip
+        url = f"http://127.0.0.1:{workers.NETWORK_POLICY_HEALTH_PORT}/healthz"
+        wait_for("kube-router's /healthz", lambda: http_get(url)[0] == 200,
+                 120 * self.spec.time_scale, self.processes, "kube-router")  # fmt: skip
+
     def plugin_argv(self, capacity: str = "100") -> list[str]:
         return [
             self.spec.python, "-m", "numa_device_plugin", "serve",
@@ -644,8 +678,8 @@ class Cluster:
             "helm": self.spec.helm,
             # RELEASE=1: what the release made ({version, digest, chart_digest}).
             "release": self.released(),
-            # The bridge CNI plugin enforces no NetworkPolicy.
-            "network_policy": False,
+            # The bridge CNI plugin enforces no NetworkPolicy; kube-router's firewall does.
+            "network_policy": bool(self.spec.kube_router),
             "registry": shipped.REGISTRY,
             "node_ip": self.node_ip,
             "processes": {k: asdict(v) for k, v in self.processes.described.items()},
@@ -687,8 +721,8 @@ class Cluster:
         time, so the plugin never outlives the kubelet's socket folder nor the kubelet its
         runtime. The namespace's end takes whatever is left (containers, shims)."""
         for name in (
-            "plugin", "kubelet", "kube-scheduler", "kube-controller-manager", "containerd",
-            "kube-apiserver", "etcd",
+            "plugin", "kube-router", "kubelet", "kube-scheduler", "kube-controller-manager",
+            "containerd", "kube-apiserver", "etcd",
         ):  # fmt: skip
             entry = self.processes.described.get(name)
             if entry is None:
@@ -1216,7 +1250,10 @@ def run_workers(spec: Spec, cpus_per_node: int) -> int:
     kernel, modules, version = guest_kernel(CACHE)
     kvm = has_kvm()
     scale = (1.0 if kvm else tcg_scale(spec.workers)) * spec.time_scale
-    kept = render.kept_tmp_paths([Path(spec.bin_dir), REPO, Path(spec.python).parents[1]])
+    kept = render.kept_tmp_paths(
+        [Path(spec.bin_dir), REPO, Path(spec.python).parents[1]]
+        + ([Path(spec.kube_router).parent] if spec.kube_router else [])
+    )
     script = Path(__file__).resolve().parent / "guest-init.sh"
     command = " ".join(
         ["/bin/bash", str(script), spec.python, str(Path(__file__).resolve()), "/ndp-results",
@@ -1309,6 +1346,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     run.add_argument("--workers", type=int, default=None,
                      help="a control plane here and this many worker guests with two NUMA "
                      "nodes each (also WORKERS=; needs PLUGIN=helm or kustomize)")  # fmt: skip
+    run.add_argument(
+        "--kube-router",
+        type=Path,
+        default=None,
+        help="with WORKERS=: a kube-router binary (1.x) run in each worker with "
+        "only its firewall on, so NetworkPolicy is enforced (also KUBE_ROUTER=)",
+    )
     run.add_argument("--cpus-per-node", type=int, default=None,
                      help="guest CPUs per NUMA node (3)")  # fmt: skip
     run.add_argument("--vm-timeout", type=float, default=1800.0,
@@ -1366,6 +1410,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     release = args.release or os.environ.get("RELEASE", "").strip() not in ("", "0")
     if release and mode != "helm":
         parser.error("RELEASE=1 installs the released chart: it needs PLUGIN=helm")
+    kube_router = args.kube_router or (
+        Path(os.environ["KUBE_ROUTER"]) if os.environ.get("KUBE_ROUTER", "").strip() else None
+    )
+    if kube_router is not None and not count:
+        parser.error("KUBE_ROUTER runs in the worker guests: it needs WORKERS=N")
     if args.cpus_per_node is None:
         # 3: NUMA node 0 keeps 2 exclusive CPUs beside the reserved CPU 0, as the
         # deployments/examples pod asks.
@@ -1383,6 +1432,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                                                       os.X_OK):  # fmt: skip
             missing.append(f"{args.bin_dir / 'kube-controller-manager'}: no such executable "
                            f"(PLUGIN={mode} runs DaemonSets)")  # fmt: skip
+    if kube_router is not None:
+        missing += network_policy_missing(kube_router)
     if release and not Path("/proc/sys/fs/binfmt_misc/qemu-aarch64").exists():
         missing.append(
             "qemu-aarch64 in binfmt_misc: RELEASE=1 builds linux/arm64 under qemu user "
@@ -1406,6 +1457,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         helm=helm or "",
         workers=count,
         release=release,
+        kube_router=str(kube_router.resolve()) if kube_router is not None else "",
     )
     started = time.monotonic()
     # SIGTERM (and SIGHUP) end the run as Ctrl-C does: through the clean-up.

@@ -177,3 +177,36 @@ def interface_by_mac(addresses: dict[str, str], mac: str) -> str:
         if address.strip().lower() == mac.lower():
             return name
     raise LookupError(f"no network interface has MAC {mac}; found {addresses}")
+
+
+# KUBE_ROUTER=<kube-router binary>: each worker runs kube-router with only its firewall
+# on, so that NetworkPolicy is enforced (the bridge CNI plugin enforces none). Its rules
+# are iptables rules matching ipsets; bridged pod-to-pod traffic reaches them through
+# br_netfilter and the physdev match. Its version must speak networking.k8s.io/v1
+# (kube-router 1.x does).
+NETWORK_POLICY_MODULES = (
+    "br_netfilter", "ip_set", "ip_set_hash_ip", "ip_set_hash_net", "ip_set_hash_ipport",
+    "xt_set", "xt_physdev", "xt_comment", "xt_mark", "xt_addrtype", "xt_multiport",
+    "xt_limit", "xt_conntrack", "xt_NFLOG", "nfnetlink_log", "nft_reject_ipv4", "xt_REJECT",
+    "ipt_REJECT",
+)  # fmt: skip
+# The programs kube-router runs (it finds them on PATH), with their Debian packages; the
+# guests run the host's root, so the host must have them.
+NETWORK_POLICY_TOOLS = {
+    "ipset": "ipset", "iptables": "iptables", "iptables-save": "iptables",
+    "iptables-restore": "iptables",
+}  # fmt: skip
+NETWORK_POLICY_HEALTH_PORT = 20244
+
+
+def network_policy_argv(binary: str, kubeconfig: str, me: Worker) -> list[str]:
+    """kube-router's command line in worker ``me``: the firewall (NetworkPolicy) only,
+    no routing or service proxy (the harness routes pod subnets itself), this node's
+    name, the cluster's Service range, the health endpoint on
+    :data:`NETWORK_POLICY_HEALTH_PORT` and no metrics."""
+    return [
+        binary, "--run-firewall=true", "--run-router=false", "--run-service-proxy=false",
+        f"--kubeconfig={kubeconfig}", f"--hostname-override={me.name}",
+        f"--service-cluster-ip-range={shipped.SERVICE_RANGE}",
+        f"--health-port={NETWORK_POLICY_HEALTH_PORT}", "--metrics-port=0",
+    ]  # fmt: skip

@@ -263,7 +263,7 @@ def test_bad_flags_exit_2_with_usage(
         ("NUMA_REGISTER_TIMEOUT", "0", "'0' must be a positive number of seconds"),
         ("NUMA_SHUTDOWN_GRACE", "soon", "'soon' is not a number of seconds"),
         ("NUMA_HEALTH_ADDRESS", "nine", "HOST:PORT"),
-        ("NUMA_DEBUG_ENDPOINTS", "maybe", "'maybe' is not true or false"),
+        ("NUMA_DEBUG_ENDPOINTS", "maybe", "'maybe' is not a valid boolean"),
     ],
 )
 def test_bad_env_values_exit_2_naming_the_variable(

@@ -188,6 +188,47 @@ def test_each_worker_guest_knows_the_release_the_cluster_installed(tmp_path: Pat
     assert cluster.Cluster(spec(tmp_path)).released() is None
 
 
+def test_with_kube_router_each_worker_starts_its_firewall_after_its_node_joined(
+    tmp_path: Path,
+) -> None:
+    """KUBE_ROUTER=: each worker guest's spec carries the binary; a worker starts it
+    after its kubelet (kube-router reads its Node), with the firewall alone on and the
+    worker's own node name; without it the worker starts no enforcer."""
+    boot = cluster.GuestBoot(Path("/k/vmlinuz"), tmp_path / "initrd", Path("/k/modules"), False)
+    enforced = spec(tmp_path, kube_router="/opt/kube-router")
+    for worker in workers.workers(2):
+        guest = cluster.Spec(**cluster.guest_plan(enforced, worker, boot, 7.5, 2)["spec"])
+        steps = [step.__name__ for step in cluster.Cluster(guest).steps()]
+        assert steps == ["_containerd", "_kubelet", "_network_policy"]
+        argv = workers.network_policy_argv(guest.kube_router, "/w/kubeconfig", worker)
+        assert argv[0] == "/opt/kube-router"
+        assert {"--run-firewall=true", "--run-router=false", "--run-service-proxy=false",
+                f"--hostname-override={worker.name}"} <= set(argv)  # fmt: skip
+        plain = cluster.Spec(**cluster.guest_plan(spec(tmp_path), worker, boot, 7.5, 2)["spec"])
+        assert "_network_policy" not in [s.__name__ for s in cluster.Cluster(plain).steps()]
+
+
+def test_kube_router_without_workers_exits_2(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("WORKERS", raising=False)
+    monkeypatch.delenv("NUMA_VM", raising=False)
+    monkeypatch.setenv("KUBE_ROUTER", "/opt/kube-router")
+    with pytest.raises(SystemExit) as exited:
+        cluster.main(["run", "--plugin", "helm"])
+    assert exited.value.code == 2
+
+
+def test_kube_router_and_the_programs_it_runs_are_named_when_missing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PATH", str(tmp_path))
+    lines = cluster.network_policy_missing(tmp_path / "kube-router")
+    assert lines[0] == f"{tmp_path / 'kube-router'}: no such executable (KUBE_ROUTER=)"
+    assert any(line.startswith("ipset: not on PATH (Debian package ipset") for line in lines)
+    assert any(line.startswith("iptables-save: not on PATH (Debian package iptables")
+               for line in lines)  # fmt: skip
+    assert cluster.network_policy_missing(tmp_path)[0].endswith("no such executable (KUBE_ROUTER=)")
+
+
 def test_each_worker_gets_its_data_disk_on_its_own_numa_node(tmp_path: Path) -> None:
     """A's disk behind an expander bridge on NUMA node 1, B's on node 0 (one template
     must land on different nodes), each with its own serial and a sparse image made in

@@ -76,7 +76,10 @@ def test_the_network_policy_admits_only_the_named_namespace_to_the_metrics_port(
     kubelet's probes still pass (the plugin pods stay Ready, not restarted)."""
     platform = two.platform
     if not getattr(platform, "description", {}).get("network_policy"):
-        pytest.skip("the test cluster's network plugin (bridge) enforces no NetworkPolicy")
+        pytest.skip(
+            "the test cluster's network plugin (bridge) enforces no NetworkPolicy: "
+            "run with KUBE_ROUTER=<kube-router binary>"
+        )
     allowed, denied = "np-allowed", "np-denied"
     selector = {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": allowed}}}
     for name in (allowed, denied):

@@ -462,4 +462,4 @@ def test_a_debug_endpoints_value_that_is_not_a_boolean_exits_2_with_usage(
     assert main(["serve", "--debug-endpoints", "maybe"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("Usage: numa-device-plugin serve ")
-    assert "'maybe' is not true or false" in err
+    assert "'maybe' is not a valid boolean" in err
