@@ -184,7 +184,12 @@ include_cpuless_nodes = _switch(
     "--include-cpuless-nodes", "also advertise NUMA nodes without a usable CPU (memory-only)"
 )
 register_timeout = _option(
-    "--register-timeout", "seconds one Register call may take", seconds, 5.0, "S"
+    "--register-timeout",
+    "seconds one Register call may take; above the kubelet's 10 s dial back to the plugin "
+    "inside Register, so a Register the kubelet is still working on is not sent again",
+    seconds,
+    15.0,
+    "S",
 )
 shutdown_grace = _option(
     "--shutdown-grace",

@@ -83,7 +83,9 @@ class Config:
     ``capacity``: slot devices per NUMA node, or ``cpus`` (one device per
     exclusive CPU, kept live from the pod resources API).
     ``include_cpuless_nodes``: also advertise NUMA nodes without a usable CPU.
-    ``register_timeout``: seconds one Register call may take.
+    ``register_timeout``: seconds one Register call may take; above the kubelet's
+    10 s dial back inside Register (``pkg/kubelet/cm/devicemanager/plugin/v1beta1``,
+    ``dial``), whose outcome a shorter timeout cannot know.
     ``shutdown_grace``: seconds in-flight calls get when a server stops.
     ``debounce``: seconds to gather a burst of file events into one restart.
     ``pod_resources_socket``: the kubelet's pod resources API (None: beside the
@@ -108,7 +110,7 @@ class Config:
     resource_prefix: str = DEFAULT_RESOURCE_PREFIX
     capacity: Capacity = DEFAULT_CAPACITY
     include_cpuless_nodes: bool = False
-    register_timeout: float = 5.0
+    register_timeout: float = 15.0
     shutdown_grace: float = 1.0
     debounce: float = 0.002
     pod_resources_socket: Path | None = None

@@ -182,6 +182,13 @@ class Endpoints:
                 )
                 break
             except RegistrationError as exc:
+                if endpoint.servicer.kubelet_stream_open:
+                    # The kubelet dialed back and opened ListAndWatch, which it does only
+                    # for a registration it accepted; its answer was late or lost.
+                    # Registering again would leave it two clients with two streams.
+                    log.info("Register failed after the kubelet accepted it; registered",
+                             resource=name, code=exc.code.name)  # fmt: skip
+                    break
                 self.recorder.registration(name, False)
                 held = self._log_limiter.allow(("registration failed", exc.code))
                 if held is not None:

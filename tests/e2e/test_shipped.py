@@ -28,7 +28,11 @@ from tests.e2e.test_cluster import (
 
 pytestmark = pytest.mark.e2e
 DEVICE_PLUGINS = Path("/var/lib/kubelet/device-plugins")
+# A release's tag names an image index (both architectures); the registry answers 404
+# for an index the Accept header leaves out, as it did to RELEASE=1's rollout tests.
 MANIFEST_TYPES = ", ".join((
+    "application/vnd.oci.image.index.v1+json",
+    "application/vnd.docker.distribution.manifest.list.v2+json",
     "application/vnd.oci.image.manifest.v1+json",
     "application/vnd.docker.distribution.manifest.v2+json",
 ))  # fmt: skip

@@ -496,6 +496,39 @@ async def test_a_hung_register_times_out_and_is_retried(
     assert hung == ["numa-align/numa-1"]
 
 
+async def test_a_register_answered_after_its_timeout_counts_once_the_kubelet_dialed_back(
+    two_nodes: SysfsTree, sock_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A kubelet that accepts a Register (dials back, opens ListAndWatch) but answers
+    after --register-timeout, as a loaded kubelet does (it dials for up to 10 s): the
+    kubelet holds the registration, so the plugin must not register again. It once
+    did, and the kubelet was left with two clients and two open streams for one
+    resource (63 of 64 resources live after 60 s, beside two TCG guests)."""
+    kubelet = KubeletStandIn(sock_dir)
+    real_register = kubelet.device_manager.register
+    late: list[str] = []
+    calls: list[str] = []
+
+    async def answer_late_once(request: api_pb2.RegisterRequest) -> str | None:
+        calls.append(request.resource_name)
+        error = await real_register(request)
+        if request.resource_name == "numa-align/numa-1" and not late:
+            late.append(request.resource_name)
+            await asyncio.sleep(1.0)  # past the 0.3 s timeout, the stream already open
+        return error
+
+    monkeypatch.setattr(kubelet.device_manager, "register", answer_late_once)
+    config = make_config(two_nodes, sock_dir, register_timeout=0.3)
+    async with kubelet, running(config) as manager:
+        await wait_all_live(kubelet, NAMES)
+        await eventually(lambda: manager.registered == set(NAMES))
+        await asyncio.sleep(1.5)  # the late answer came; a retry would have come by now
+        assert kubelet.device_manager.open_streams("numa-align/numa-1") == 1
+        assert calls.count("numa-align/numa-1") == 1, "registered once"
+        assert manager.readiness_problems() == []
+    assert late == ["numa-align/numa-1"]
+
+
 async def test_a_register_finishing_after_its_endpoint_was_removed_does_not_count(
     two_nodes: SysfsTree, sock_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
