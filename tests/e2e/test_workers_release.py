@@ -50,7 +50,7 @@ def test_a_release_runs_on_both_workers_by_digest(two: Workers) -> None:  # noqa
 def fetch_metrics(platform: Platform, namespace: str, name: str, ip: str) -> str:
     """A pod in ``namespace`` asks the plugin pod at ``ip`` for /metrics with busybox's
     ``nc`` (5 s timeout; Debian's static busybox ``wget`` dies of a segmentation fault
-    whatever the answer); what it printed, ending ``rc=N``, nc's status."""
+    whatever the answer); the answer or nc's error, then ``rc=N``, nc's status."""
     pod = client.V1Pod(
         metadata=client.V1ObjectMeta(name=name),
         spec=client.V1PodSpec(
@@ -60,7 +60,7 @@ def fetch_metrics(platform: Platform, namespace: str, name: str, ip: str) -> str
             containers=[client.V1Container(
                 name="main", image="busybox:1.36",
                 command=["sh", "-c", "printf 'GET /metrics HTTP/1.0\\r\\n\\r\\n' "
-                         f"| nc -w 5 {ip} {METRICS_PORT} > /tmp/answer; rc=$?; "
+                         f"| nc -w 5 {ip} {METRICS_PORT} > /tmp/answer 2>&1; rc=$?; "
                          "head -c 20000 /tmp/answer; echo; echo rc=$rc"],
             )],
         ),
