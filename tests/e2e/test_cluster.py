@@ -71,13 +71,15 @@ def create(platform: Platform, namespace: str, pod: client.V1Pod) -> None:
 
 
 def why_ended(platform: Platform, pod: client.V1Pod) -> str:
-    """What a pod that ended says of itself: each container's terminated state (reason,
-    exit code, message) and the pod's events, as one line for a failure message."""
+    """What a pod that ended (or restarted a container) says of itself: each container's
+    terminated state and last terminated state (reason, exit code, message) and the
+    pod's events (a failed probe, a kill), as one line for a failure message."""
     statuses = (pod.status.container_statuses or []) + (pod.status.init_container_statuses or [])
     states = [
-        f"{status.name}: {term.reason} exit {term.exit_code} {term.message or ''}".strip()
+        f"{status.name}{when}: {term.reason} exit {term.exit_code} {term.message or ''}".strip()
         for status in statuses
-        if status.state is not None and (term := status.state.terminated) is not None
+        for when, state in (("", status.state), (" (last)", status.last_state))
+        if state is not None and (term := state.terminated) is not None
     ]
     events = platform.core.list_namespaced_event(
         pod.metadata.namespace, field_selector=f"involvedObject.name={pod.metadata.name}"

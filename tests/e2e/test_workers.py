@@ -39,6 +39,7 @@ from tests.e2e.test_cluster import (
     pod_manifest,
     unschedulable,
     wait_phase,
+    why_ended,
 )
 from tests.e2e.test_shipped import image_parts, retag, set_tag
 
@@ -462,7 +463,9 @@ def test_a_rolling_update_goes_node_by_node_and_fails_no_pod(two: Workers, names
         for node in two.names:
             pod = two.plugin_pod(node)
             assert pod is not None
-            assert pod.status.container_statuses[0].restart_count == 0
+            assert pod.status.container_statuses[0].restart_count == 0, (
+                f"{node}: the new plugin pod restarted: {why_ended(platform, pod)}"
+            )
         for name, status in kept.items():
             (now_status,) = platform.core.read_namespaced_pod(
                 name, namespace).status.container_statuses  # fmt: skip
