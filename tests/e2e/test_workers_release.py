@@ -47,10 +47,23 @@ def test_a_release_runs_on_both_workers_by_digest(two: Workers) -> None:  # noqa
     assert chart == f"numa-device-plugin-{release['version']}"
 
 
-def fetch_metrics(platform: Platform, namespace: str, name: str, ip: str) -> str:
+def fetch_metrics(platform: Platform, namespace: str, name: str, ip: str, want: str) -> str:
     """A pod in ``namespace`` asks the plugin pod at ``ip`` for /metrics with busybox's
     ``nc`` (5 s timeout; Debian's static busybox ``wget`` dies of a segmentation fault
-    whatever the answer); the answer or nc's error, then ``rc=N``, nc's status."""
+    whatever the answer) until it gets what it ``want``s, ``answer`` or ``refused``, at
+    most 20 tries 3 s apart: the network plugin applies a policy to a new pod's address
+    a little after the pod starts (kube-router refused a fresh allowed pod once). Its
+    output: the last answer or nc's error, ``tries=N``, then ``rc=N``, nc's status."""
+    script = (
+        "for try in $(seq 1 20); do "
+        "printf 'GET /metrics HTTP/1.0\\r\\n\\r\\n' "
+        f"| nc -w 5 {ip} {METRICS_PORT} > /tmp/answer 2>&1; rc=$?; "
+        f"if [ {want} = answer ] && grep -q numa_device_plugin_registered /tmp/answer; "
+        "then break; fi; "
+        f"if [ {want} = refused ] && [ $rc != 0 ]; then break; fi; "
+        "sleep 3; done; "
+        "head -c 20000 /tmp/answer; echo; echo tries=$try; echo rc=$rc"
+    )
     pod = client.V1Pod(
         metadata=client.V1ObjectMeta(name=name),
         spec=client.V1PodSpec(
@@ -58,10 +71,7 @@ def fetch_metrics(platform: Platform, namespace: str, name: str, ip: str) -> str
             automount_service_account_token=False,
             termination_grace_period_seconds=1,
             containers=[client.V1Container(
-                name="main", image="busybox:1.36",
-                command=["sh", "-c", "printf 'GET /metrics HTTP/1.0\\r\\n\\r\\n' "
-                         f"| nc -w 5 {ip} {METRICS_PORT} > /tmp/answer 2>&1; rc=$?; "
-                         "head -c 20000 /tmp/answer; echo; echo rc=$rc"],
+                name="main", image="busybox:1.36", command=["sh", "-c", script],
             )],
         ),
     )  # fmt: skip
@@ -97,9 +107,9 @@ def test_the_network_policy_admits_only_the_named_namespace_to_the_metrics_port(
             pod = two.plugin_pod(node)
             assert pod is not None
             ip, short = pod.status.pod_ip, node[-1]
-            yes = fetch_metrics(platform, allowed, f"metrics-{short}", ip)
-            no = fetch_metrics(platform, denied, f"metrics-{short}", ip)
-            print(f"{node}: allowed namespace {yes[-60:]!r}; other namespace {no[-60:]!r}")
+            yes = fetch_metrics(platform, allowed, f"metrics-{short}", ip, "answer")
+            no = fetch_metrics(platform, denied, f"metrics-{short}", ip, "refused")
+            print(f"{node}: allowed namespace {yes[-70:]!r}; other namespace {no[-70:]!r}")
             assert "numa_device_plugin_registered" in yes
             assert yes.rstrip().endswith("rc=0"), yes[-200:]
             # Refused or timed out: nc fails to connect, it does not crash.
