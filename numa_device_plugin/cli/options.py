@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import click
 
 from numa_device_plugin.ops.logs import LEVELS
+from numa_device_plugin.plugin.config import config_default
 from numa_device_plugin.plugin.config import config_from_params as config_from_params
 from numa_device_plugin.plugin.devices import (
     DEFAULT_CAPACITY,
@@ -154,7 +154,11 @@ def _switch(flag: str, help: str) -> Callable[[Callable[..., Any]], Callable[...
 
 
 sysfs_root = _option(
-    "--sysfs-root", "sysfs root holding devices/system", existing_folder, Path("/sys"), "DIR"
+    "--sysfs-root",
+    "sysfs root holding devices/system",
+    existing_folder,
+    config_default("sysfs_root"),
+    "DIR",
 )
 socket_dir = _option(
     "--socket-dir",
@@ -188,14 +192,14 @@ register_timeout = _option(
     "seconds one Register call may take; above the kubelet's 10 s dial back to the plugin "
     "inside Register, so a Register the kubelet is still working on is not sent again",
     seconds,
-    15.0,
+    config_default("register_timeout"),
     "S",
 )
 shutdown_grace = _option(
     "--shutdown-grace",
     "seconds in-flight calls get at shutdown (0: cancel them at once)",
     grace,
-    1.0,
+    config_default("shutdown_grace"),
     "S",
 )
 log_level = _option("--log-level", "log level", click.Choice(LEVELS), "info")
@@ -250,7 +254,7 @@ pod_resources_interval = _option(
     "--pod-resources-interval",
     f"seconds between reads of the pod resources API (at least {MIN_INTERVAL})",
     interval,
-    5.0,
+    config_default("pod_resources_interval"),
     "S",
 )
 reserved_cpus = _option(

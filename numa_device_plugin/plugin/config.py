@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import MISSING, dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -176,6 +176,16 @@ _CONFIG_FIELDS = (
     "reserved_memory",
     "near",
 )
+
+
+def config_default(name: str) -> Any:
+    """Config's default for the field ``name``: the one place a setting's default is
+    written, which the command line's options show and use. Raises KeyError for a name
+    that is not a field with a plain default."""
+    for field in fields(Config):
+        if field.name == name and field.default is not MISSING:
+            return field.default
+    raise KeyError(name)
 
 
 def config_from_params(params: Mapping[str, Any]) -> Config:

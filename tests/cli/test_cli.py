@@ -199,6 +199,26 @@ def test_a_flag_beats_its_variable(monkeypatch: pytest.MonkeyPatch) -> None:
     assert serve_params(["--register-timeout", "2"])["capacity"] == 5
 
 
+def test_serve_without_flags_runs_with_configs_own_defaults(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Each setting's default is written once, in Config: a default typed into an option
+    as well would drift (--register-timeout said 5 s in both, then 15 s in both)."""
+    for name in list(os.environ):
+        if name.startswith("NUMA_"):
+            monkeypatch.delenv(name)
+    config = serve_config([])
+    defaults = Config(socket_dir=config.socket_dir)
+    compared = [name for name in options_fields() if name != "socket_dir"]
+    assert {"register_timeout", "shutdown_grace", "pod_resources_interval"} <= set(compared)
+    assert {n: getattr(config, n) for n in compared} == {n: getattr(defaults, n) for n in compared}
+
+
+def options_fields() -> list[str]:
+    """Config's fields that ``serve`` has an option for."""
+    return [name for name in serve_params([]) if name in Config.__dataclass_fields__]
+
+
 def test_timeouts_reach_the_config(monkeypatch: pytest.MonkeyPatch) -> None:
     config = serve_config(["--register-timeout", "7.5", "--shutdown-grace", "0"])
     assert (config.register_timeout, config.shutdown_grace) == (7.5, 0.0)
