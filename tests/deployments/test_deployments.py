@@ -331,6 +331,19 @@ def test_probes_use_a_fixed_health_listener_independent_of_the_configmap(
     assert "NUMA_HEALTH_ADDRESS" not in by_kind("ConfigMap")["data"]
 
 
+def test_a_slow_start_gets_two_minutes_before_the_liveness_probe_may_kill_it() -> None:
+    """The kubelet runs the liveness probe only once the startup probe has passed, so a
+    plugin that takes long to import and listen (a cold image cache, a busy node: a TCG
+    test worker took over 26 s) is not killed and restarted while it starts. Without a
+    startup probe, liveness (3 misses, 10 s apart) killed it after about 26 s."""
+    probes = container()
+    startup = probes["startupProbe"]
+    assert startup["httpGet"] == probes["livenessProbe"]["httpGet"]
+    assert startup["periodSeconds"] * startup["failureThreshold"] >= 120
+    assert startup["timeoutSeconds"] == probes["livenessProbe"]["timeoutSeconds"]
+    assert "initialDelaySeconds" not in probes["livenessProbe"], "the startup probe gates it"
+
+
 def test_probes_survive_removing_the_metrics_setting(monkeypatch: pytest.MonkeyPatch) -> None:
     args = _serve_args(monkeypatch, settings={})
     assert args.metrics_address == ""

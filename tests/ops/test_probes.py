@@ -184,7 +184,7 @@ async def test_the_shipped_daemonsets_probes_pass(
         serve_process(two_nodes, sock_dir, *args, env=env) as plugin,
     ):
         await wait_all_live(kubelet, NAMES, timeout=20)
-        for probe in ("livenessProbe", "readinessProbe"):
+        for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
             get = spec[probe]["httpGet"]
             port = local[ports[get["port"]]]
 
