@@ -163,8 +163,30 @@ def unpacked(source: Path, root: Path) -> Path:
         target = root / archive.name.removesuffix(".tar.gz")
         target.mkdir()
         with tarfile.open(archive) as tar:
-            tar.extractall(target, filter="tar")
+            extract_all(tar, target)
     return root
+
+
+def extract_all(tar: tarfile.TarFile, target: Path) -> None:
+    """Unpack ``tar`` into ``target`` with the ``tar`` extraction filter (no member
+    outside ``target``, no device files, no set-id bits). ``extractall(filter=...)``
+    exists from Python 3.11.4 (and 3.12); on older 3.11 releases (Debian 12's 3.11.2)
+    every member is checked here first, then unpacked without a filter. Raises
+    tarfile.TarError naming the first refused member."""
+    if hasattr(tarfile, "tar_filter"):
+        tar.extractall(target, filter="tar")
+        return
+    base = os.path.realpath(target)
+    for member in tar.getmembers():
+        where = os.path.realpath(os.path.join(base, member.name))
+        if os.path.isabs(member.name) or os.path.commonpath([base, where]) != base:
+            raise tarfile.TarError(f"{member.name!r} would be unpacked outside {target}")
+        if not (member.isfile() or member.isdir() or member.issym() or member.islnk()):
+            raise tarfile.TarError(f"{member.name!r} is a device file or a FIFO")
+        if member.islnk() and os.path.isabs(member.linkname):
+            raise tarfile.TarError(f"{member.name!r} is a hard link to {member.linkname!r}")
+        member.mode &= 0o777
+    tar.extractall(target)  # noqa: S202 (every member checked above)
 
 
 @pytest.fixture(scope="session")

@@ -274,11 +274,30 @@ class NumaDevicePluginServicer(api_pb2_grpc.DevicePluginServicer):  # type: igno
             raise RequestError(
                 f"{where}: {len(must)} must-include devices do not fit allocation_size {size}"
             )
-        chosen = sorted(must, key=lambda device_id: self._by_id[device_id].index)
-        rest = sorted(offered - set(must), key=lambda device_id: self._by_id[device_id].index)
+        chosen = sorted(must, key=self._order)
+        rest = self._by_preferred_node(offered - set(must), {self._by_id[d].node_id for d in must})
         if len(chosen) + len(rest) < size:
             raise RequestError(
                 f"{where}: allocation_size {size} exceeds the {len(chosen) + len(rest)} "
                 "available and must-include devices"
             )
         return chosen + rest[: size - len(chosen)]
+
+    def _order(self, device_id: str) -> tuple[int, int, str]:
+        """A total order of this resource's devices: NUMA node, index, id."""
+        device = self._by_id[device_id]
+        return device.node_id, device.index, device_id
+
+    def _by_preferred_node(self, ids: set[str], must_nodes: set[int]) -> list[str]:
+        """``ids`` in the order to offer them, so that an allocation stays on one NUMA
+        node where it can (a resource that follows a device on several NUMA nodes has
+        devices of each): first the devices of the must-include devices' node when they
+        are all on one, else of the node with the most devices available (then the
+        lowest id); then the other nodes' in the same order. Deterministic: within a
+        node, by index."""
+        by_node: dict[int, list[str]] = {}
+        for device_id in ids:
+            by_node.setdefault(self._by_id[device_id].node_id, []).append(device_id)
+        first = next(iter(must_nodes)) if len(must_nodes) == 1 else None
+        nodes = sorted(by_node, key=lambda node: (node != first, -len(by_node[node]), node))
+        return [device_id for node in nodes for device_id in sorted(by_node[node], key=self._order)]

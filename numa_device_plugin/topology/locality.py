@@ -21,15 +21,21 @@ sysfs-block, sysfs-class-net):
   devices in its ``slaves/``; a VLAN or a bond (``devices/virtual/net/bond0``) of the
   interfaces its ``lower_<name>`` links name. Each part is resolved in turn: the
   device's NUMA nodes are those of all its parts, and it has no locality when any
-  part has none (its data or traffic goes through that part too).
+  part has none (its data or traffic goes through that part too). A part left out
+  (over :data:`MAX_PARTS`, or a name that is not printable) leaves the device
+  without locality, never with the nodes of the others.
+- A native NVMe multipath head (``devices/virtual/nvme-subsystem/nvme-subsys0/
+  nvme0n1``) is made of its paths (``nvme0c0n1`` under each controller): a dual-port
+  drive on two NUMA nodes has both.
 - Other virtual devices (``lo``, ``loop0``, ``ram0``, a bridge without lowers) have
   no locality.
 
-Links are resolved inside the sysfs root only: a link that leaves it, a loop or a
-missing target makes that device's locality unknown, with the reason. Every count is
+Every link and file is resolved inside the sysfs root only
+(:class:`~numa_device_plugin.topology.sysfs.Confined`): a link that leaves it, a loop
+or a missing target makes that device's locality unknown, with the reason. Every count is
 bounded (:data:`MAX_DEVICES` per kind, :data:`MAX_PARTS` parts of a device,
-:data:`MAX_DEPTH` levels of parts) and each device is resolved once, so a hostile tree
-costs time linear in what is read.
+:data:`MAX_DEPTH` levels of parts, walked with a stack of its own, not by recursion) and each
+device is resolved once, so a hostile tree costs time linear in what is read.
 """
 
 from __future__ import annotations
@@ -39,62 +45,37 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from numa_device_plugin.topology import sysfs
+from numa_device_plugin.topology.parts import MAX_DEPTH as MAX_DEPTH
+from numa_device_plugin.topology.parts import MAX_PARTS, NVME_HEAD, PartsWalk, nvme_paths
+from numa_device_plugin.topology.parts import Located as Located
 from numa_device_plugin.topology.pci import (
     MAX_DEVICES,
     PciDevice,
     is_accelerator,
     list_entries,
+    natural_key,
     parse_numa_node,
     read_pci_devices,
 )
 
-# Levels of slaves/lower_* followed (dm over md over partitions is 3).
-MAX_DEPTH = 8
-# Parts of one device read (md arrays and bonds have a few dozen at most).
-MAX_PARTS = 256
 # Characters of an identifier (serial, wwid) kept; NVMe serials are 20, wwids ~80.
 MAX_ID_CHARS = 256
-
-
-@dataclass(frozen=True)
-class Located:
-    """A block device or a network interface and where it sits.
-
-    ``name``: the kernel's name (``nvme0n1``, ``sda1``, ``eth0``); ``nodes``: its NUMA
-    nodes (empty: no locality, then ``reason`` says why); ``pci``: the addresses of
-    the PCI devices it hangs off (several for a dm, md or bond device); ``parts``: for
-    a device made of others, their names. Block devices only: ``disk`` (the whole
-    disk of a partition, else its own name), ``serial`` and ``wwid`` (sysfs's
-    ``serial``/``wwid`` of the disk or of its ``device``, None when absent),
-    ``virtual`` (under ``devices/virtual``).
-    """
-
-    name: str
-    nodes: frozenset[int]
-    pci: tuple[str, ...] = ()
-    reason: str | None = None
-    parts: tuple[str, ...] = ()
-    disk: str = ""
-    serial: str | None = None
-    wwid: str | None = None
-    virtual: bool = False
-
-    @property
-    def located(self) -> bool:
-        return bool(self.nodes)
 
 
 @dataclass(frozen=True)
 class Inventory:
     """The devices of one sysfs root, each kind sorted by name: ``pci`` by address,
     ``block`` and ``net`` by kernel name, numbers by value (``nvme2n1`` before
-    ``nvme10n1``). ``warnings``: odd sysfs content, one line per
-    file, naming it."""
+    ``nvme10n1``). ``warnings``: odd sysfs content, one line per file, naming it.
+    ``cut``: the kinds (``PCI devices``, ``block devices``, ``network interfaces``)
+    whose folder listed more than :data:`~numa_device_plugin.topology.pci.MAX_DEVICES`:
+    only the first in name order were read."""
 
     pci: tuple[PciDevice, ...] = ()
     block: tuple[Located, ...] = ()
     net: tuple[Located, ...] = ()
     warnings: tuple[str, ...] = field(default=(), compare=False)
+    cut: tuple[str, ...] = field(default=(), compare=False)
 
     def pci_device(self, address: str) -> PciDevice | None:
         """The PCI device at ``address``, or None."""
@@ -107,10 +88,11 @@ def read_inventory(sysfs_root: Path) -> Inventory:
     kind). Never raises for sysfs content: a device whose files are malformed is left
     out (PCI) or gets no locality (block, net), with a warning naming the file."""
     reader = _Reader(sysfs_root)
-    pci = read_pci_devices(sysfs_root, reader.warnings)
-    block = reader.located("block")
-    net = reader.located("net")
-    return Inventory(pci=pci, block=block, net=net, warnings=tuple(reader.warnings))
+    cut: list[str] = []
+    pci = read_pci_devices(sysfs_root, reader.warnings, cut)
+    block = reader.located("block", cut)
+    net = reader.located("net", cut)
+    return Inventory(pci=pci, block=block, net=net, warnings=tuple(reader.warnings), cut=tuple(cut))
 
 
 class _Reader:
@@ -118,29 +100,24 @@ class _Reader:
 
     def __init__(self, root: Path) -> None:
         self.root = root
-        try:
-            self.real_root = Path(os.path.realpath(root))
-        except (OSError, ValueError):
-            self.real_root = root
+        self.confined = sysfs.Confined(root)
+        self.real_root = self.confined.real_root
         self.warnings: list[str] = []
         # Real folder -> its own numa_node (None: -1), or "" when it has no such file.
         self._numa: dict[str, int | str | None] = {}
-        # Every real path inside the root starts with this.
-        self._root_prefix = os.path.join(str(self.real_root), "")
         self._cut: set[str] = set()
-        # Per kind: name -> (where it sits, height of its parts); names being resolved.
+        # Per kind: name -> (where it sits, height of its parts).
         self._done: dict[str, tuple[Located, int]] = {}
-        self._busy: set[str] = set()
 
     # -- listing ---------------------------------------------------------------------------
 
-    def located(self, kind: str) -> tuple[Located, ...]:
+    def located(self, kind: str, cut: list[str] | None = None) -> tuple[Located, ...]:
         folder = self.root / "class" / kind
         what = "block devices" if kind == "block" else "network interfaces"
-        self._done, self._busy = {}, set()
+        self._done = {}
         return tuple(
             self._locate(kind, name)[0]
-            for name in list_entries(folder, what, self.warnings, natural=True)
+            for name in list_entries(folder, what, self.warnings, natural=True, cut=cut)
             if name.isprintable() and "/" not in name
         )
 
@@ -148,27 +125,60 @@ class _Reader:
 
     def _locate(self, kind: str, name: str) -> tuple[Located, int]:
         """Where ``class/<kind>/<name>`` sits, and the height of its tree of parts (0: it
-        has none). Each device is resolved once per kind (a part shared by many is not
-        walked again); a device met again while its own parts are being resolved is a
-        loop."""
+        has none).
+
+        The tree of parts is walked with a stack of its own, never by recursion, so
+        any depth of stacked dm devices or bonds costs memory linear in the devices
+        and cannot raise RecursionError; a device whose parts nest over
+        :data:`MAX_DEPTH` deep has no locality. Each device is resolved once per kind
+        (a part shared by many is not walked again); a device met again while its own
+        parts are being resolved is a loop."""
         if name in self._done:
             return self._done[name]
-        if name in self._busy:
-            return Located(name, frozenset(), reason="no locality: its parts loop back to it"), 0
-        self._busy.add(name)
-        try:
-            found = self._resolve(kind, name)
-        finally:
-            self._busy.discard(name)
-        self._done[name] = found
-        return found
+        start = self._resolve(kind, name)
+        if not isinstance(start, PartsWalk):
+            self._done[name] = start
+            return start
+        stack = [start]
+        busy = {name: start}
+        while True:
+            frame = stack[-1]
+            if frame.index < len(frame.parts):
+                part = frame.parts[frame.index]
+                frame.index += 1
+                if part in self._done:
+                    frame.absorb(part, *self._done[part])
+                elif part in busy:
+                    why = "no locality: its parts loop back to it"
+                    frame.absorb(part, Located(part, frozenset(), reason=why), 0)
+                else:
+                    found = self._resolve(kind, part)
+                    if isinstance(found, PartsWalk):
+                        stack.append(found)
+                        busy[part] = found
+                    else:
+                        self._done[part] = found
+                        frame.absorb(part, *found)
+                continue
+            stack.pop()
+            done = frame.result()
+            self._done[frame.base.name] = done
+            del busy[frame.base.name]
+            if not stack:
+                return done
+            stack[-1].absorb(frame.base.name, *done)
 
-    def _resolve(self, kind: str, name: str) -> tuple[Located, int]:
+    def _resolve(self, kind: str, name: str) -> tuple[Located, int] | PartsWalk:
+        """``class/<kind>/<name>`` without walking its parts: where it sits (height 0),
+        or, for a device made of others, the :class:`PartsWalk` to walk them from."""
         link = self.root / "class" / kind / name
-        target = self._inside(link)
+        target = self.confined.folder(link)
         if isinstance(target, str):
             return Located(
-                name, frozenset(), reason=target, disk=name if kind == "block" else ""
+                name,
+                frozenset(),
+                reason=f"no locality: {target}",
+                disk=name if kind == "block" else "",
             ), 0
         base = Located(
             name, frozenset(), virtual="virtual" in target.relative_to(self.real_root).parts[:2]
@@ -176,9 +186,16 @@ class _Reader:
         if kind == "block":
             disk, serial, wwid = self._disk_ids(target, name)
             base = replace(base, disk=disk, serial=serial, wwid=wwid)
-        parts = self._parts(kind, target / ("slaves" if kind == "block" else ""))
+            head = (target, name) if disk == name else (target.parent, disk)
+            if base.virtual and NVME_HEAD.fullmatch(head[1]):
+                paths = nvme_paths(self.confined, *head)  # a head, or a partition of one
+                if paths is not None:
+                    return self._multipath(base, paths)
+        parts, problem = self._parts(kind, target / ("slaves" if kind == "block" else ""))
+        if problem is not None:
+            return replace(base, parts=parts, reason=f"no locality: {problem}"), 0
         if parts:
-            return self._composite(kind, base, parts)
+            return PartsWalk(replace(base, parts=parts), parts)
         pci, node = self._nearest_pci(target)
         if pci is None:
             why = "a virtual device" if base.virtual else "no PCI device above it in sysfs"
@@ -192,62 +209,66 @@ class _Reader:
             return replace(base, pci=(pci,), reason=node), 0
         return replace(base, nodes=frozenset({node}), pci=(pci,)), 0
 
-    def _composite(self, kind: str, base: Located, parts: list[str]) -> tuple[Located, int]:
-        """A dm/md device or a VLAN/bond: the union of its parts' NUMA nodes, or no
-        locality when a part has none or the parts nest over :data:`MAX_DEPTH` deep."""
-        base = replace(base, parts=tuple(parts))
-        nodes: set[int] = set()
-        pci: list[str] = []
-        height = 0
-        for part in parts:
-            located, below = self._locate(kind, part)
-            height = max(height, below + 1)
-            if not located.located:
-                why = (located.reason or "").removeprefix("no locality: ")
-                if why.startswith("its part "):
-                    why = why.split(": ", 1)[-1]  # the first cause, not the whole chain
-                return replace(base, reason=f"no locality: its part {part} has none: {why}"), height
-            nodes |= located.nodes
-            pci.extend(a for a in located.pci if a not in pci)
-        if height > MAX_DEPTH:
-            return replace(base, reason=f"no locality: parts nested over {MAX_DEPTH} deep"), height
-        return replace(base, nodes=frozenset(nodes), pci=tuple(pci)), height
-
-    def _parts(self, kind: str, folder: Path) -> list[str]:
-        """The names of the devices ``target`` is made of: ``slaves/*`` of a block
-        device, the ``lower_<name>`` links of an interface."""
+    def _parts(self, kind: str, folder: Path) -> tuple[tuple[str, ...], str | None]:
+        """The names of the devices ``folder``'s device is made of (``slaves/*`` of a
+        block device, the ``lower_<name>`` links of an interface), sorted, and why
+        they cannot all be used (None when they can): over :data:`MAX_PARTS` of them,
+        or one whose name is not printable. The device's nodes are those of *all* its
+        parts, so a part left out leaves the device without locality."""
+        names: list[str] = []
+        problem = None
         try:
             with os.scandir(folder) as entries:
-                names = [entry.name for entry in entries]
+                for entry in entries:
+                    name = entry.name
+                    if kind == "net":
+                        if not name.startswith("lower_"):
+                            continue
+                        name = name.removeprefix("lower_")
+                    if not name or not name.isprintable():
+                        problem = f"a part's name in {folder} is not printable ({name[:40]!r})"
+                        break
+                    if len(names) >= MAX_PARTS:
+                        problem = f"{folder} names over {MAX_PARTS} parts; not all were read"
+                        break
+                    names.append(name)
         except OSError:
-            return []
-        if kind == "net":
-            names = [n.removeprefix("lower_") for n in names if n.startswith("lower_")]
-        names = [n for n in names if n and n.isprintable()]
-        if len(names) > MAX_PARTS:
-            self.warnings.append(f"{folder} names over {MAX_PARTS} parts; the rest left out")
-        return sorted(names)[:MAX_PARTS]
+            return (), None
+        if problem is not None:
+            self.warnings.append(problem)
+            return (), problem
+        return tuple(sorted(names, key=natural_key)), None
 
-    def _inside(self, link: Path) -> Path | str:
-        """The real folder ``link`` points to, or why it cannot be used."""
-        try:
-            real = os.path.realpath(link, strict=True)
-        except FileNotFoundError:
-            return f"no locality: {link} points to nothing"
-        except (OSError, RuntimeError, ValueError) as exc:
-            return f"no locality: {link} cannot be resolved ({getattr(exc, 'strerror', exc)})"
-        if not real.startswith(self._root_prefix):
-            return f"no locality: {link} points outside the sysfs root"
-        if not os.path.isdir(real):
-            return f"no locality: {link} is not a folder"
-        return Path(real)
+    def _multipath(self, base: Located, paths: list[tuple[str, Path]]) -> tuple[Located, int]:
+        """A multipath head: the NUMA nodes of all its paths' PCI devices (a dual-port
+        drive on two nodes gives both); no locality when it has no path, or a path has
+        none."""
+        base = replace(base, parts=tuple(name for name, _ in paths))
+        if not paths:
+            return replace(base, reason="no locality: an NVMe multipath head with no path"), 0
+        nodes: set[int] = set()
+        pci: list[str] = []
+        for name, folder in paths:
+            address, node = self._nearest_pci(folder)
+            if address is None or not isinstance(node, int):
+                if isinstance(node, str):
+                    why = node.removeprefix("no locality: ")
+                elif address is None:
+                    why = "no PCI device above it in sysfs"
+                else:
+                    why = f"PCI device {address} has numa_node -1"
+                return replace(base, reason=f"no locality: its path {name} has none: {why}"), 1
+            nodes.add(node)
+            if address not in pci:
+                pci.append(address)
+        return replace(base, nodes=frozenset(nodes), pci=tuple(pci)), 1
 
     def _nearest_pci(self, folder: Path) -> tuple[str | None, int | str | None]:
         """The nearest folder at or above ``folder`` (inside the root) with a
         ``numa_node`` file: (its name, its node or None for -1, or why it is unusable);
         (None, None) when there is none."""
         current = str(folder)
-        while current.startswith(self._root_prefix):
+        while current.startswith(self.confined.prefix):
             node = self._numa_of(current)
             if node != "":
                 return os.path.basename(current), node
@@ -256,13 +277,14 @@ class _Reader:
 
     def _numa_of(self, folder: str) -> int | str | None:
         """``folder``'s own numa_node: the node, None for -1, "" when there is no file,
-        or a reason text when it is malformed."""
+        or a reason text when it is malformed or leads out of the root."""
         if folder in self._numa:
             return self._numa[folder]
         path = Path(folder, "numa_node")
         result: int | str | None
+        text: str | None = None
         try:
-            text = sysfs.read_text(path)
+            text = self.confined.read_text(path)
             result = "" if text is None else parse_numa_node(text)
         except sysfs.SysfsError as exc:
             result = f"no locality: {exc}"
@@ -293,11 +315,20 @@ class _Reader:
 
     def _identifier(self, folder: Path, attribute: str) -> str | None:
         """``folder/<attribute>``, else ``folder/device/<attribute>`` (NVMe and SCSI keep
-        them on the controller or the SCSI device), stripped; None when absent, empty
-        or unreadable (with a warning)."""
-        for path in (folder / attribute, folder / "device" / attribute):
+        them on the controller or the SCSI device; a head of NVMe multipath on its
+        subsystem), stripped; None when absent, empty, unreadable or behind a link
+        that leaves the root (with a warning)."""
+        candidates = [folder / attribute]
+        device = folder / "device"
+        if os.path.lexists(device):
+            real = self.confined.folder(device)
+            if isinstance(real, str):
+                self._warn_once(f"{real}; the {attribute} there is not read")
+            else:
+                candidates.append(real / attribute)
+        for path in candidates:
             try:
-                text = sysfs.read_text(path)
+                text = self.confined.read_text(path)
             except sysfs.SysfsError as exc:
                 self._warn_once(f"{exc}; the {attribute} is left unknown")
                 continue

@@ -10,11 +10,14 @@ logs: faults become lines of the caller's ``warnings``, naming the file.
 
 from __future__ import annotations
 
+import functools
+import heapq
 import os
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from numa_device_plugin.topology import sysfs
 
@@ -150,54 +153,103 @@ def natural_key(name: str) -> tuple[tuple[int, int | str], ...]:
 
 
 def list_entries(
-    folder: Path, kind: str, warnings: list[str], *, natural: bool = False
+    folder: Path,
+    kind: str,
+    warnings: list[str],
+    *,
+    natural: bool = False,
+    cut: list[str] | None = None,
 ) -> list[str]:
-    """The names in ``folder`` (sorted, ``natural``: numbers by value, for kernel names;
-    at most :data:`MAX_DEVICES`, with a warning beyond), [] when it does not exist or
-    cannot be listed (with a warning)."""
+    """The names in ``folder``, sorted (``natural``: numbers by value, for kernel
+    names); [] when it does not exist or cannot be listed (with a warning).
+
+    At most :data:`MAX_DEVICES` are kept, and always the same ones whatever order the
+    folder lists them in: the first in sort order (a bounded heap, so memory stays
+    at the cap however large the folder). Past the cap a warning says so and ``kind``
+    is appended to ``cut``."""
+    key: Callable[[str], Any] = natural_key if natural else _plain
+    heap: list[tuple[Any, str]] = []  # the kept names, largest first (negated order)
+    seen = 0
     try:
-        names: list[str] = []
         with os.scandir(folder) as entries:
             for entry in entries:
-                if len(names) >= MAX_DEVICES:
-                    warnings.append(
-                        f"{folder} lists more than {MAX_DEVICES} {kind}; the rest are left out"
-                    )
-                    break
-                names.append(entry.name)
+                seen += 1
+                item = (_Reversed(key(entry.name)), entry.name)
+                if len(heap) < MAX_DEVICES:
+                    heapq.heappush(heap, item)
+                elif item[0] > heap[0][0]:  # sorts before the largest kept name
+                    heapq.heapreplace(heap, item)
     except FileNotFoundError:
         return []
     except OSError as exc:
         warnings.append(f"cannot list {folder}: {exc.strerror or exc}; no {kind} read")
         return []
-    return sorted(names, key=natural_key if natural else None)
+    if seen > MAX_DEVICES:
+        warnings.append(
+            f"{folder} lists {seen} {kind}, more than {MAX_DEVICES}; the first "
+            f"{MAX_DEVICES} in name order are read, the rest left out"
+        )
+        if cut is not None:
+            cut.append(kind)
+    return sorted((name for _, name in heap), key=key)
 
 
-def read_pci_devices(root: Path, warnings: list[str]) -> tuple[PciDevice, ...]:
+def _plain(name: str) -> str:
+    return name
+
+
+@functools.total_ordering
+class _Reversed:
+    """A sort key turned around, so that :mod:`heapq`'s min-heap keeps the largest."""
+
+    __slots__ = ("key",)
+
+    def __init__(self, key: Any) -> None:
+        self.key = key
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _Reversed) and bool(self.key == other.key)
+
+    def __lt__(self, other: _Reversed) -> bool:
+        return bool(self.key > other.key)
+
+
+def read_pci_devices(
+    root: Path, warnings: list[str], cut: list[str] | None = None
+) -> tuple[PciDevice, ...]:
     """Every ``bus/pci/devices/<address>`` under sysfs root ``root``, by address; a
-    device whose files are missing or malformed is left out with a warning naming the
-    file (``warnings``)."""
+    device whose files are missing or malformed, or whose link or files lead out of
+    the root (:class:`~numa_device_plugin.topology.sysfs.Confined`), is left out with a
+    warning naming the file (``warnings``). Past :data:`MAX_DEVICES`, "PCI devices" is
+    appended to ``cut`` (:func:`list_entries`)."""
     folder = root / "bus" / "pci" / "devices"
+    confined = sysfs.Confined(root)
     found = []
-    for address in list_entries(folder, "PCI devices", warnings):
+    for address in list_entries(folder, "PCI devices", warnings, cut=cut):
         if not PCI_ADDRESS.fullmatch(address):
             warnings.append(
                 f"{folder / address} is not named as a PCI address "
                 f"(domain:bus:device.function); left out"
             )
             continue
-        device = _pci_device(folder / address, address, warnings)
+        real = confined.folder(folder / address)
+        if isinstance(real, str):
+            warnings.append(f"{real}; PCI device {address} left out")
+            continue
+        device = _pci_device(confined, real, address, warnings)
         if device is not None:
             found.append(device)
     return tuple(found)
 
 
-def _pci_device(path: Path, address: str, warnings: list[str]) -> PciDevice | None:
+def _pci_device(
+    confined: sysfs.Confined, path: Path, address: str, warnings: list[str]
+) -> PciDevice | None:
     try:
-        numa = sysfs.read_parsed(path / "numa_node", parse_numa_node)
-        pci_class = sysfs.read_parsed(path / "class", parse_pci_class)
-        vendor = sysfs.read_parsed(path / "vendor", parse_pci_id)
-        device = sysfs.read_parsed(path / "device", parse_pci_id)
+        numa = confined.read_parsed(path / "numa_node", parse_numa_node)
+        pci_class = confined.read_parsed(path / "class", parse_pci_class)
+        vendor = confined.read_parsed(path / "vendor", parse_pci_id)
+        device = confined.read_parsed(path / "device", parse_pci_id)
     except sysfs.SysfsError as exc:
         warnings.append(f"{exc}; PCI device {address} left out")
         return None

@@ -12,7 +12,8 @@ Forms (:func:`parse_selector`):
 ``wwid:WWID``                     the disks whose ``wwid`` is WWID (likewise stable)
 ``net:IFNAME``                    the network interface IFNAME (bonds and VLANs through
                                   their lower interfaces)
-``pci:DOMAIN:BUS:DEV.FN``         the PCI device at that address (``0000:41:00.0``)
+``pci:DOMAIN:BUS:DEV.FN``         the PCI device at that address (``0000:41:00.0``;
+                                  a VMD domain has 5 to 8 digits, ``10000:01:00.0``)
 ``pci-id:VENDOR:DEVICE``          every PCI device with that vendor and device id
                                   (``15b3:101d``)
 ``pci-class:PREFIX``              every PCI device whose class code (6 hex digits)
@@ -29,8 +30,9 @@ that has locality; a device without locality adds none (it is named in
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
+from numa_device_plugin.topology import pci
 from numa_device_plugin.topology.locality import Inventory, Located
 from numa_device_plugin.topology.pci import PciDevice
 
@@ -40,7 +42,9 @@ MAX_VALUE = 256
 # Matched devices named in a selection (a class can match hundreds).
 MAX_NAMED = 16
 
-_PCI = re.compile(r"([0-9a-f]{4}):([0-9a-f]{2}):([0-9a-f]{2})\.([0-7])")
+# Domains have 4 hex digits, or up to 8 behind an Intel VMD (10000:01:00.0), as the
+# kernel names them.
+_PCI = re.compile(r"([0-9a-f]{4,8}):([0-9a-f]{2}):([0-9a-f]{2})\.([0-7])")
 _PCI_ID = re.compile(r"(?:0x)?([0-9a-f]{4}):(?:0x)?([0-9a-f]{4})")
 _PCI_CLASS = re.compile(r"(?:0x)?([0-9a-f]{2,6})")
 _KERNEL_NAME = re.compile(r"[A-Za-z0-9][-A-Za-z0-9_.:@!+]{0,63}")
@@ -113,7 +117,33 @@ def parse_selector(text: str) -> Selector:
 
 
 def select(inventory: Inventory, selector: Selector) -> Selection:
-    """The devices of ``inventory`` that ``selector`` names, and their NUMA nodes."""
+    """The devices of ``inventory`` that ``selector`` names, and their NUMA nodes.
+    When the inventory was cut (:attr:`Inventory.cut`) the reason says the device
+    may be among those left out."""
+    selection = _select(inventory, selector)
+    kind = _KIND_LISTED[selector.kind]
+    if selection.reason is not None and kind in inventory.cut:
+        cut = (
+            f" (this node lists more {kind} than are read: only the first "
+            f"{pci.MAX_DEVICES} by name were, so it may be among those left out)"
+        )
+        return replace(selection, reason=selection.reason + cut)
+    return selection
+
+
+# The inventory's name of the kind each selector looks in (Inventory.cut).
+_KIND_LISTED = {
+    "block": "block devices",
+    "serial": "block devices",
+    "wwid": "block devices",
+    "net": "network interfaces",
+    "pci": "PCI devices",
+    "pci-id": "PCI devices",
+    "pci-class": "PCI devices",
+}
+
+
+def _select(inventory: Inventory, selector: Selector) -> Selection:
     if selector.kind in ("pci", "pci-id", "pci-class"):
         return _from_pci([d for d in inventory.pci if _pci_matches(d, selector)], selector)
     if selector.kind == "net":

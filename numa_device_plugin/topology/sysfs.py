@@ -251,3 +251,72 @@ def folder_exists(folder: Path) -> bool:
     if not stat.S_ISDIR(mode):
         raise SysfsError(f"{folder} is not a folder ({file_kind(mode)})")
     return True
+
+
+class Confined:
+    """Resolves paths under one sysfs root and refuses any that leave it.
+
+    sysfs is a tree of folders joined by relative symbolic links
+    (``bus/pci/devices/<address>``, ``class/block/<name>``, a disk's ``device``); on a
+    node they all stay under ``/sys``. A link, or a file that is a link, that resolves
+    outside the root is not followed: its data would be somebody else's (a planted
+    ``serial`` or ``numa_node``). Every reader of device trees resolves through one
+    of these (:meth:`folder` for links to folders, :meth:`file` for attribute files).
+    """
+
+    def __init__(self, root: Path) -> None:
+        try:
+            self.real_root = Path(os.path.realpath(root))
+        except (OSError, ValueError):
+            self.real_root = root
+        # Every real path inside the root starts with this.
+        self.prefix = os.path.join(str(self.real_root), "")
+
+    def inside(self, real: str) -> bool:
+        """Whether the real (resolved) path ``real`` is the root or below it."""
+        return real.startswith(self.prefix) or real == str(self.real_root)
+
+    def folder(self, link: Path) -> Path | str:
+        """The real folder ``link`` resolves to, or why it cannot be used: it points to
+        nothing, cannot be resolved (a loop), leaves the root or is not a folder."""
+        try:
+            real = os.path.realpath(link, strict=True)
+        except FileNotFoundError:
+            return f"{link} points to nothing"
+        except (OSError, RuntimeError, ValueError) as exc:
+            return f"{link} cannot be resolved ({getattr(exc, 'strerror', None) or exc})"
+        if not self.inside(real):
+            return f"{link} points outside the sysfs root"
+        if not os.path.isdir(real):
+            return f"{link} is not a folder"
+        return Path(real)
+
+    def file(self, path: Path) -> Path | str:
+        """``path`` resolved (a file itself may be a link), or why it cannot be read:
+        it resolves outside the root, or cannot be resolved. A missing file resolves
+        to itself (the reader then finds nothing)."""
+        try:
+            real = os.path.realpath(path)
+        except (OSError, RuntimeError, ValueError) as exc:
+            return f"{path} cannot be resolved ({getattr(exc, 'strerror', None) or exc})"
+        if not self.inside(real):
+            return f"{path} points outside the sysfs root"
+        return Path(real)
+
+    def read_text(self, path: Path) -> str | None:
+        """:func:`read_text` of ``path`` once it resolves inside the root; raises
+        :class:`SysfsError` naming the file when it does not."""
+        real = self.file(path)
+        if isinstance(real, str):
+            raise SysfsError(f"cannot read sysfs file {path}: {real.removeprefix(f'{path} ')}")
+        return read_text(path if real == path else real)
+
+    def read_parsed(self, path: Path, parse: Callable[[str], T]) -> T | None:
+        """:func:`read_parsed` through :meth:`read_text` (the same errors)."""
+        text = self.read_text(path)
+        if text is None:
+            return None
+        try:
+            return parse(text)
+        except ValueError as exc:
+            raise SysfsFormatError(path, text, str(exc)) from exc

@@ -366,3 +366,58 @@ async def test_a_huge_device_id_gets_a_bounded_refusal_and_log_line(
         assert len(refused[0].encode()) <= 2048, "the log line carries the bounded message"
         response = await kubelet.allocate("numa-align/numa-1", ["numa1-slot0000"])
         assert dict(response.container_responses[0].envs) == {"NUMA_NODE": "1"}
+
+
+def four_node_near_resource() -> Resource:
+    """A resource that follows a device on NUMA nodes 0-3, 100 slots on each."""
+    devices = tuple(
+        device for node in range(4) for device in build_resource("numa-align", node, 100).devices
+    )
+    return Resource(name="numa-align/data", node_id=0, devices=devices, near_nodes=(0, 1, 2, 3))
+
+
+@pytest.mark.parametrize(
+    ("available_per_node", "must", "size", "expected_node"),
+    [
+        ({0: 100, 1: 100, 2: 100, 3: 100}, [], 2, 0),  # a tie: the lowest id
+        ({0: 10, 1: 50, 2: 50, 3: 100}, [], 2, 3),  # the most available
+        ({0: 1, 1: 3, 2: 3, 3: 0}, [], 3, 1),
+        ({0: 100, 1: 100, 2: 100, 3: 100}, ["numa2-slot0050"], 3, 2),  # the must-include's
+    ],
+)
+def test_preferred_allocation_of_a_multi_node_resource_stays_on_one_numa_node(
+    available_per_node: dict[int, int], must: list[str], size: int, expected_node: int
+) -> None:
+    """Asked for 2 of a 4-node selection's 400 devices it gave nodes 3 and 0 (ties in set
+    order), and Allocate then said NUMA_NODE=0,3."""
+    servicer = NumaDevicePluginServicer(four_node_near_resource())
+    try:
+        available = [
+            f"numa{node}-slot{index:04d}"
+            for node, count in available_per_node.items()
+            for index in range(count)
+        ]
+        available += [device for device in must if device not in available]
+        for order in (available, list(reversed(available))):
+            request = preferred(order, must, size).container_requests[0]
+            chosen = servicer._prefer(request, "container request 0")
+            assert len(chosen) == size
+            assert {device.split("-")[0] for device in chosen} == {f"numa{expected_node}"}
+            assert set(must) <= set(chosen)
+            assert servicer._numa_node(chosen) == str(expected_node)
+    finally:
+        servicer.close()
+
+
+def test_preferred_allocation_spills_to_the_next_node_only_when_one_cannot_hold_it() -> None:
+    servicer = NumaDevicePluginServicer(four_node_near_resource())
+    try:
+        available = ["numa0-slot0000", "numa1-slot0000", "numa1-slot0001", "numa3-slot0007"]
+        request = preferred(available, [], 3).container_requests[0]
+        assert servicer._prefer(request, "c") == [
+            "numa1-slot0000",
+            "numa1-slot0001",
+            "numa0-slot0000",
+        ]
+    finally:
+        servicer.close()

@@ -18,6 +18,7 @@ from numa_device_plugin.topology.locality import (
     read_inventory,
     unlocated_pci,
 )
+from numa_device_plugin.topology.parts import PartsWalk
 
 
 @pytest.fixture
@@ -294,7 +295,7 @@ def test_each_interface_is_resolved_once_however_many_share_it(
     calls: list[str] = []
     resolve = locality._Reader._resolve
 
-    def counted(self: locality._Reader, kind: str, name: str) -> tuple[Located, int]:
+    def counted(self: locality._Reader, kind: str, name: str) -> tuple[Located, int] | PartsWalk:
         if kind == "net":
             calls.append(name)
         return resolve(self, kind, name)
@@ -305,23 +306,179 @@ def test_each_interface_is_resolved_once_however_many_share_it(
     assert sorted(calls) == sorted(net)
 
 
-def test_caps_leave_the_rest_out_with_a_warning(
+def test_caps_keep_the_first_in_name_order_whatever_the_folder_order(
     tree: DeviceTree, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from numa_device_plugin.topology import locality, pci
+    """Past the cap the kept devices are the first by name, not the first the folder
+    happened to list, and the inventory says which kinds were cut."""
+    from numa_device_plugin.topology import pci
+
+    real_scandir = os.scandir
+
+    def reversed_scandir(path: os.PathLike[str] | str) -> object:
+        class Listing:
+            def __init__(self) -> None:
+                with real_scandir(path) as entries:
+                    self.entries = sorted(entries, key=lambda e: e.name, reverse=True)
+
+            def __enter__(self) -> list[os.DirEntry[str]]:
+                return self.entries
+
+            def __exit__(self, *_: object) -> None:
+                return None
+
+        return Listing()
 
     monkeypatch.setattr(pci, "MAX_DEVICES", 2)
+    for listing in (os.scandir, reversed_scandir):
+        monkeypatch.setattr(os, "scandir", listing)
+        inventory = read_inventory(tree.root)
+        assert [d.address for d in inventory.pci] == ["0000:00:01.0", "0000:00:1f.2"]
+        assert [d.name for d in inventory.block] == ["nvme0n1", "nvme0n1p1"]
+        assert inventory.cut == ("PCI devices", "block devices")
+        assert any("lists 5 PCI devices, more than 2" in w for w in inventory.warnings)
+        assert any("lists 5 block devices, more than 2" in w for w in inventory.warnings)
+
+
+def test_a_device_with_more_parts_than_read_has_no_locality(
+    tree: DeviceTree, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Nodes from a subset of the parts would be wrong: over MAX_PARTS, none at all."""
+    from numa_device_plugin.topology import locality
+
     monkeypatch.setattr(locality, "MAX_PARTS", 1)
     tree.mapped("md0", ["nvme0n1", "nvme1n1"])
     inventory = read_inventory(tree.root)
-    assert len(inventory.pci) == 2
-    assert len(inventory.block) == 2
-    assert any("lists more than 2 PCI devices" in w for w in inventory.warnings)
-    assert any("lists more than 2 block devices" in w for w in inventory.warnings)
-    monkeypatch.setattr(pci, "MAX_DEVICES", 100)
+    md0 = by_name(inventory.block)["md0"]
+    assert md0.nodes == frozenset()
+    assert md0.reason is not None
+    assert "names over 1 parts; not all were read" in md0.reason
+    assert any("names over 1 parts" in w for w in inventory.warnings)
+
+
+def test_a_part_with_an_unprintable_name_leaves_the_device_without_locality(
+    tree: DeviceTree,
+) -> None:
+    tree.mapped("md0", ["nvme0n1", "nvme1n1"])
+    os.symlink("../../nvme1n1", tree.root / "devices/virtual/block/md0/slaves/bad\x01")
     md0 = by_name(read_inventory(tree.root).block)["md0"]
-    assert md0.parts == ("nvme0n1",)
-    assert any("names over 1 parts" in w for w in read_inventory(tree.root).warnings)
+    assert md0.nodes == frozenset()
+    assert "is not printable" in (md0.reason or "")
+
+
+def test_hundreds_of_stacked_mapped_devices_end_without_a_traceback(tree: DeviceTree) -> None:
+    """About 330 stacked dm devices raised RecursionError at start (the top one, dm-0,
+    is read first); the walk keeps its own stack, and past MAX_DEPTH a device has no
+    locality, saying why."""
+    import sys
+
+    levels = sys.getrecursionlimit() + 50
+    previous = "nvme1n1"
+    for height in range(1, levels + 1):  # dm-{levels - 1} on the disk, dm-0 on top
+        tree.mapped(f"dm-{levels - height}", [previous])
+        previous = f"dm-{levels - height}"
+    block = by_name(read_inventory(tree.root).block)
+    assert block[f"dm-{levels - 1}"].nodes == {1}
+    assert block[f"dm-{levels - MAX_DEPTH}"].nodes == {1}
+    too_deep = block[f"dm-{levels - MAX_DEPTH - 1}"]
+    assert too_deep.reason == f"no locality: parts nested over {MAX_DEPTH} deep"
+    assert block["dm-0"].reason == (
+        f"no locality: its part dm-1 has none: parts nested over {MAX_DEPTH} deep"
+    )
+
+
+def test_links_and_files_that_leave_the_root_are_never_followed(
+    tree: DeviceTree, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """One rule for every link: a PCI device's folder, a numa_node file and a disk's
+    device link that lead out of the sysfs root give nothing from outside."""
+    outside = tmp_path_factory.mktemp("outside")
+    planted = outside / "pcidev"
+    planted.mkdir()
+    for name, value in (
+        ("numa_node", "3"),
+        ("class", "0x010802"),
+        ("vendor", "0x1"),
+        ("device", "0x2"),
+    ):
+        (planted / name).write_text(value + "\n")
+    (outside / "serial").write_text("PLANTED\n")
+    (outside / "numa_node").write_text("3\n")
+    os.symlink(planted, tree.root / "bus/pci/devices/0000:99:00.0")
+    numa = tree.pci_folder("0000:41:00.0") / "numa_node"
+    numa.unlink()
+    numa.symlink_to(outside / "numa_node")
+    disk = tree.disk("sdz", "0000:00:01.0")
+    os.symlink(outside, disk / "device")
+    inventory = read_inventory(tree.root)
+    assert inventory.pci_device("0000:99:00.0") is None
+    assert inventory.pci_device("0000:41:00.0") is None
+    assert any("0000:99:00.0 points outside the sysfs root" in w for w in inventory.warnings)
+    block = by_name(inventory.block)
+    assert block["nvme1n1"].nodes == frozenset()
+    assert "points outside the sysfs root" in (block["nvme1n1"].reason or "")
+    assert block["sdz"].serial is None
+    assert any("device points outside the sysfs root" in w for w in inventory.warnings)
+
+
+def multipath_head(tree: DeviceTree, paths: dict[str, str], *, links: bool) -> None:
+    """nvme0n1, a native NVMe multipath head under devices/virtual/nvme-subsystem, with a
+    path nvme0c<C>n1 under each controller nvme<C> of ``paths`` (controller -> PCI
+    address); ``links``: the head's multipath/ folder (newer kernels) rather than
+    the subsystem's controller links."""
+    subsys = tree.root / "devices/virtual/nvme-subsystem/nvme-subsys0"
+    head = subsys / "nvme0n1"
+    head.mkdir(parents=True)
+    (subsys / "serial").write_text("DUAL-PORT\n")
+    (head / "wwid").write_text("eui.dual\n")
+    os.symlink("..", head / "device")
+    os.symlink(
+        "../../devices/virtual/nvme-subsystem/nvme-subsys0/nvme0n1",
+        tree.root / "class/block/nvme0n1",
+    )
+    part = head / "nvme0n1p1"
+    part.mkdir()
+    (part / "partition").write_text("1\n")
+    os.symlink(
+        os.path.relpath(part, tree.root / "class/block"), tree.root / "class/block/nvme0n1p1"
+    )
+    for controller, address in paths.items():
+        folder = tree.pci_folder(address) / "nvme" / controller
+        path = folder / f"nvme0c{controller.removeprefix('nvme')}n1"
+        path.mkdir(parents=True)
+        if links:
+            (head / "multipath").mkdir(exist_ok=True)
+            os.symlink(os.path.relpath(path, head / "multipath"), head / "multipath" / path.name)
+        else:
+            os.symlink(os.path.relpath(folder, subsys), subsys / controller)
+
+
+@pytest.mark.parametrize("links", [True, False], ids=["multipath-folder", "controllers"])
+def test_an_nvme_multipath_head_has_the_nodes_of_its_paths(tmp_path: Path, links: bool) -> None:
+    tree = DeviceTree(tmp_path)
+    tree.pci("0000:01:00.0", 0)
+    tree.pci("0000:81:00.0", 1)
+    multipath_head(tree, {"nvme0": "0000:01:00.0", "nvme1": "0000:81:00.0"}, links=links)
+    block = by_name(read_inventory(tree.root).block)
+    head = block["nvme0n1"]
+    assert head.nodes == {0, 1}
+    assert head.pci == ("0000:01:00.0", "0000:81:00.0")
+    assert head.parts == ("nvme0c0n1", "nvme0c1n1")
+    assert (head.serial, head.wwid) == ("DUAL-PORT", "eui.dual")
+    assert block["nvme0n1p1"].nodes == {0, 1}
+    assert block["nvme0n1p1"].disk == "nvme0n1"
+
+
+def test_an_nvme_multipath_head_with_a_path_without_locality_has_none(tmp_path: Path) -> None:
+    tree = DeviceTree(tmp_path)
+    tree.pci("0000:01:00.0", 0)
+    tree.pci("0000:81:00.0", -1)
+    multipath_head(tree, {"nvme0": "0000:01:00.0", "nvme1": "0000:81:00.0"}, links=True)
+    head = by_name(read_inventory(tree.root).block)["nvme0n1"]
+    assert head.nodes == frozenset()
+    assert head.reason == (
+        "no locality: its path nvme0c1n1 has none: PCI device 0000:81:00.0 has numa_node -1"
+    )
 
 
 def test_odd_entries_give_no_locality_or_are_left_out_saying_why(tree: DeviceTree) -> None:

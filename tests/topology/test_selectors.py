@@ -122,6 +122,8 @@ def test_a_selection_names_at_most_max_named_devices(tmp_path: Path) -> None:
         (" serial:S3EVNX0K123 ", Selector("serial", "S3EVNX0K123")),
         ("pci:0000:41:00.0", Selector("pci", "0000:41:00.0")),
         ("pci:0000:4A:00.0", Selector("pci", "0000:4a:00.0")),
+        ("pci:10000:01:00.0", Selector("pci", "10000:01:00.0")),  # an Intel VMD domain
+        ("pci:FFFFFFFF:01:00.0", Selector("pci", "ffffffff:01:00.0")),
         ("pci-id:0x15B3:101d", Selector("pci-id", "15b3:101d")),
         ("pci-class:0x0108", Selector("pci-class", "0108")),
         ("wwid:eui.002538b471b40718", Selector("wwid", "eui.002538b471b40718")),
@@ -141,6 +143,8 @@ def test_parse_selector_normalises(text: str, parsed: Selector) -> None:
         ("net:eth0 eth1", "not a kernel device name"),
         ("pci:41:00.0", "expected DOMAIN:BUS:DEV.FN"),
         ("pci:0000:41:00.8", "expected DOMAIN:BUS:DEV.FN"),
+        ("pci:100000000:01:00.0", "expected DOMAIN:BUS:DEV.FN"),
+        ("pci:000:01:00.0", "expected DOMAIN:BUS:DEV.FN"),
         ("pci-id:15b3", "expected VENDOR:DEVICE"),
         ("pci-class:1", "expected 2 to 6 hex digits"),
         ("pci-class:0108020", "expected 2 to 6 hex digits"),
@@ -152,3 +156,30 @@ def test_parse_selector_normalises(text: str, parsed: Selector) -> None:
 def test_parse_selector_refuses_with_the_forms(text: str, message: str) -> None:
     with pytest.raises(ValueError, match=re.escape(message)):
         parse_selector(text)
+
+
+def test_a_vmd_domains_device_is_selected_by_its_address(tmp_path: Path) -> None:
+    tree = DeviceTree(tmp_path)
+    tree.pci("10000:01:00.0", 1, "0x010802")
+    selection = select(read_inventory(tmp_path), parse_selector("pci:10000:01:00.0"))
+    assert selection.nodes == {1}
+
+
+def test_a_selector_missing_from_a_cut_inventory_says_it_was_cut(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from numa_device_plugin.topology import pci
+
+    tree = DeviceTree(tmp_path)
+    for index in range(4):
+        tree.pci(f"0000:{index + 16:02x}:00.0", 1, "0x010802")
+    monkeypatch.setattr(pci, "MAX_DEVICES", 2)
+    inventory = read_inventory(tmp_path)
+    missing = select(inventory, parse_selector("pci:0000:13:00.0"))
+    assert missing.reason == (
+        "pci:0000:13:00.0: no PCI device matches on this node (this node lists more PCI "
+        "devices than are read: only the first 2 by name were, so it may be among those "
+        "left out)"
+    )
+    assert select(inventory, parse_selector("pci:0000:10:00.0")).nodes == {1}
+    assert "left out" not in (select(inventory, parse_selector("serial:X")).reason or "")
