@@ -183,12 +183,27 @@ push:
 ## registry), --base PLATFORM=IMAGE (a base image per platform)
 PLATFORMS ?= linux/amd64,linux/arm64
 RELEASE_FLAGS ?=
+# VERSION and the other values reach release.py through the environment, never through
+# the recipe's text: no shell ever reads them (a VERSION taken from a tag name cannot run
+# a command), and the echoed recipe stays short whatever their length. $(value VERSION):
+# not expanded by make either.
+# (make exports command-line variables to recipes, expanding them; VERSION is not.)
+unexport VERSION
+release: export NDP_RELEASE_VERSION = $(value VERSION)
+release: export NDP_RELEASE_REGISTRY = $(REGISTRY)
+release: export NDP_RELEASE_TOOL = $(CONTAINER_TOOL)
+release: export NDP_RELEASE_PLATFORMS = $(PLATFORMS)
+release: export NDP_RELEASE_SOURCE = $(SOURCE)
+release: export NDP_RELEASE_BUILD_FLAGS = $(BUILD_FLAGS)
+release: export NDP_RELEASE_PUSH_FLAGS = $(PUSH_FLAGS)
 release: install helm
 	@test "$(origin VERSION)" = "command line" || { echo "make release needs VERSION=X.Y.Z" >&2; exit 2; }
-	@test -n "$(CONTAINER_TOOL)" || { echo "no image builder: install docker, podman or buildah, or set CONTAINER_TOOL" >&2; exit 2; }
-	$(PY) deployments/release.py "$(VERSION)" --registry "$(REGISTRY)" --tool "$(CONTAINER_TOOL)" \
-	    --platforms "$(PLATFORMS)" --helm "$$(command -v helm || echo $(BIN)/helm)" \
-	    --source="$(SOURCE)" --build-flags="$(BUILD_FLAGS)" --push-flags="$(PUSH_FLAGS)" $(RELEASE_FLAGS)
+	@test -n "$$NDP_RELEASE_TOOL" || { echo "no image builder: install docker, podman or buildah, or set CONTAINER_TOOL" >&2; exit 2; }
+	$(PY) deployments/release.py --registry "$$NDP_RELEASE_REGISTRY" \
+	    --tool "$$NDP_RELEASE_TOOL" --platforms "$$NDP_RELEASE_PLATFORMS" \
+	    --helm "$$(command -v helm || echo $(BIN)/helm)" --source="$$NDP_RELEASE_SOURCE" \
+	    --build-flags="$$NDP_RELEASE_BUILD_FLAGS" --push-flags="$$NDP_RELEASE_PUSH_FLAGS" \
+	    $(RELEASE_FLAGS) -- "$$NDP_RELEASE_VERSION"
 
 ## lock: regenerate requirements.lock (the image's runtime dependencies) and
 ## requirements-build.lock (the build backend that makes the plugin's wheel), both

@@ -85,7 +85,8 @@ def check(version: str, tagged: bool = False) -> str:
     ``tagged`` (CI building a pushed tag): the tag ``vX.Y.Z`` must exist and name this
     commit, instead of being absent. Raises ReleaseError."""
     if not SEMVER.fullmatch(version):
-        raise ReleaseError(f"VERSION={version!r} is not a version X.Y.Z (semver, no +build)")
+        shown = version if len(version) <= 80 else f"{version[:80]}... ({len(version)} characters)"
+        raise ReleaseError(f"VERSION={shown!r} is not a version X.Y.Z (semver, no +build)")
     changes = git("status", "--porcelain")
     if changes.strip():
         first = changes.splitlines()[0]

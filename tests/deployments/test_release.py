@@ -7,6 +7,7 @@ the session that ran it and in docs/development.md."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import stat
@@ -292,3 +293,48 @@ def test_this_checkout_says_one_version_everywhere_with_a_changelog_entry() -> N
     chart = yaml.safe_load((REPO / "deployments/helm/numa-device-plugin/Chart.yaml").read_text())
     assert chart["version"] == chart["appVersion"] == __version__
     assert release.changelog_entry((REPO / "CHANGELOG.md").read_text(), __version__)
+
+
+@pytest.mark.parametrize(
+    "version",
+    [
+        '9.9.8"; touch {marker}; "',
+        "9.9.8`touch {marker}`",
+        "9.9.8$(touch {marker})",
+        "$(shell touch {marker})",
+        "-9.9.8; touch {marker}",
+        "9" * 10_000 + ";touch {marker}",
+    ],
+    ids=["quote", "backtick", "subshell", "make-function", "dash", "10KB"],
+)
+def test_make_release_never_lets_a_shell_or_make_read_version(tmp_path: Path, version: str) -> None:
+    """The recipe put $(VERSION) inside double quotes: a VERSION from a tag name ran
+    commands. release.py gets it byte for byte, and the echoed recipe stays short."""
+    marker = tmp_path / "ran"
+    version = version.replace("{marker}", str(marker))
+    seen = tmp_path / "argv.json"
+    stub = tmp_path / "python"
+    stub.write_text(
+        "#!/usr/bin/env python3\nimport json, sys\n"
+        f"open({str(seen)!r}, 'w').write(json.dumps(sys.argv[1:]))\n"
+    )
+    stub.chmod(0o755)
+    result = subprocess.run(
+        ["make", "-C", str(REPO), "-o", "install", "-o", "helm", "release",
+         f"VERSION={version}", f"PY={stub}", "CONTAINER_TOOL=buildah", "REGISTRY=r:5000"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert not marker.exists()
+    argv = json.loads(seen.read_text())
+    assert argv[-2:] == ["--", version]
+    assert argv[argv.index("--registry") + 1] == "r:5000"
+    assert len(result.stdout) + len(result.stderr) < 2_000
+
+
+def test_a_long_version_is_refused_with_a_bounded_echo() -> None:
+    release = load_release()
+    with pytest.raises(release.ReleaseError) as refused:
+        release.check("9" * 10_000 + "x")
+    assert len(str(refused.value)) < 300
+    assert "(10001 characters)" in str(refused.value)
