@@ -180,6 +180,57 @@ def test_nfd_and_own_node_affinity_cannot_be_mixed() -> None:
 @pytest.mark.parametrize(
     ("args", "needle"),
     [
+        (["--set-json", 'extraArgs=["--sysfs-root=/host/sys"]'], '"--sysfs-root=/host/sys"'),
+        (["--set-json", 'extraArgs=["--socket-dir", "/x"]'], '"--socket-dir" overrides'),
+        (["--set-json", 'extraArgs=["--health-address="]'], '"--health-address=" overrides'),
+        (["--set-json", 'extraEnv=[{"name": "NUMA_NEAR", "value": "d=block:sda"}]'], "NUMA_NEAR"),
+        (["--set-json", 'extraEnv=[{"name": "MALLOC_ARENA_MAX", "value": "8"}]'], "MALLOC_ARENA"),
+        (["--set-json", 'podAnnotations={"checksum/config": "x"}'], '"checksum/config"'),
+    ],
+)
+def test_values_that_would_break_every_node_fail_the_rendering_naming_the_value(
+    args: list[str], needle: str
+) -> None:
+    result = run_helm("template", RELEASE, str(CHART), *args)
+    assert result.returncode != 0, f"{args} was accepted"
+    assert needle in result.stderr
+
+
+@pytest.mark.parametrize(
+    "selector",
+    [
+        "pci-class:zz", "pci-id:1:2", "block:a/b", "pci:0000:41:00.8", "net:", "wwid:a b",
+        "serial:\x1b[31m", "pci:100000000:01:00.0", "pci-class:0108020", "disk:sda",
+        "block:nvme0n1", "serial:S3EVNX0K123", "wwid:eui.0025", "net:ib0", "pci:10000:01:00.0",
+        "pci:0000:4A:00.0", "pci-id:0x15B3:101d", "pci-class:0x0108", "pci-class:02",
+    ],
+)  # fmt: skip
+def test_the_schemas_selector_grammar_is_the_plugins(selector: str) -> None:
+    """A selector the plugin refuses rendered, then every pod exited 2 (CrashLoopBackOff
+    on every node): the schema's pattern accepts exactly what parse_selector does."""
+    import json
+    import re
+
+    from numa_device_plugin.topology.selectors import parse_selector
+
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    pattern = schema["properties"]["config"]["properties"]["near"]["additionalProperties"]
+    try:
+        parse_selector(selector)
+        accepted = True
+    except ValueError:
+        accepted = False
+    assert bool(re.fullmatch(pattern["pattern"], selector)) == accepted
+    if not accepted and selector.isprintable():
+        result = run_helm("template", RELEASE, str(CHART), "--set-json",
+                          f"config.near={json.dumps({'d': selector})}")  # fmt: skip
+        assert result.returncode != 0
+        assert "/config/near/d" in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
         (["--set", "config.default=a"], "config.default needs config.named"),
         (
             ["--set-json", 'config.named={"a": {}}', "--set", "config.default=b"],
