@@ -55,6 +55,11 @@ BOMB = (
         ("configs: {a: {7: 1}}", "unknown setting 7"),
         ("configs: {a: {capacity: " + "x" * 5000 + "}}", "configuration 'a': capacity: 'xxx"),
         ("configs: {a: [" + "1," * 3000 + "1]}", "expected a mapping of settings"),
+        # A key twice silently kept the last (the flags refuse the same).
+        ("configs: {a: {near: {d: serial:S1, d: serial:S0}}}", "found the key 'd' twice"),
+        ("configs: {a: {}, a: {capacity: 5}}", "found the key 'a' twice"),
+        ("configs: {a: {}}\ndefault: a\ndefault: a", "found the key 'default' twice"),
+        ("configs: {a: {capacity: 5, capacity: 6}}", "found the key 'capacity' twice"),
     ],
 )
 def test_a_hostile_file_is_refused_with_a_short_reason(text: str, fault: str) -> None:

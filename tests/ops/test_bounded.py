@@ -6,6 +6,7 @@ children)."""
 from __future__ import annotations
 
 import os
+import re
 import socket
 import sys
 import threading
@@ -16,7 +17,14 @@ from pathlib import Path
 
 import pytest
 
-from numa_device_plugin.ops.bounded import BoundError, http_get, one_line, read_file, run_command
+from numa_device_plugin.ops.bounded import (
+    BoundError,
+    http_get,
+    one_line,
+    read_file,
+    read_yaml,
+    run_command,
+)
 
 
 def test_read_file_reads_a_regular_file_up_to_its_cap(tmp_path: Path) -> None:
@@ -172,3 +180,30 @@ def test_run_command_keeps_only_the_end_of_a_long_stderr() -> None:
 def test_one_line_escapes_control_characters_and_cuts() -> None:
     assert one_line("a\x1b[31mb\x00c\r\nd") == "a\\x1b[31mb\\x00c d"
     assert one_line("x" * 50, 10) == "x" * 10 + "..."
+
+
+@pytest.mark.parametrize(
+    ("text", "fault"),
+    [
+        ("users: [{name: a}]\nusers: []\n", "found the key 'users' twice"),
+        ("a: {b: 1, b: 2}\n", "found the key 'b' twice"),
+        ("a: !!python/object/apply:os.getpid []\n", "could not determine a constructor"),
+        ("a: !!python/name:os.system\n", "could not determine a constructor"),
+    ],
+)
+def test_read_yaml_refuses_duplicate_keys_and_python_tags(
+    tmp_path: Path, text: str, fault: str
+) -> None:
+    """Every YAML the plugin reads (kubeconfigs): a key twice is refused, not the last
+    kept, and nothing but plain data is ever built (an unsafe loader would run code)."""
+    path = tmp_path / "kubeconfig"
+    path.write_text(text)
+    with pytest.raises(BoundError, match=re.escape(fault)) as caught:
+        read_yaml(path, 1 << 16)
+    assert str(path) in str(caught.value)
+
+
+def test_read_yaml_reads_plain_data(tmp_path: Path) -> None:
+    path = tmp_path / "kubeconfig"
+    path.write_text("a: {b: 1, c: [x, y]}\n<<: {}\n")
+    assert read_yaml(path, 1 << 16) == {"a": {"b": 1, "c": ["x", "y"]}}
