@@ -49,6 +49,10 @@ from numa_device_plugin.plugin.values import (
 ENV_PREFIX = "NUMA_"
 
 
+# Characters of a conversion's error message shown in a usage error.
+MAX_ERROR = 400
+
+
 class Converted(click.ParamType[Any]):
     """A click type from a conversion function; its ValueError becomes a BadParameter."""
 
@@ -62,7 +66,10 @@ class Converted(click.ParamType[Any]):
         try:
             return self._convert(value)
         except ValueError as exc:
-            self.fail(str(exc), param, ctx)
+            message = str(exc)
+            if len(message) > MAX_ERROR:  # whatever echoes the value, a usage error stays short
+                message = f"{message[: MAX_ERROR - 20]}... (message cut)"
+            self.fail(message, param, ctx)
 
 
 class Option(click.Option):
@@ -219,11 +226,22 @@ metrics_address = _option(
 )
 
 
+class Switch(click.types.BoolParamType):
+    """click's BOOL (true/false, yes/no, on/off, 1/0, any case) without its reading of
+    an empty value as false: ``--debug-endpoints=`` is a usage error, as an empty
+    ``NUMA_DEBUG_ENDPOINTS`` is (:class:`Option`): one rule for both."""
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        if isinstance(value, str) and not value.strip():
+            self.fail("an empty value is not a BOOL (true or false; unset it for the default)")
+        return super().convert(value, param, ctx)
+
+
 debug_endpoints = _option(
     "--debug-endpoints",
     "with --metrics-address: serve the node page (/) and /debug/state there too (they "
     "name the node's pods and devices); false: /metrics, /healthz and /readyz only",
-    click.BOOL,
+    Switch(),
     True,
     "BOOL",
 )

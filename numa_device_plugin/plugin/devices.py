@@ -119,24 +119,36 @@ def validate_extended_resource_name(name: str) -> None:
     subdomain of at most 253 characters, ``/``, a name part of at most 63).
     """
     if "/" not in name:
-        raise ValueError(f"{name!r} has no domain: extended resource names look like domain/name")
+        raise ValueError(
+            f"{_shown(name)} has no domain: extended resource names look like domain/name"
+        )
     if "kubernetes.io/" in name:
-        raise ValueError(f"{name!r} is in the kubernetes.io domain, reserved for native resources")
+        raise ValueError(
+            f"{_shown(name)} is in the kubernetes.io domain, reserved for native resources"
+        )
     if name.startswith(_REQUESTS_PREFIX):
-        raise ValueError(f"{name!r} must not start with {_REQUESTS_PREFIX!r}")
+        raise ValueError(f"{_shown(name)} must not start with {_REQUESTS_PREFIX!r}")
     domain, _, part = (_REQUESTS_PREFIX + name).partition("/")
     if "/" in part:
-        raise ValueError(f"{name!r} has more than one '/'")
+        raise ValueError(f"{_shown(name)} has more than one '/'")
     if len(domain) > 253 or not _DNS1123_SUBDOMAIN.match(domain):
         raise ValueError(
-            f"{name!r}: domain {domain.removeprefix(_REQUESTS_PREFIX)!r} must be a lowercase "
-            "DNS subdomain (a-z, 0-9, '-', '.'; at most 244 characters)"
+            f"{_shown(name)}: domain {_shown(domain.removeprefix(_REQUESTS_PREFIX))} must be a "
+            "lowercase DNS subdomain (a-z, 0-9, '-', '.'; at most 244 characters)"
         )
     if len(part) > 63 or not _QUALIFIED_NAME_PART.match(part):
         raise ValueError(
-            f"{name!r}: name part {part!r} must be 1-63 characters of A-Z, a-z, 0-9, '-', '_', "
-            "'.', starting and ending with a letter or digit"
+            f"{_shown(name)}: name part {_shown(part)} must be 1-63 characters of A-Z, a-z, "
+            "0-9, '-', '_', '.', starting and ending with a letter or digit"
         )
+
+
+def _shown(text: str) -> str:
+    """``repr(text)`` for an error message, cut to 80 characters with the length said
+    (a 120 KB name echoed whole made a 240 KB usage error)."""
+    if len(text) <= 80:
+        return repr(text)
+    return f"{text[:60]!r}... ({len(text)} characters)"
 
 
 def resource_name(prefix: str, node_id: int) -> str:
@@ -162,9 +174,9 @@ def validate_near_name(prefix: str, name: str) -> str:
     """Return ``name`` when ``<prefix>/<name>`` is a valid extended resource name that
     is not one of the NUMA-node names (``numa-<id>...``). Raises ValueError."""
     if "/" in name:
-        raise ValueError(f"{name!r}: give the name without the prefix ({prefix}/ is added)")
+        raise ValueError(f"{_shown(name)}: give the name without the prefix ({prefix}/ is added)")
     if _NUMA_NAME.match(name):
-        raise ValueError(f"{name!r} would collide with the NUMA-node resources numa-<id>...")
+        raise ValueError(f"{_shown(name)} would collide with the NUMA-node resources numa-<id>...")
     validate_extended_resource_name(f"{prefix}/{name}")
     return name
 
@@ -176,7 +188,7 @@ def parse_near(text: str) -> Near:
     name, sep, selector = text.partition("=")
     name = name.strip()
     if not sep or not name:
-        raise ValueError(f"{text[:80]!r} is not NAME=SELECTOR (e.g. data-disk=serial:S3EV)")
+        raise ValueError(f"{_shown(text)} is not NAME=SELECTOR (e.g. data-disk=serial:S3EV)")
     validate_near_name(DEFAULT_RESOURCE_PREFIX, name)
     return Near(name, parse_selector(selector))
 
@@ -191,12 +203,15 @@ def check_near(prefix: str, near: Iterable[Near]) -> None:
     there are more than :data:`MAX_NEAR`."""
     entries = list(near)
     if len(entries) > MAX_NEAR:
-        raise ValueError(f"{len(entries)} near resources: at most {MAX_NEAR}")
+        raise ValueError(
+            f"{len(entries)} resources that follow a device (--near, NUMA_NEAR or near:): "
+            f"at most {MAX_NEAR}"
+        )
     seen: set[str] = set()
     for entry in entries:
         validate_near_name(prefix, entry.name)
         if entry.name in seen:
-            raise ValueError(f"near resource {entry.name!r} is given twice")
+            raise ValueError(f"near resource {_shown(entry.name)} is given twice")
         seen.add(entry.name)
 
 

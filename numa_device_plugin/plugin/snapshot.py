@@ -182,14 +182,28 @@ def debug_document(state: PluginState) -> dict[str, Any]:
     }
 
 
+# Device ids of one holder and resource listed in /debug/state (a flood held 200,000
+# ids and the document grew to 4.9 MB); "device_counts" gives the whole number.
+MAX_LISTED_IDS = 32
+
+
 def _holder(holder: Holder, *, devices: bool = False) -> dict[str, Any]:
+    """One holder: ``{"pod", "container", "cpus"}``, and with ``devices`` its device ids
+    per resource (at most :data:`MAX_LISTED_IDS` each), ``"device_counts"`` (all of
+    them) and ``"devices_cut"`` (the resources whose list was cut)."""
     document: dict[str, Any] = {
         "pod": f"{holder.namespace}/{holder.pod}",
         "container": holder.container,
         "cpus": sysfs.format_cpulist(holder.cpus),
     }
     if devices:
-        document["devices"] = {name: list(ids) for name, ids in holder.devices.items()}
+        document["devices"] = {
+            name: list(ids[:MAX_LISTED_IDS]) for name, ids in holder.devices.items()
+        }
+        document["device_counts"] = {name: len(ids) for name, ids in holder.devices.items()}
+        document["devices_cut"] = sorted(
+            name for name, ids in holder.devices.items() if len(ids) > MAX_LISTED_IDS
+        )
     return document
 
 

@@ -761,3 +761,47 @@ def test_discover_refuses_a_bad_near_with_usage(
     assert code == 2
     assert "Usage: numa-device-plugin discover" in err
     assert why in err
+
+
+@pytest.mark.parametrize(
+    ("args", "why"),
+    [
+        (["--near", "a" * 120_000 + "=block:sda"], "(120000 characters)"),
+        (["--near", "d=serial:" + "s" * 120_000], "needs a value of 1 to 256"),
+        (["--near", "d=sn:" + "s" * 120_000], "is not a selector"),
+        (["--near", "a" * 120_000], "is not NAME=SELECTOR"),
+        ([arg for i in range(65) for arg in ("--near", f"n{i}=block:sda")], "(--near, NUMA_NEAR"),
+    ],
+    ids=["long-name", "long-serial", "long-bad-selector", "no-equals", "65"],
+)
+def test_a_hostile_near_gets_a_short_usage_error_naming_near(
+    two_nodes: SysfsTree, capsys: pytest.CaptureFixture[str], args: list[str], why: str
+) -> None:
+    """A 120 KB NAME gave 240 KB of stderr, and "at most 64" did not name --near."""
+    code, out, err = run_main(["discover", "--sysfs-root", str(two_nodes.root), *args], capsys)
+    assert code == 2
+    assert why in err
+    assert "--near" in err
+    assert len(out) + len(err) < 1_500
+
+
+@pytest.mark.parametrize(
+    ("args", "env"),
+    [(["--debug-endpoints="], None), (["--debug-endpoints", " "], None), ([], "")],
+    ids=["flag-empty", "flag-blank", "variable-empty"],
+)
+def test_an_empty_debug_endpoints_is_a_usage_error_from_the_flag_or_the_variable(
+    args: list[str],
+    env: str | None,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    never_serve: list[object],
+) -> None:
+    """The flag's empty value meant false, the variable's was a usage error: one rule."""
+    if env is not None:
+        monkeypatch.setenv("NUMA_DEBUG_ENDPOINTS", env)
+    code, _, err = run_main(["serve", *args], capsys)
+    assert code == 2
+    assert err.startswith("Usage: numa-device-plugin serve ")
+    assert "'--debug-endpoints'" in err
+    assert never_serve == []

@@ -245,6 +245,23 @@ def test_debug_state_says_what_is_served_and_what_the_kubelet_said() -> None:
     assert [n["id"] for n in document["numa_nodes"]] == [0, 1]
 
 
+def test_debug_state_lists_a_holders_ids_cut_with_their_count() -> None:
+    """Under a flood /debug/state echoed every held id (4.9 MB)."""
+    from numa_device_plugin.plugin.snapshot import MAX_LISTED_IDS
+
+    ids = tuple(f"numa0-slot{index:06d}" for index in range(50_000))
+    flood = KubeletView(
+        allocatable_cpus=frozenset({0}),
+        holders=(Holder("x", "flood", "c", frozenset(), {R0: ids, "other/r": ids[:2]}),),
+    )
+    document = debug_document(state(flood))
+    (holder,) = document["pod_resources"]["holders"]
+    assert holder["devices"] == {R0: list(ids[:MAX_LISTED_IDS]), "other/r": list(ids[:2])}
+    assert holder["device_counts"] == {R0: 50_000, "other/r": 2}
+    assert holder["devices_cut"] == [R0]
+    assert len(json.dumps(document)) < 10_000
+
+
 def test_debug_state_without_a_configuration_served() -> None:
     document = debug_document(
         PluginState(
