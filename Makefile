@@ -5,7 +5,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 BIN    := $(VENV)/bin
 
-.PHONY: install run test coverage test-loaded test-e2e test-e2e-local kube-etcd helm prometheus promtool chromium screenshots docs lint proto bench attack soak image image-name push release lock docker-build docker-push deploy undeploy clean
+.PHONY: install run test coverage test-loaded test-e2e test-e2e-local kube-etcd helm prometheus promtool chromium iptables screenshots docs lint proto bench attack soak image image-name push release lock docker-build docker-push deploy undeploy clean
 
 install: $(VENV)/.installed
 
@@ -86,6 +86,14 @@ chromium:
 	  export DEBIAN_FRONTEND=noninteractive; \
 	  { apt-get install -y -q chromium >/dev/null 2>&1 || { apt-get update -qq && apt-get install -y -q chromium >/dev/null; }; } && \
 	  chromium --version; fi
+
+## iptables: Debian's iptables (installed as root when absent; the package lists refreshed
+## once if that fails); the test cluster's network tests run its rules in a namespace
+iptables:
+	@if command -v iptables >/dev/null; then echo "iptables: $$(command -v iptables)"; else \
+	  export DEBIAN_FRONTEND=noninteractive; \
+	  { apt-get install -y -q iptables >/dev/null 2>&1 || { apt-get update -qq && apt-get install -y -q iptables >/dev/null; }; } && \
+	  iptables --version; fi
 
 ## screenshots: docs/images/node-page*.png, the node page of `demo --keep` as chromium draws
 ## it, taken by its browser tests: two NUMA nodes with pods holding CPUs and memory, and the

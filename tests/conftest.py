@@ -85,6 +85,12 @@ TIERS = (
     ("chromium", "the node page's browser tests (tests/plugin/test_nodepage.py)", "make chromium"),
     ("kubectl-numa", "kubectl running top as its plugin (tests/cli/test_top.py)",
      "pip install -e . puts it beside python"),
+    ("iptables", "the test cluster's network rules in a namespace (tests/deployments/"
+     "test_local_workers.py)", "make iptables: Debian's iptables"),
+    ("unshare", "PID 1 and network namespaces (tests/ops/test_signals.py, "
+     "tests/deployments/test_local_workers.py)", "Debian's util-linux"),
+    ("openssl", "the TLS tests' certificates (tests/cluster/test_kubeapi.py, "
+     "tests/nodeconfig/test_apiclient.py)", "Debian's openssl"),
 )  # fmt: skip
 
 
