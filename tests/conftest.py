@@ -8,13 +8,15 @@ import contextlib
 import importlib.util
 import os
 import shutil
+import signal
+import subprocess
 import sys
 import tarfile
 import tempfile
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from types import ModuleType
-from typing import NoReturn
+from typing import Any, NoReturn
 
 import pytest
 
@@ -48,6 +50,24 @@ def require_tool(name: str, provider: str, path: str | None = None) -> str:
     if found is None:
         missing(f"{name} is not installed ({provider})")
     return found
+
+
+def run_in_group(
+    args: list[str], timeout: float, **kwargs: Any
+) -> subprocess.CompletedProcess[str]:
+    """``subprocess.run(args, check=True, text=True, **kwargs)`` in a process group of
+    its own that is killed whole however the call ends: its ``timeout`` (seconds),
+    pytest-timeout's exception, Ctrl-C. A plain ``subprocess.run`` left a ``pip`` that
+    its test's timeout interrupted burning a core after the suite."""
+    with subprocess.Popen(args, text=True, start_new_session=True, **kwargs) as process:
+        try:
+            out, err = process.communicate(timeout=timeout)
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)
+    if process.returncode != 0:
+        raise subprocess.CalledProcessError(process.returncode, args, out, err)
+    return subprocess.CompletedProcess(args, process.returncode, out, err)
 
 
 def load_script(path: Path, name: str) -> ModuleType:

@@ -26,7 +26,7 @@ from numa_device_plugin import __version__
 from numa_device_plugin.cli import options, serve
 from numa_device_plugin.ops.probes import parse_address
 from numa_device_plugin.plugin.config import KNOWN_SOCKET_DIRS, Config
-from tests.conftest import REPO, require_tool
+from tests.conftest import REPO, require_tool, run_in_group
 
 DEPLOYMENTS = REPO / "deployments"
 # Every rendering an operator can apply: the default, the base, each overlay, and each
@@ -623,42 +623,59 @@ def test_image_tag_names_the_commit_and_a_dirty_tree(tmp_path: Path) -> None:
     assert _make_image(tmp_path) != three
 
 
+@pytest.mark.timeout(900)
 def test_wheel_installs_into_a_fresh_venv(tmp_path: Path) -> None:
     """What the image does: the locked dependencies with --require-hashes into a venv
-    without pip, then only the wheel, then the CLI runs from it."""
+    without pip, then only the wheel, then the CLI runs from it. Every step runs in a
+    process group killed whole when the test ends (run_in_group): an interrupted pip
+    once stayed behind."""
     dist = tmp_path / "dist"
-    subprocess.run(
+    run_in_group(
         [sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "-w", str(dist), str(REPO)],
-        check=True,
+        timeout=300,
     )
     (wheel,) = dist.glob("numa_device_plugin-*.whl")
     venv = tmp_path / "venv"
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    run_in_group([sys.executable, "-m", "venv", "--without-pip", str(venv)], timeout=120)
     pip = [sys.executable, "-m", "pip", "--python", str(venv / "bin" / "python"), "install"]
     lock = REPO / "requirements.lock"
-    subprocess.run(
+    run_in_group(
         [*pip, "--quiet", "--require-hashes", "--only-binary=:all:", "-r", str(lock)],
-        check=True,
-        timeout=600,
+        timeout=300,
     )
-    subprocess.run([*pip, "--quiet", "--no-deps", str(wheel)], check=True, timeout=600)
+    run_in_group([*pip, "--quiet", "--no-deps", str(wheel)], timeout=120)
     assert not (venv / "bin" / "pip").exists()
-    version = subprocess.run(
+    version = run_in_group(
         [str(venv / "bin" / "numa-device-plugin"), "--version"],
-        check=True,
-        capture_output=True,
-        text=True,
+        timeout=60,
+        stdout=subprocess.PIPE,
         cwd=tmp_path,
     )
     assert version.stdout.strip() == f"numa-device-plugin {__version__}"
-    discover = subprocess.run(
+    discover = run_in_group(
         [str(venv / "bin" / "numa-device-plugin"), "discover", "--output", "json"],
-        capture_output=True,
-        text=True,
+        timeout=60,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
         cwd=tmp_path,
     )
-    assert discover.returncode == 0, discover.stderr
     assert json.loads(discover.stdout)["resources"]
+
+
+def test_run_in_group_leaves_no_process_behind(tmp_path: Path) -> None:
+    """A child that outlives its timeout, and its own child, are both gone after."""
+    pids = tmp_path / "pids"
+    script = f"sleep 300 & echo $! > {pids}; echo $$ >> {pids}; wait"
+    with pytest.raises(subprocess.TimeoutExpired):
+        run_in_group(["sh", "-c", script], timeout=2)
+    for pid in map(int, pids.read_text().split()):
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            continue
+        # a zombie of ours is gone too: only its entry remains until reaped
+        state = Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0]
+        assert state == "Z", f"process {pid} outlived the call"
 
 
 def test_the_manifests_comments_cite_pages_and_headings_that_exist() -> None:
