@@ -96,8 +96,9 @@ iptables:
 	  iptables --version; fi
 
 ## screenshots: docs/images/node-page*.png, the node page of `demo --keep` as chromium draws
-## it, taken by its browser tests: two NUMA nodes with pods holding CPUs and memory, and the
-## memory-tiers snapshot of ../shared (CPU-less NUMA nodes)
+## it, taken by its browser tests: the README's own demo command on its tour's machine
+## (../shared's fakepcilocalities, with --near), and the memory-tiers snapshot of ../shared
+## (CPU-less NUMA nodes)
 screenshots: install chromium
 	mkdir -p docs/images
 	SCREENSHOTS=docs/images $(BIN)/pytest -q -n 0 tests/plugin/test_nodepage.py -k chromium

@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import importlib.util
 import os
+import shlex
 import shutil
 import signal
 import subprocess
@@ -68,6 +69,23 @@ def run_in_group(
     if process.returncode != 0:
         raise subprocess.CalledProcessError(process.returncode, args, out, err)
     return subprocess.CompletedProcess(args, process.returncode, out, err)
+
+
+def readme_command(start: str, readme: str | None = None) -> list[str]:
+    """The README's command line that starts with ``start`` (its ``\\`` continuations
+    joined, a leading ``$ `` dropped), split as the shell would; ``"$tour"`` stays a
+    word of its own for the caller to replace. Fails when there is none."""
+    text = readme if readme is not None else (REPO / "README.md").read_text()
+    lines = text.splitlines()
+    for index, line in enumerate(lines):
+        line = line.removeprefix("$ ")
+        if line.startswith(start):
+            command = line
+            while command.endswith("\\"):
+                index += 1
+                command = command[:-1] + " " + lines[index].strip()
+            return shlex.split(command.split("  #")[0])
+    pytest.fail(f"README.md has no command starting {start!r}")
 
 
 def load_script(path: Path, name: str) -> ModuleType:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO
+from tests.conftest import REPO, readme_command
 
 
 def test_the_built_site_links_to_pages_not_folders(tmp_path: Path) -> None:
@@ -110,3 +110,37 @@ def test_a_navigation_link_of_the_site_opened_from_disk_opens_its_page(tmp_path:
     page = dump_dom(urllib.parse.urljoin((site / "index.html").as_uri(), started), 1280)
     assert "<title>Getting started" in page
     assert "Index of" not in page
+
+
+def test_the_readme_tour_unpacks_its_machine_outside_the_checkout() -> None:
+    """Unpacked where the README's relative path implied (the repository's root), the
+    snapshot's link cycles made `pip install -e .` run for minutes."""
+    unpack = readme_command('tour="$(mktemp -d)"')
+    assert unpack[-2:] == ["-C", "$tour"]
+    assert "../shared/fixtures/sysfs-pci/fakepcilocalities.tar.gz" in unpack
+    for page in [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md"))]:
+        assert "--sysfs-root fakepcilocalities" not in page.read_text(), page
+
+
+def test_the_readme_tour_prints_what_discover_prints(pci_snapshots: Path) -> None:
+    """The README's discover example, run on the machine it names: every line it shows
+    (but its "..." elision) is discover's."""
+    command = readme_command(".venv/bin/numa-device-plugin discover --sysfs-root")
+    root = pci_snapshots / "fakepcilocalities"
+    args = [str(root) if word == "$tour" else word for word in command[1:]]
+    printed = subprocess.run(
+        [sys.executable, "-m", "numa_device_plugin", *args],
+        capture_output=True, text=True, timeout=60, check=True,
+    ).stdout.splitlines()  # fmt: skip
+    readme = (REPO / "README.md").read_text()
+    block = readme.split("$ .venv/bin/numa-device-plugin discover --sysfs-root", 1)[1]
+    shown = block.split("```", 1)[0].splitlines()[2:]  # past the command's two lines
+    assert shown, "the README shows no output"
+    for line in shown:
+        if line == "..." or not line.strip():
+            continue
+        if ", ...," in line:  # the resources line, elided in the middle
+            head, tail = line.split(", ...,")
+            assert any(p.startswith(head) and p.endswith(tail) for p in printed), line
+            continue
+        assert line in printed, line

@@ -36,7 +36,7 @@ from numa_device_plugin.plugin.nodepage import (
 from numa_device_plugin.plugin.snapshot import PluginState, Served, debug_document
 from numa_device_plugin.topology.fake import DeviceTree, SysfsTree
 from numa_device_plugin.topology.numa import NodePlan, NumaNode
-from tests.conftest import missing
+from tests.conftest import missing, readme_command
 
 GiB = 1 << 30
 BROWSER_FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars")
@@ -394,9 +394,34 @@ def test_the_page_in_chromium_shows_each_numa_node_cpu_and_holder(
     memory = [a for _, a in tags if a.get("class") == "memory"]
     ours = {(m["data-memory-type"], m["data-ours"]) for m in memory}
     assert ("memory", str(256 << 20)) in ours, "each demo pod holds one 256Mi memory device"
-    # `make screenshots` keeps it for the README (SCREENSHOTS: the folder).
-    folder = Path(os.environ.get("SCREENSHOTS") or tmp_path)
-    screenshot(browser, demo_page, folder / "node-page.png")
+    screenshot(browser, demo_page, tmp_path / "node-page.png")
+
+
+def test_the_readme_picture_is_the_readme_commands_page_in_chromium(
+    pci_snapshots: Path, tmp_path: Path
+) -> None:
+    """The README's picture is what its own `demo --keep` command draws on the tour's
+    machine: the command is read from the README, so the two stay in step. Each of the
+    four NUMA nodes has its box, and both resources that follow a device their row.
+    `make screenshots` keeps the picture for the README (SCREENSHOTS: the folder)."""
+    browser = chromium()
+    command = readme_command(".venv/bin/numa-device-plugin demo --keep --sysfs-root")
+    root = pci_snapshots / "fakepcilocalities"
+    flags = [str(root) if word == "$tour" else word for word in command[3:]]
+    assert flags[0] == "--sysfs-root"
+    with demo_keep(root, *flags[2:], shows="demo/data-disk/app") as url:
+        dom = subprocess.run(
+            [browser, *BROWSER_FLAGS, "--dump-dom", url],
+            capture_output=True, text=True, timeout=120, check=True,
+        ).stdout  # fmt: skip
+        folder = Path(os.environ.get("SCREENSHOTS") or tmp_path)
+        screenshot(browser, url, folder / "node-page.png", "1100,1000")
+    tags = parsed(dom.encode()).tags
+    assert [a["data-numa-node"] for _, a in tags if a.get("class") == "numa-node"] == [
+        "0", "1", "2", "3"
+    ]  # fmt: skip
+    assert '<tr data-near="numa-align/data-disk">' in dom
+    assert '<tr data-near="numa-align/ib">' in dom
 
 
 def test_the_page_of_a_machine_with_memory_tiers_in_chromium(
