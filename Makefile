@@ -5,7 +5,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 BIN    := $(VENV)/bin
 
-.PHONY: install run test coverage test-loaded test-e2e test-e2e-local kube-etcd helm prometheus promtool chromium iptables screenshots docs lint proto bench attack soak image image-name push release lock docker-build docker-push deploy undeploy clean
+.PHONY: install run test coverage test-loaded test-e2e test-e2e-local kube-etcd helm prometheus promtool chromium iptables screenshots reference docs lint proto bench attack soak image image-name push release lock docker-build docker-push deploy undeploy clean
 
 install: $(VENV)/.installed
 
@@ -102,6 +102,11 @@ iptables:
 screenshots: install chromium
 	mkdir -p docs/images
 	SCREENSHOTS=docs/images $(BIN)/pytest -q -n 0 tests/plugin/test_nodepage.py -k chromium
+
+## reference: write the reference pages' generated tables (docs/reference/*.md) from the code;
+## tests/test_docs.py fails while a committed one is stale
+reference: install
+	$(PY) docs/hooks.py
 
 ## docs: the documentation site into site/ (mkdocs build --strict: a broken link, a missing
 ## page or a stale generated reference fails it); open site/index.html

@@ -1,8 +1,10 @@
 """MkDocs hooks: the reference pages' tables, generated from the code at every build so
 they cannot drift (``mkdocs.yml``: ``hooks``).
 
-A page holds a marker, ``<!-- generated: NAME -->``, which :func:`on_page_markdown`
-replaces with the table NAME: ``cli`` (every command with its usage and every option
+A page holds a marker, ``<!-- generated: NAME -->``, followed by the table as ``make
+reference`` last wrote it (up to ``<!-- end generated: NAME -->``): the Markdown read on
+the forge holds the tables too, and tests/test_docs.py fails when one is stale. At each
+build :func:`on_page_markdown` writes the table NAME afresh: ``cli`` (every command with its usage and every option
 as ``--help`` shows it: flags, variable, default, meaning), ``metrics`` (every family
 of the plugin's Prometheus registry, with its type, labels and help) or
 ``helm-values`` (every chart value with its default from ``values.yaml`` and its
@@ -20,7 +22,10 @@ import yaml
 
 REPO = Path(__file__).resolve().parent.parent
 CHART = REPO / "deployments" / "helm" / "numa-device-plugin"
-MARKER = re.compile(r"<!-- generated: ([a-z-]+) -->")
+# A generated block: its marker, the table as last written (make reference), its end.
+MARKER = re.compile(
+    r"<!-- generated: ([a-z-]+) -->(?:\n.*?\n<!-- end generated: \1 -->)?", re.DOTALL
+)
 
 
 def helm_values_table() -> str:
@@ -107,13 +112,38 @@ def _cell(text: str) -> str:
 TABLES = {"cli": cli_reference, "metrics": metrics_table, "helm-values": helm_values_table}
 
 
-def on_page_markdown(markdown: str, **_: Any) -> str:
-    """Replace each marker with its table; an unknown marker fails the build."""
+def regenerated(markdown: str) -> str:
+    """``markdown`` with each generated block (its marker and, when written before,
+    the table up to ``<!-- end generated: NAME -->``) holding the table as the code
+    makes it now. Raises ValueError for an unknown marker."""
 
     def table(match: re.Match[str]) -> str:
         name = match.group(1)
         if name not in TABLES:
             raise ValueError(f"unknown generated table {name!r}")
-        return TABLES[name]()
+        return f"<!-- generated: {name} -->\n{TABLES[name]()}\n<!-- end generated: {name} -->"
 
     return MARKER.sub(table, markdown)
+
+
+def on_page_markdown(markdown: str, **_: Any) -> str:
+    """The site always shows the tables as the code makes them (:func:`regenerated`),
+    whatever the committed page holds; an unknown marker fails the build."""
+    return regenerated(markdown)
+
+
+def main() -> int:
+    """``make reference``: write the tables into the pages themselves, so that the
+    Markdown read on the forge holds them too (tests/test_docs.py fails when a
+    committed page is stale)."""
+    for page in sorted((REPO / "docs").rglob("*.md")):
+        text = page.read_text()
+        fresh = regenerated(text)
+        if fresh != text:
+            page.write_text(fresh)
+            print(f"wrote {page.relative_to(REPO)}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -144,3 +144,39 @@ def test_the_readme_tour_prints_what_discover_prints(pci_snapshots: Path) -> Non
             assert any(p.startswith(head) and p.endswith(tail) for p in printed), line
             continue
         assert line in printed, line
+
+
+def test_the_committed_reference_pages_hold_the_tables_the_code_makes() -> None:
+    """The reference pages were markers only, empty on the forge though the README
+    links them: their tables are committed (make reference) and kept fresh here."""
+    from tests.conftest import load_script
+
+    hooks = load_script(REPO / "docs" / "hooks.py", "docs_hooks_reference")
+    for name in ("cli", "metrics", "helm-values"):
+        page = REPO / "docs" / "reference" / f"{name}.md"
+        text = page.read_text()
+        assert f"<!-- end generated: {name} -->" in text, f"{page}: run make reference"
+        assert hooks.regenerated(text) == text, f"{page} is stale: run make reference"
+        assert text.count("\n|") > 5, f"{page} holds no table"
+
+
+def test_the_home_page_and_the_readme_link_every_page_of_the_site() -> None:
+    """docs/index.md lacked Align, Security, Upgrade, Uninstall and Compatibility, and
+    the README never linked Compatibility."""
+    import yaml
+
+    def pages(entries: list[object]) -> list[str]:
+        found: list[str] = []
+        for entry in entries:
+            assert isinstance(entry, dict)
+            for value in entry.values():
+                found.extend(pages(value) if isinstance(value, list) else [value])
+        return found
+
+    config = yaml.load((REPO / "mkdocs.yml").read_text(), Loader=yaml.BaseLoader)
+    nav = [page for page in pages(config["nav"]) if page != "index.md"]
+    index = (REPO / "docs" / "index.md").read_text()
+    readme = (REPO / "README.md").read_text()
+    for page in nav:
+        assert f"]({page})" in index, f"docs/index.md does not link {page}"
+        assert f"](docs/{page})" in readme, f"README.md does not link docs/{page}"

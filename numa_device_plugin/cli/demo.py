@@ -21,7 +21,7 @@ from numa_device_plugin.kubelet_standin import KubeletStandIn
 from numa_device_plugin.nodeconfig.supervisor import ConfigSupervisor, Selector
 from numa_device_plugin.ops.logs import configure_logging
 from numa_device_plugin.plugin.config import Config
-from numa_device_plugin.plugin.discovery import Discovery
+from numa_device_plugin.plugin.discovery import Discovery, discover
 from numa_device_plugin.plugin.manager import PluginManager
 from numa_device_plugin.topology.memory import MEMORY, hugepages_type
 from numa_device_plugin.topology.numa import NumaNode
@@ -135,9 +135,17 @@ async def _demo(ctx: click.Context, params: dict[str, Any]) -> int:
                     return 1
                 if isinstance(runner, ConfigSupervisor) and runner.current is not None:
                     name = runner.current[0] or "(flags and variables)"
-                    labels = ", ".join(f"{k}={v}" for k, v in params["node_label"]) or "none"
-                    print(f"configuration {name}, chosen by the node's labels ({labels})")
+                    labels = ", ".join(f"{k}={v}" for k, v in params["node_label"])
+                    if labels:
+                        print(f"configuration {name}, chosen by the node's labels ({labels})")
+                    else:
+                        print(f"configuration {name}, the file's default (no --node-label)")
                 _print_demo(kubelet, names, folder)
+                # What serve only logs: a resource that follows a device but has none.
+                shown = discovery if select is None else discover(manager.config)
+                for plan in shown.near:
+                    if plan.reason is not None:
+                        print(f"  {plan.resource}: not advertised: {plan.reason}")
                 near = [name for name in names if manager.resources[name].near is not None]
                 print()
                 for name in [names[0], *near]:

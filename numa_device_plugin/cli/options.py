@@ -287,7 +287,7 @@ reserved_cpus = _option(
 config_file = _option(
     "--config-file",
     "named configurations, one chosen by the node's label numa-align/config (YAML: "
-    "default, configs); needs --node-name",
+    "default, configs); serve reads the labels of --node-name, demo takes --node-label",
     file_path,
     None,
     "PATH",

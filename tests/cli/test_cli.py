@@ -487,8 +487,35 @@ def test_demo_chooses_by_the_node_label_as_serve_does(
     args = ["demo", "--sysfs-root", str(two_nodes.root), "--config-file", str(pools), *labels]
     code, out, _ = run_main(args, capsys)
     assert code == 0
-    assert out.startswith(f"configuration {chosen}, chosen by the node's labels")
+    if labels:
+        assert out.startswith(f"configuration {chosen}, chosen by the node's labels")
+    else:  # it printed "chosen by the node's labels (none)"
+        assert out.startswith(f"configuration {chosen}, the file's default (no --node-label)")
     assert f"Allocate(numa-align/numa-0, [{device}])" in out
+
+
+def test_demo_lists_a_resource_that_follows_no_device_in_its_summary(
+    two_nodes: SysfsTree, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The summary left out a near resource that was not advertised (stderr only)."""
+    args = ["demo", "--sysfs-root", str(two_nodes.root), "--near", "gpu=pci-class:0302"]
+    code, out, _ = run_main(args, capsys)
+    assert code == 0
+    assert (
+        "  numa-align/gpu: not advertised: pci-class:0302: no PCI device of that class "
+        "matches on this node\n"
+    ) in out
+
+
+def test_demo_help_says_what_chooses_its_named_configuration(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """It said --config-file needs --node-name, which demo does not have."""
+    code, out, _ = run_main(["demo", "--help"], capsys)
+    assert code == 0
+    text = " ".join(out.split())
+    assert "--node-name" not in text.replace("serve reads the labels of --node-name", "")
+    assert "demo takes --node-label" in text
 
 
 def test_demo_with_a_label_naming_no_configuration_exits_1_saying_so(
