@@ -65,7 +65,9 @@ class LockKeeper:
                     raise
                 acquired, error = False, exc
             if acquired:
-                if announced:
+                # Said whenever the lock comes after waiting or after standing down, even
+                # at the first attempt (the holder may be gone by then).
+                if announced or self.lost:
                     log.info("took over the instance lock", lock=str(self.lock.path))
                 self.problem = None
                 self.lost = False

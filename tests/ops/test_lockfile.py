@@ -310,3 +310,29 @@ def test_the_socket_folder_deleted_by_the_kubelet_is_waited_for_not_created(
         assert lock.try_acquire() is False
     finally:
         lock.release()
+
+
+async def test_the_lock_regained_at_the_first_attempt_after_standing_down_is_logged(
+    tmp_path: Path,
+) -> None:
+    """The newcomer may be gone before the plugin's first retry: "took over the instance
+    lock" was logged only when that retry failed, and the newcomer test, waiting for the
+    line, failed at load 15."""
+    from structlog.testing import capture_logs
+
+    from numa_device_plugin.plugin.lockkeeper import LockKeeper
+
+    keeper = LockKeeper(tmp_path, lambda: None)
+    keeper.lock.path.parent.mkdir()
+    keeper.lost = True  # it stood down; the other instance has exited since
+
+    async def nap(_: float) -> None:
+        raise AssertionError("no wait: the lock is free")
+
+    with capture_logs() as logs:
+        assert await keeper.acquire(raise_errors=False, stopping=lambda: False, nap=nap)
+    try:
+        assert [entry["event"] for entry in logs] == ["took over the instance lock"]
+        assert (keeper.lost, keeper.problem) == (False, None)
+    finally:
+        keeper.lock.release()
