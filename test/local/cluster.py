@@ -704,8 +704,10 @@ class Cluster:
             # checkout's .venv): the chart tests use it too.
             env["PATH"] = f"{Path(self.spec.helm).parent}{os.pathsep}{env.get('PATH', '')}"
         report = Path(self.spec.results or self.work) / "junit.xml"
+        # One line per test as it ends, in the share that comes back to the host.
+        env["NUMA_E2E_PROGRESS"] = str(Path(self.spec.results or self.work) / PROGRESS_FILE)
         argv = [
-            self.spec.python, "-m", "pytest", "-m", "e2e", "-p", "no:cacheprovider", "-rA",
+            self.spec.python, "-m", "pytest", "-m", "e2e", "-p", "no:cacheprovider", "-rA", "-v",
             f"--junitxml={report}", "--timeout", str(int(900 * self.spec.time_scale)),
             "tests/e2e", *self.spec.pytest_args,
         ]  # fmt: skip
@@ -1050,6 +1052,23 @@ def prepare_image(spec: Spec) -> int:
     if status:
         log(f"the image was not built and pushed (status {status})")
     return report(status, differs)
+
+
+# The tests' progress file (tests/e2e/conftest.py): in the results share of the guest
+# that runs them, or the work folder without a guest.
+PROGRESS_FILE = "progress.jsonl"
+
+
+def print_progress(work: Path) -> None:
+    """Print the summary of every progress file under ``work`` (render.progress_summary),
+    on any exit of the run: a run cut short still says what passed and what failed."""
+    for found in sorted(work.rglob(PROGRESS_FILE)) if work.is_dir() else []:
+        try:
+            text = found.read_text(errors="replace")
+        except OSError as exc:
+            log(f"cannot read {found}: {exc}")
+            continue
+        print(render.progress_summary(text), flush=True)
 
 
 def report(status: int, differs: list[str]) -> int:
@@ -1484,6 +1503,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         log("interrupted")
         status = 130
     finally:
+        print_progress(work)
         log(f"finished in {time.monotonic() - started:.0f} s; work folder {work}"
             + (" (kept)" if args.keep else " (removed)"))  # fmt: skip
         if not args.keep:

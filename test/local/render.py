@@ -492,3 +492,39 @@ def cpio_newc(entries: Iterable[tuple[str, int, bytes]]) -> bytes:
         out += data
         pad()
     return bytes(out)
+
+
+def progress_summary(text: str, limit: int = 60) -> str:
+    """The summary of an e2e run's progress file (tests/e2e/conftest.py writes one JSON
+    line per test as it ends): the count per outcome, then each test that did not pass
+    with why, and each test's last observed line; at most ``limit`` tests listed. A line
+    that is not JSON (a run cut mid-write) is counted as such, never fatal."""
+    records, broken = [], 0
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except ValueError:
+            broken += 1
+            continue
+        if isinstance(record, dict):
+            records.append(record)
+    counts: dict[str, int] = {}
+    for record in records:
+        outcome = str(record.get("outcome", "?"))
+        counts[outcome] = counts.get(outcome, 0) + 1
+    head = ", ".join(f"{count} {outcome}" for outcome, count in sorted(counts.items()))
+    lines = [f"e2e progress: {head or 'no test ended'}"
+             + (f" ({broken} unreadable line(s))" if broken else "")]  # fmt: skip
+    for record in records[:limit]:
+        outcome = str(record.get("outcome", "?")).upper()
+        lines.append(f"  {outcome:7} {record.get('test')} ({record.get('seconds')} s)")
+        if record.get("why"):
+            lines.append("          why: " + " ".join(str(record["why"]).split())[:400])
+        observed = record.get("observed") or []
+        if observed:
+            lines.append("          saw: " + str(observed[-1])[:300])
+    if len(records) > limit:
+        lines.append(f"  ... and {len(records) - limit} more")
+    return "\n".join(lines)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import subprocess
 import sys
 import tarfile
@@ -516,3 +517,61 @@ def test_a_failed_command_shows_its_stderr_and_the_plugins_last_log_lines() -> N
     assert "line 99" in text
     assert "line 59\n" not in text, "only the last 40 lines"
     assert run_checked(["sh", "-c", "echo fine"], timeout=30) == "fine\n"
+
+
+def test_each_e2e_test_lands_in_the_progress_file_as_it_ends(tmp_path: Path) -> None:
+    """A run cut by its time limit left only dots: the e2e conftest writes a line per
+    test as it ends (outcome, why, what it printed), and the harness's summary reads it."""
+    (tmp_path / "test_sample.py").write_text(
+        "import pytest\n"
+        "def test_passes():\n    print('pod on NUMA node 1: Cpus_allowed_list=3')\n"
+        "def test_fails():\n    print('status took 41 s')\n    assert 1 == 2, 'too slow'\n"
+        "def test_skips():\n    pytest.skip('needs two workers')\n"
+        "@pytest.fixture\ndef broken():\n    raise RuntimeError('no cluster')\n"
+        "def test_errors(broken):\n    pass\n"
+    )
+    progress = tmp_path / "progress.jsonl"
+    subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "tests.e2e.conftest",
+         "--rootdir", str(tmp_path), str(tmp_path / "test_sample.py")],
+        cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(REPO),
+                           "NUMA_E2E_PROGRESS": str(progress)},
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    records = [json.loads(line) for line in progress.read_text().splitlines()]
+    by_test = {r["test"].rpartition("::")[2]: r for r in records}
+    assert sorted(by_test) == ["test_errors", "test_fails", "test_passes", "test_skips"]
+    assert by_test["test_passes"]["outcome"] == "passed"
+    assert by_test["test_passes"]["observed"] == ["pod on NUMA node 1: Cpus_allowed_list=3"]
+    assert by_test["test_fails"]["outcome"] == "failed"
+    assert "too slow" in by_test["test_fails"]["why"]
+    assert by_test["test_fails"]["observed"] == ["status took 41 s"]
+    assert (by_test["test_skips"]["outcome"], by_test["test_skips"]["why"]) == (
+        "skipped",
+        "Skipped: needs two workers",
+    )
+    assert (by_test["test_errors"]["when"], by_test["test_errors"]["outcome"]) == (
+        "setup",
+        "failed",
+    )
+    summary = render.progress_summary(progress.read_text() + '{"test": "cut mid-wr')
+    assert summary.splitlines()[0] == (
+        "e2e progress: 2 failed, 1 passed, 1 skipped (1 unreadable line(s))"
+    )
+    assert "  FAILED  test_sample.py::test_fails" in summary
+    assert "why: AssertionError: too slow" in summary
+    assert "saw: pod on NUMA node 1: Cpus_allowed_list=3" in summary
+
+
+def test_the_harness_prints_the_progress_summary_on_any_exit(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    results = tmp_path / "results-a"
+    results.mkdir()
+    (results / cluster.PROGRESS_FILE).write_text(
+        json.dumps({"test": "t::a", "outcome": "passed", "seconds": 1.0, "observed": ["x"]}) + "\n"
+    )
+    cluster.print_progress(tmp_path)
+    assert "e2e progress: 1 passed" in capsys.readouterr().out
+    cluster.print_progress(tmp_path / "gone")  # a work folder already removed: nothing
+    assert "    finally:\n        print_progress(work)\n" in Path(cluster.__file__).read_text()

@@ -47,6 +47,54 @@ INFRA = REPO / "test" / "infra"
 SSH_KEY = INFRA / ".state" / "id_ed25519"
 
 
+# The harness names a file (in the results share that comes back to the host): one JSON
+# line per test, written as the test ends, so a run cut by a time limit still says what
+# passed, what failed and why (test/local/render.py's progress_summary reads it).
+PROGRESS = "NUMA_E2E_PROGRESS"
+# Lines of a test's output kept as what it observed, and characters of each.
+OBSERVED_LINES, OBSERVED_CHARS = 6, 300
+
+
+def progress_record(report: pytest.TestReport) -> dict[str, Any] | None:
+    """The line :envvar:`NUMA_E2E_PROGRESS` gets for ``report``: one per test (its call,
+    or a setup that failed or skipped, or a teardown that failed): ``{"test", "when",
+    "outcome", "seconds", "observed": [its last printed lines], "why"}``; None for the
+    other phases."""
+    if (
+        report.when == "call"
+        or (report.when == "setup" and not report.passed)
+        or (report.when == "teardown" and report.failed)
+    ):
+        printed = [line for line in report.capstdout.splitlines() if line.strip()]
+        why = None
+        if not report.passed:
+            crash = getattr(report.longrepr, "reprcrash", None)
+            why = crash.message if crash is not None else str(report.longrepr)
+            if isinstance(report.longrepr, tuple):  # a skip: (file, line, reason)
+                why = str(report.longrepr[2])
+        return {
+            "test": report.nodeid,
+            "when": report.when,
+            "outcome": report.outcome,
+            "seconds": round(report.duration, 1),
+            "observed": [line[:OBSERVED_CHARS] for line in printed[-OBSERVED_LINES:]],
+            "why": None if why is None else why[:2000],
+        }
+    return None
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    """Append the test's line to the progress file, on disk at once (fsync)."""
+    target = os.environ.get(PROGRESS)
+    record = progress_record(report)
+    if not target or record is None:
+        return
+    with open(target, "a", encoding="utf-8") as out:
+        out.write(json.dumps(record) + "\n")
+        out.flush()
+        os.fsync(out.fileno())
+
+
 def parse_metrics(text: str) -> dict[str, float]:
     """Prometheus text exposition as ``{"name{labels}": value}``, each key the sample's
     name and labels as the plugin wrote them (comments skipped). Raises ValueError on a
