@@ -23,7 +23,7 @@ RUN /opt/build/bin/pip wheel --no-cache-dir --no-deps --no-build-isolation --whe
  && pip --python /opt/venv/bin/python install --no-cache-dir --no-deps /dist/*.whl
 
 FROM ${PYTHON_IMAGE}
-ARG VERSION=0.2.0
+ARG VERSION=0.2.1
 ARG REVISION=""
 ARG SOURCE=""
 LABEL org.opencontainers.image.title="numa-device-plugin" \

@@ -6,4 +6,4 @@ import os
 # INFO; keep the plugin's stderr to its own structured logs unless asked.
 os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
 
-__version__ = "0.2.0"
+__version__ = "0.2.1"

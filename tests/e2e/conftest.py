@@ -535,14 +535,37 @@ class KvmPlatform(Platform):
     def plugin_ready(self) -> bool:
         return pod_ready(self.plugin_pod())
 
-    def _exec(self, command: list[str]) -> str:
+    def _exec(self, command: list[str], timeout: float = 180.0) -> str:
+        """``command`` in the node's plugin container: its stdout alone. stdout and
+        stderr are read apart (merged, one warning line on stderr made the JSON of
+        ``status`` unreadable) and the exit status is checked: a command that fails, or
+        is still running after ``timeout`` seconds, fails the test with its stderr."""
         pod = self.plugin_pod()
         assert pod is not None, f"no running plugin pod on {self.node}"
-        output: str = stream(
+        started = time.monotonic()
+        session = stream(
             self.core.connect_get_namespaced_pod_exec, pod.metadata.name, NAMESPACE,
             command=command, stderr=True, stdin=False, stdout=True, tty=False,
+            _preload_content=False,
         )  # fmt: skip
-        return output
+        try:
+            session.run_forever(timeout=timeout)
+            still_running = session.is_open()
+            out, err = session.read_stdout(), session.read_stderr()
+            code = None if still_running else session.returncode
+        finally:
+            session.close()
+        took = time.monotonic() - started
+        shown = shlex.join(command)
+        if still_running:
+            raise AssertionError(f"`{shown}` in {pod.metadata.name} still ran after {took:.0f} s; "
+                                 f"stderr so far: {err[-2000:]!r}")  # fmt: skip
+        if code != 0:
+            raise AssertionError(
+                f"`{shown}` in {pod.metadata.name} exited {code} after {took:.1f} s; "
+                f"stderr: {err[-2000:]!r}; stdout: {out[-500:]!r}"
+            )
+        return str(out)
 
     def metrics(self) -> dict[str, float]:
         script = (
