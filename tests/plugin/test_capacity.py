@@ -35,6 +35,7 @@ from numa_device_plugin.plugin.devices import (
     Resource,
     build_resource,
     near_resource,
+    parse_near,
 )
 from numa_device_plugin.plugin.discovery import discover
 from numa_device_plugin.plugin.poller import CapacityPoller
@@ -218,6 +219,58 @@ def test_held_ids_of_a_near_resource_are_foreign_only_when_on_none_of_its_nodes(
     )
     assert foreign_devices(view, DISK, (0, 1)) == {"numa3-cpu0001"}
     assert foreign_devices(view, DISK, 1) == {"numa0-cpu0001", "numa3-cpu0001"}
+
+
+def test_a_near_holder_counts_only_on_the_numa_node_of_the_device_it_holds() -> None:
+    """Mutant: the holder of a near resource counted on every NUMA node: on node 0 its
+    CPUs (all on node 1) made it misaligned."""
+    view = KubeletView(frozenset(range(8)), (disk_holder("numa1-cpu0005", cpus=(5,)),))
+    on_1 = node_capacity(R1, 1, NODE1, (), view, related=[DISK])
+    on_0 = node_capacity(R0, 0, NODE0, (), view, related=[DISK])
+    assert (on_1.misaligned, on_1.assigned_ours) == (0, {5})
+    assert (on_0.misaligned, on_0.assigned_ours) == (0, frozenset())
+
+
+def test_a_slots_near_resource_lists_each_nodes_slots_once_on_that_node() -> None:
+    """Mutant: in slots mode every node's base devices were put on each node."""
+    plans = [NodePlan(NumaNode(id=i, cpus=NODE0 if i == 0 else NODE1), advertised=True)
+             for i in (0, 1)]  # fmt: skip
+    resource = near_resource("numa-align", Near("data-disk", parse_selector("serial:S1")),
+                             plans, 3)  # fmt: skip
+    live = live_resource_devices(3, resource, {0: NODE0, 1: NODE1}.__getitem__, None)
+    assert [(d.id, d.node_id) for d in live] == [
+        ("numa0-slot0000", 0), ("numa0-slot0001", 0), ("numa0-slot0002", 0),
+        ("numa1-slot0000", 1), ("numa1-slot0001", 1), ("numa1-slot0002", 1),
+    ]  # fmt: skip
+
+
+def test_the_poller_counts_holders_of_a_near_resource_as_ours_on_its_node(
+    tmp_path: Path,
+) -> None:
+    """Mutant: the near resources' names never passed to the count: a pod holding
+    numa-align/data-disk was counted as another's."""
+    from numa_device_plugin.plugin.poller import node_capacities
+
+    tree = SysfsTree(tmp_path / "sys").cpus(8, online="0-7")
+    tree.write("node/online", "0-1\n")
+    tree.node(0, "0-3", distance="10 21")
+    tree.node(1, "4-7", distance="21 10")
+    devices = DeviceTree(tree.root)
+    devices.pci("0000:41:00.0", 1, "0x010802")
+    devices.disk("nvme0n1", "0000:41:00.0", serial="S1")
+    config = config_from_params(
+        {"sysfs_root": tree.root, "capacity": "cpus", "near": (parse_near("data-disk=serial:S1"),)}
+    )
+    catalog = Catalog(lambda resource: None)  # type: ignore[arg-type, return-value]
+    discovery = discover(config)
+    catalog.update(discovery)
+    view = KubeletView(frozenset(range(8)), (disk_holder("numa1-cpu0005", cpus=(5,)),))
+    figures = {
+        f.resource: f
+        for f in node_capacities(config, catalog, view, discovery.resources, lambda _: ())
+    }
+    assert figures[R1].assigned_ours == {5}
+    assert figures[R1].assigned_other == frozenset()
 
 
 # -- a real serve process ---------------------------------------------------------------------

@@ -114,6 +114,7 @@ def test_a_near_resource_has_slots_on_each_covered_numa_node_with_their_ids() ->
         ("numa2-slot0001", 2),
     ]
     assert resource.node_ids == (1, 2)
+    assert resource.node_id == 1  # the first of them (mutant: the last)
     assert resource.near == near()
     assert list(resources)[-1] == "numa-align/data-disk"  # after the NUMA nodes'
 

@@ -9,6 +9,7 @@ import os
 import shutil
 import socket
 import threading
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import grpc
@@ -765,3 +766,30 @@ def odd_machine(tree: SysfsTree) -> SysfsTree:
     os.mkfifo(tree.system / "node/node2/meminfo")
     tree.write("cpu/cpu3/online", "")
     return tree
+
+
+class _NearRecorder(NullRecorder):
+    """Keeps each report of the near resources' NUMA nodes."""
+
+    def __init__(self) -> None:
+        self.reports: list[dict[str, tuple[int, ...]]] = []
+
+    def near(self, nodes: Mapping[str, Sequence[int]]) -> None:
+        self.reports.append({name: tuple(ids) for name, ids in nodes.items()})
+
+
+async def test_the_manager_reports_each_near_resources_numa_nodes_to_the_metrics(
+    two_nodes: SysfsTree, sock_dir: Path
+) -> None:
+    """Mutant: ``recorder.near({})``: numa_device_plugin_near_* never reported."""
+    from numa_device_plugin.plugin.devices import parse_near
+    from numa_device_plugin.topology.fake import DeviceTree
+
+    devices = DeviceTree(two_nodes.root)
+    devices.pci("0000:41:00.0", 1, "0x010802")
+    devices.disk("nvme0n1", "0000:41:00.0", serial="S1")
+    near = (parse_near("data-disk=serial:S1"), parse_near("gone=serial:NONE"))
+    recorder = _NearRecorder()
+    async with running(make_config(two_nodes, sock_dir, near=near), recorder=recorder) as manager:
+        await asyncio.wait_for(manager.started.wait(), 10)
+        assert recorder.reports[-1] == {"numa-align/data-disk": (1,), "numa-align/gone": ()}

@@ -415,8 +415,14 @@ def test_near_resources_are_metrics_with_their_numa_nodes_and_whether_advertised
             (("numa_node", "1"), ("resource", "numa-align/md")),
         ): 1,
     }
+    recorder.near({"numa-align/md": [1]})  # the device moved: node 0's series goes
+    text = recorder.render()
+    assert b'numa_device_plugin_near_numa_node{numa_node="0"' not in text
+    assert b'numa_device_plugin_near_numa_node{numa_node="1",resource="numa-align/md"} 1' in text
+    assert b'resource="numa-align/gone"' not in text
     recorder.near({})  # a reload without --near: the series go
     assert b"numa_device_plugin_near_advertised{" not in recorder.render()
+    assert b"numa_device_plugin_near_numa_node{" not in recorder.render()
 
 
 def test_allocatable_memory_reaches_its_metric() -> None:

@@ -1,0 +1,77 @@
+"""Where each resource that follows a device goes (plan_near): a table over the
+selection's NUMA nodes, the advertised ones and the resource prefix."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from numa_device_plugin.plugin.config import Config
+from numa_device_plugin.plugin.devices import parse_near
+from numa_device_plugin.plugin.discovery import discover, plan_near
+from numa_device_plugin.topology.fake import DeviceTree, SysfsTree
+from numa_device_plugin.topology.locality import read_inventory
+from numa_device_plugin.topology.numa import NodePlan, NumaNode
+
+
+@pytest.fixture
+def root(tmp_path: Path) -> Path:
+    """Three NUMA nodes of 2 CPUs; disk S0 on node 0, S1 on node 1, an md over both."""
+    tree = SysfsTree(tmp_path / "sys").cpus(6, online="0-5")
+    tree.write("node/online", "0-2\n")
+    for node in range(3):
+        tree.node(node, f"{2 * node}-{2 * node + 1}")
+    devices = DeviceTree(tree.root)
+    devices.pci("0000:01:00.0", 0, "0x010802")
+    devices.pci("0000:81:00.0", 1, "0x010802")
+    devices.disk("nvme0n1", "0000:01:00.0", serial="S0")
+    devices.disk("nvme1n1", "0000:81:00.0", serial="S1")
+    devices.mapped("md0", ["nvme0n1", "nvme1n1"])
+    return tree.root
+
+
+def plans(*advertised: int) -> tuple[NodePlan, ...]:
+    return tuple(
+        NodePlan(NumaNode(id=i, cpus=frozenset({2 * i, 2 * i + 1})), advertised=i in advertised)
+        for i in range(3)
+    )
+
+
+@pytest.mark.parametrize(
+    ("near", "advertised", "nodes", "reason"),
+    [
+        ("d=serial:S1", (0, 1, 2), (1,), None),
+        ("d=block:md0", (0, 1, 2), (0, 1), None),
+        # Only the advertised ones among the selection's (mutant: all of them).
+        ("d=block:md0", (0, 2), (0,), None),
+        # None advertised: nothing, and why (mutant: no reason).
+        ("d=serial:S1", (0, 2), (), "serial:S1: on NUMA node(s) 1, none of which is advertised"),
+        ("d=serial:NONE", (0, 1, 2), (), "serial:NONE: no disk with that serial matches"),
+    ],
+)
+def test_a_near_resource_goes_to_the_advertised_nodes_of_its_devices(
+    root: Path,
+    near: str,
+    advertised: tuple[int, ...],
+    nodes: tuple[int, ...],
+    reason: str | None,
+) -> None:
+    config = Config(sysfs_root=root, near=(parse_near(near),))
+    (plan,) = plan_near(config, plans(*advertised), read_inventory(root))
+    assert plan.nodes == nodes
+    if reason is None:
+        assert plan.reason is None
+    else:
+        assert plan.reason is not None
+        assert plan.reason.startswith(reason)
+
+
+def test_a_near_resource_is_named_with_the_configured_prefix(root: Path) -> None:
+    """Mutant: the name built with ``numa-align/`` whatever the prefix."""
+    config = Config(
+        sysfs_root=root, resource_prefix="example.com", near=(parse_near("d=serial:S1"),)
+    )
+    (plan,) = plan_near(config, plans(0, 1, 2), read_inventory(root))
+    assert plan.resource == "example.com/d"
+    assert "example.com/d" in discover(config).resources
