@@ -190,3 +190,23 @@ def test_insecure_skip_tls_verify_reads_without_a_warning_per_request(
     assert "404" in err
     assert "InsecureRequestWarning" not in err
     assert err.count("\n") == 1, err
+
+
+def test_the_total_deadline_puts_back_a_timer_set_before_it() -> None:
+    """Mutant: the previous ITIMER_REAL not restored: an outer alarm (a caller's own
+    deadline) was silently cancelled by an inner total deadline."""
+    import signal
+
+    fired: list[int] = []
+    previous = signal.signal(signal.SIGALRM, lambda signum, frame: fired.append(signum))
+    try:
+        signal.setitimer(signal.ITIMER_REAL, 20, 5)
+        with kubeapi.total_deadline(30):
+            time.sleep(0.05)
+        delay, interval = signal.getitimer(signal.ITIMER_REAL)
+        assert 19 < delay <= 20, "the outer timer is back, less the time spent inside"
+        assert interval == 5
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+    assert fired == []

@@ -207,3 +207,50 @@ def test_read_yaml_reads_plain_data(tmp_path: Path) -> None:
     path = tmp_path / "kubeconfig"
     path.write_text("a: {b: 1, c: [x, y]}\n<<: {}\n")
     assert read_yaml(path, 1 << 16) == {"a": {"b": 1, "c": ["x", "y"]}}
+
+
+def test_http_get_cuts_off_a_server_dripping_its_head_at_the_deadline() -> None:
+    """A header line dripped a byte every 50 ms keeps every recv short, and http.client
+    reads the whole head in one call: only the cut-off's shutdown of the socket ends it
+    (mutant: ``sock.shutdown`` removed; the end-to-end test alone did not notice)."""
+    stop = threading.Event()
+
+    def drip_head(conn: socket.socket) -> None:
+        conn.sendall(b"HTTP/1.1 200 OK\r\nX-Drip: ")
+        while not stop.is_set():
+            conn.sendall(b"x")
+            time.sleep(0.05)
+
+    outcome: list[BaseException | None] = []
+
+    def get(port: int) -> None:
+        try:
+            http_get("127.0.0.1", port, "/", deadline=0.5, limit=1 << 20)
+            outcome.append(None)
+        except BaseException as exc:
+            outcome.append(exc)
+
+    with raw_server(drip_head) as port:
+        started = time.monotonic()
+        caller = threading.Thread(target=get, args=(port,), daemon=True)
+        caller.start()
+        caller.join(15)
+        took = time.monotonic() - started
+        stop.set()
+    assert not caller.is_alive(), f"http_get still reading the dripped head after {took:.0f} s"
+    (error,) = outcome
+    assert isinstance(error, BoundError)
+    assert error.timed_out
+    assert "within 0.5 s" in str(error)
+
+
+@pytest.mark.parametrize(("printed", "fails"), [(1000, False), (1001, True)])
+def test_run_command_takes_exactly_its_cap_of_stdout(printed: int, fails: bool) -> None:
+    """Mutant: the cap off by one (``>=``): a command printing exactly ``limit`` bytes
+    was refused."""
+    argv = [sys.executable, "-c", f"import sys; sys.stdout.write('o' * {printed})"]
+    if fails:
+        with pytest.raises(BoundError, match="printed more than 1000 bytes"):
+            run_command(argv, os.environ, deadline=30, limit=1000)
+    else:
+        assert run_command(argv, os.environ, deadline=30, limit=1000).stdout == b"o" * 1000

@@ -507,3 +507,22 @@ def test_a_class_folder_that_is_a_file_is_an_empty_kind_with_a_warning(tmp_path:
     inventory = read_inventory(tmp_path)
     assert inventory.net == ()
     assert any("cannot list" in w and "no network interfaces read" in w for w in inventory.warnings)
+
+
+def test_a_class_entry_with_an_unprintable_name_is_left_out(tree: DeviceTree) -> None:
+    """Mutant: unprintable class entries not filtered (a name with an escape sequence
+    would reach the logs and the node page)."""
+    folder = tree.pci_folder("0000:41:00.0") / "nvme" / "nvme0" / "nvme1n1"
+    (tree.root / "class" / "block" / "evil\x1b[31m").symlink_to(folder)
+    names = [d.name for d in read_inventory(tree.root).block]
+    assert names == ["nvme0n1", "nvme0n1p1", "nvme0n1p2", "nvme1n1", "sda"]
+
+
+def test_a_composite_names_each_pci_device_once(tree: DeviceTree) -> None:
+    """Mutant: duplicate PCI addresses in a composite (an md over two partitions of one
+    disk listed its controller twice)."""
+    tree.mapped("md0", ["nvme0n1p1", "nvme0n1p2"])
+    tree.mapped("md1", ["md0", "nvme0n1p2", "nvme1n1"])
+    block = by_name(read_inventory(tree.root).block)
+    assert block["md0"].pci == ("0000:00:01.0",)
+    assert block["md1"].pci == ("0000:00:01.0", "0000:41:00.0")

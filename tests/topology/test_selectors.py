@@ -183,3 +183,16 @@ def test_a_selector_missing_from_a_cut_inventory_says_it_was_cut(
     )
     assert select(inventory, parse_selector("pci:0000:10:00.0")).nodes == {1}
     assert "left out" not in (select(inventory, parse_selector("serial:X")).reason or "")
+
+
+def test_a_selection_names_at_most_max_named_devices_without_locality(tmp_path: Path) -> None:
+    """Mutant: the unlocated list unbounded (a class matching hundreds of devices with
+    numa_node -1 named every one in logs and /debug/state)."""
+    tree = DeviceTree(tmp_path)
+    for index in range(MAX_NAMED + 4):
+        tree.pci(f"0000:{index + 16:02x}:00.0", -1, "0x010802")
+    selection = select(read_inventory(tmp_path), parse_selector("pci-class:0108"))
+    assert selection.count == MAX_NAMED + 4
+    assert len(selection.unlocated) == MAX_NAMED
+    assert selection.reason is not None
+    assert f"(and {MAX_NAMED + 3} more)" in selection.reason
