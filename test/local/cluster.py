@@ -514,6 +514,12 @@ class Cluster:
             command = shipped.release_install_command(readme, self.spec.release_info)
         else:
             command = shipped.readme_command(readme, self.spec.plugin)
+        # helm and kubectl validate against the API server's OpenAPI document: wait for
+        # it (a 503 there failed the install with "failed to download openapi").
+        openapi = f"https://127.0.0.1:{self.ports['apiserver']}/openapi/v2"
+        wait_for("the API server's /openapi/v2", lambda: http_get(openapi, self.token,
+                 timeout=30)[0] == 200, 60 * self.spec.time_scale, self.processes,
+                 "kube-apiserver")  # fmt: skip
         log(f"installing: {command}")
         env = dict(os.environ, KUBECONFIG=str(self.work / "kubeconfig"),
                    PATH=f"{Path(self.spec.helm).parent}:{os.environ['PATH']}")  # fmt: skip

@@ -549,3 +549,48 @@ def test_without_distances_in_sysfs_the_page_has_no_matrix_of_unknowns() -> None
     page = build_page(many_nodes_state(4, distances=False), node="n1")
     assert (page.ids, page.distances) == ((), ())
     assert "sysfs gives no distances" in render_page(page).decode()
+
+
+def test_the_near_table_shows_the_advertised_nodes_and_a_dash_for_none() -> None:
+    """Mutants: the selection's NUMA nodes shown instead of the advertised ones; an empty
+    cell instead of ``-`` for a resource advertised nowhere."""
+    from dataclasses import replace
+
+    base = near_state()
+    disk = base.near[0]
+    # The disk's selection spans nodes 0 and 1, but only node 1 is advertised.
+    partial = replace(disk, selection=replace(disk.selection, nodes=frozenset({0, 1})))
+    body = render_page(build_page(replace(base, near=(partial, *base.near[1:])), node="n1"))
+    text = body.decode()
+    assert "<td>numa-align/data-disk</td><td>serial:S1</td><td>1</td>" in text
+    assert "<td>numa-align/gone</td><td>serial:&lt;b&gt;x&lt;/b&gt;</td><td>-</td>" in text
+
+
+def test_debug_state_shows_the_near_flags_in_its_configuration() -> None:
+    """Mutant: /debug/state dropped --near from its configuration."""
+    from numa_device_plugin.plugin.devices import parse_near
+
+    near = (parse_near("data-disk=serial:S1"), parse_near("nic=net:ib0"))
+    document = debug_document(state(VIEW, config=Config(capacity=CPUS, near=near)))
+    assert document["config"]["near"] == ["data-disk=serial:S1", "nic=net:ib0"]
+
+
+def test_a_snapshot_says_registered_only_of_the_resources_registered(tmp_path: Path) -> None:
+    """Mutant: snapshot.take() reported every resource registered."""
+    from numa_device_plugin.plugin.discovery import discover
+    from numa_device_plugin.plugin.manager import PluginManager
+    from numa_device_plugin.plugin.snapshot import take
+
+    tree = SysfsTree(tmp_path / "sys").cpus(4, online="0-3")
+    tree.write("node/online", "0-1\n")
+    tree.node(0, "0-1")
+    tree.node(1, "2-3")
+    config = Config(sysfs_root=tree.root, socket_dir=tmp_path / "dp", capacity=2)
+    manager = PluginManager(config)
+    manager.catalog.update(discover(config))
+    taken = take(config, manager.catalog, [R1], manager.poller, manager.lock_keeper, ())
+    assert {name: served.registered for name, served in taken.served.items()} == {
+        R0: False, R1: True,
+    }  # fmt: skip
+    for servicer in manager.catalog.servicers.values():
+        servicer.close()
