@@ -132,7 +132,11 @@ def stand_in(path: Path, body: str) -> str:
 
 
 def fake_tools(
-    folder: Path, monkeypatch: pytest.MonkeyPatch, push_fails: bool = False
+    folder: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    push_fails: bool = False,
+    digest: str = DIGEST,
+    helm_push: str = "",
 ) -> tuple[str, Path]:
     """A ``buildah`` (first on PATH) that logs its arguments and writes DIGEST to
     --digestfile, and a helm that is the real one except ``push`` (which prints what helm
@@ -142,12 +146,13 @@ def fake_tools(
 if [ "$1 $2" = "manifest push" ]; then
   {"exit 1" if push_fails else ""}
   while [ $# -gt 0 ]; do
-    if [ "$1" = --digestfile ]; then printf '{DIGEST}' > "$2"; fi; shift
+    if [ "$1" = --digestfile ]; then printf '{digest}' > "$2"; fi; shift
   done
 fi
 """)  # fmt: skip
     fake_helm = stand_in(folder / "helm", f"""echo "helm $*" >> {calls}
 if [ "$1" = push ]; then
+  {helm_push}
   echo "Pushed: registry.test:5000/charts/numa-device-plugin:0.2.0"
   echo "Digest: {CHART_DIGEST}"; exit 0
 fi
@@ -338,3 +343,35 @@ def test_a_long_version_is_refused_with_a_bounded_echo() -> None:
         release.check("9" * 10_000 + "x")
     assert len(str(refused.value)) < 300
     assert "(10001 characters)" in str(refused.value)
+
+
+@pytest.mark.parametrize(
+    ("tools", "said"),
+    [
+        ({"digest": "not-a-digest"}, "the push reported 'not-a-digest', not a sha256 digest"),
+        ({"helm_push": "echo 'Error: denied' >&2; exit 1"}, "returned non-zero exit status 1"),
+        (
+            {"helm_push": "echo 'Pushed: somewhere'; exit 0"},
+            "helm push did not report a digest: Pushed: somewhere",
+        ),
+    ],
+    ids=["manifest-push-digest", "chart-push-fails", "chart-push-no-digest"],
+)
+def test_a_failed_manifest_or_chart_push_tags_nothing_and_exits_1(
+    project: tuple[ModuleType, Path],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    tools: dict[str, str],
+    said: str,
+) -> None:
+    """The image index pushed but its digest unreadable, or the chart's push failing or
+    saying no digest: exit 1, the reason said, no tag."""
+    release, folder = project
+    fake_helm, _ = fake_tools(tmp_path, monkeypatch, **tools)  # type: ignore[arg-type]
+    code = release.main(["0.2.0", "--registry", "r.test", "--tool", "buildah", "--helm", fake_helm])
+    err = capsys.readouterr().err
+    assert code == 1
+    assert said in err
+    assert "nothing was tagged" in err
+    assert git(folder, "tag", "-l") == ""
