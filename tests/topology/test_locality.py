@@ -446,6 +446,13 @@ def multipath_head(tree: DeviceTree, paths: dict[str, str], *, links: bool) -> N
         folder = tree.pci_folder(address) / "nvme" / controller
         path = folder / f"nvme0c{controller.removeprefix('nvme')}n1"
         path.mkdir(parents=True)
+        # What else a controller holds: another namespace's path, its attributes' folders.
+        (folder / f"nvme0c{controller.removeprefix('nvme')}n2").mkdir()
+        (folder / "power").mkdir()
+        (head / "multipath").mkdir(exist_ok=True)
+        other = head / "multipath" / "nvme9c9n9"
+        if not other.is_symlink():
+            os.symlink(os.path.relpath(folder / "power", head / "multipath"), other)
         if links:
             (head / "multipath").mkdir(exist_ok=True)
             os.symlink(os.path.relpath(path, head / "multipath"), head / "multipath" / path.name)
@@ -526,3 +533,15 @@ def test_a_composite_names_each_pci_device_once(tree: DeviceTree) -> None:
     block = by_name(read_inventory(tree.root).block)
     assert block["md0"].pci == ("0000:00:01.0",)
     assert block["md1"].pci == ("0000:00:01.0", "0000:41:00.0")
+
+
+def test_a_composite_names_the_first_part_without_locality(tree: DeviceTree) -> None:
+    """Mutant: the walk of a device's parts went on past the first part without
+    locality, and the reason named the last one."""
+    tree.mapped("md0", ["sda", "virt", "nvme1n1"])
+    tree.disk("virt", None)
+    md0 = by_name(read_inventory(tree.root).block)["md0"]
+    assert md0.reason == (
+        "no locality: its part sda has none: PCI device 0000:00:1f.2 has numa_node -1 "
+        "(the firmware gave no proximity)"
+    )
