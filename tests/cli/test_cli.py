@@ -832,3 +832,19 @@ def test_an_empty_debug_endpoints_is_a_usage_error_from_the_flag_or_the_variable
     assert err.startswith("Usage: numa-device-plugin serve ")
     assert "'--debug-endpoints'" in err
     assert never_serve == []
+
+
+def test_a_conversion_error_of_any_length_is_cut_in_the_usage_error() -> None:
+    """The backstop for an error message that echoes a hostile value: whatever a
+    converter says, the usage error stays under MAX_ERROR characters."""
+    import click
+
+    from numa_device_plugin.cli.options import MAX_ERROR, Converted
+
+    def refuse(text: str) -> object:
+        raise ValueError(f"{text * 5000} is bad")
+
+    with pytest.raises(click.BadParameter) as refused:
+        Converted("X", refuse).convert("ab", None, None)
+    assert len(refused.value.message) <= MAX_ERROR
+    assert refused.value.message.endswith("... (message cut)")
