@@ -10,12 +10,15 @@ the listener addresses, where empty means off as documented.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import click
 
+from numa_device_plugin.cli.paramtypes import MAX_ERROR as MAX_ERROR
+from numa_device_plugin.cli.paramtypes import Converted as Converted
+from numa_device_plugin.cli.paramtypes import Option as Option
+from numa_device_plugin.cli.paramtypes import Switch as Switch
 from numa_device_plugin.ops.logs import LEVELS
 from numa_device_plugin.plugin.config import config_default
 from numa_device_plugin.plugin.config import config_from_params as config_from_params
@@ -47,56 +50,6 @@ from numa_device_plugin.plugin.values import (
 )
 
 ENV_PREFIX = "NUMA_"
-
-
-# Characters of a conversion's error message shown in a usage error.
-MAX_ERROR = 400
-
-
-class Converted(click.ParamType[Any]):
-    """A click type from a conversion function; its ValueError becomes a BadParameter."""
-
-    def __init__(self, name: str, convert: Callable[[str], Any]) -> None:
-        self.name = name
-        self._convert = convert
-
-    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
-        if not isinstance(value, str):
-            return value  # a default, already a value
-        try:
-            return self._convert(value)
-        except ValueError as exc:
-            message = str(exc)
-            if len(message) > MAX_ERROR:  # whatever echoes the value, a usage error stays short
-                message = f"{message[: MAX_ERROR - 20]}... (message cut)"
-            self.fail(message, param, ctx)
-
-
-class Option(click.Option):
-    """A click option whose errors name its variable only when the value came from
-    it, and whose variable, when set but empty, is an error unless ``allow_empty``."""
-
-    def __init__(self, *args: Any, allow_empty: bool = False, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.allow_empty = allow_empty
-
-    def get_error_hint(self, ctx: click.Context | None) -> str:
-        hint = " / ".join(f"'{opt}'" for opt in self.opts)
-        source = ctx.get_parameter_source(self.name) if ctx is not None and self.name else None
-        if source is click.core.ParameterSource.ENVIRONMENT and isinstance(self.envvar, str):
-            hint += f" (env var: '{self.envvar}')"
-        return hint
-
-    def resolve_envvar_value(self, ctx: click.Context) -> str | None:
-        if isinstance(self.envvar, str) and os.environ.get(self.envvar) == "":
-            if self.allow_empty:
-                return None
-            raise click.BadParameter(
-                f"the variable {self.envvar} is set but empty; unset it to use the default",
-                ctx,
-                param_hint=" / ".join(f"'{opt}'" for opt in self.opts),
-            )
-        return super().resolve_envvar_value(ctx)
 
 
 def param(ctx: click.Context, name: str) -> click.Parameter:
@@ -226,17 +179,6 @@ metrics_address = _option(
 )
 
 
-class Switch(click.types.BoolParamType):
-    """click's BOOL (true/false, yes/no, on/off, 1/0, any case) without its reading of
-    an empty value as false: ``--debug-endpoints=`` is a usage error, as an empty
-    ``NUMA_DEBUG_ENDPOINTS`` is (:class:`Option`): one rule for both."""
-
-    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
-        if isinstance(value, str) and not value.strip():
-            self.fail("an empty value is not a BOOL (true or false; unset it for the default)")
-        return super().convert(value, param, ctx)
-
-
 debug_endpoints = _option(
     "--debug-endpoints",
     "with --metrics-address: serve the node page (/) and /debug/state there too (they "
@@ -346,7 +288,7 @@ node_label = click.option(
     help="with --config-file: a label of the stand-in API server's node (repeat for more), "
     "e.g. numa-align/config=exact; none: the file's default",
 )
-near_option = click.option(
+_near = click.option(
     "--near",
     "near",
     cls=Option,
@@ -358,9 +300,23 @@ near_option = click.option(
     metavar="NAME=SELECTOR",
     help="a resource <prefix>/NAME on the NUMA node(s) of a device (repeat for more): "
     "SELECTOR is block:NAME, serial:S, wwid:W, net:IFNAME, pci:DOMAIN:BUS:DEV.FN, "
-    "pci-id:VENDOR:DEVICE or pci-class:PREFIX, e.g. data-disk=serial:S3EVNX0K123 "
-    "(variable: space-separated)",
+    "pci-id:VENDOR:DEVICE, pci-class:PREFIX or path:/HOST/PATH, e.g. "
+    "data-disk=serial:S3EVNX0K123 or data-a=path:/mnt/disks/a (variable: space-separated)",
 )
+mount_table = _option(
+    "--mount-table",
+    "the host's mount table (proc(5) mountinfo) the path: selectors look paths up in",
+    file_path,
+    config_default("mount_table"),
+    "PATH",
+)
+
+
+def near_option(function: Callable[..., Any]) -> Callable[..., Any]:
+    """``--near`` and the ``--mount-table`` its ``path:`` selectors read."""
+    return _near(mount_table(function))
+
+
 keep = _switch("--keep", "after the Allocate, keep serving until Ctrl-C (SIGINT) or SIGTERM")
 allow_unaligned = _switch(
     "--allow-unaligned",

@@ -98,7 +98,8 @@ class Config:
     ``reserved_memory``: the kubelet's ``--reserved-memory`` as (NUMA node, memory
     type, bytes), used for memory only while the API cannot be read.
     ``near``: resources that follow a device (``--near NAME=SELECTOR``), each
-    advertised as ``<resource_prefix>/<name>`` on the selected device's NUMA nodes.
+    advertised as ``<resource_prefix>/<name>`` on the selected device's NUMA nodes;
+    ``mount_table``: the host's mountinfo, where ``path:`` selectors look paths up.
 
     Raises ValueError from ``__post_init__`` for an invalid prefix, capacity,
     a non-positive duration, a near name that is invalid or given twice, or settings
@@ -120,6 +121,7 @@ class Config:
     memory_unit: int | None = None
     reserved_memory: ReservedMemory = ()
     near: tuple[Near, ...] = ()
+    mount_table: Path = Path("/proc/1/mountinfo")
 
     def __post_init__(self) -> None:
         validate_resource_prefix(self.resource_prefix)
@@ -175,6 +177,7 @@ _CONFIG_FIELDS = (
     "memory_unit",
     "reserved_memory",
     "near",
+    "mount_table",
 )
 
 

@@ -18,6 +18,7 @@ from numa_device_plugin.plugin.devices import Near, Resource, build_resources
 from numa_device_plugin.topology import sysfs
 from numa_device_plugin.topology.locality import Inventory, read_inventory
 from numa_device_plugin.topology.memory import format_quantity
+from numa_device_plugin.topology.mounts import MountTable, read_mount_table
 from numa_device_plugin.topology.numa import NodePlan, plan_nodes, read_topology, topology_warnings
 from numa_device_plugin.topology.selectors import Selection, select
 
@@ -66,15 +67,19 @@ def near_document(entry: NearPlan) -> dict[str, object]:
 
 
 def plan_near(
-    config: Config, plans: tuple[NodePlan, ...], inventory: Inventory
+    config: Config,
+    plans: tuple[NodePlan, ...],
+    inventory: Inventory,
+    mounts: MountTable | None = None,
 ) -> tuple[NearPlan, ...]:
-    """Each ``config.near`` entry's selection in ``inventory`` and the advertised NUMA
-    nodes it covers; pure. A selection on NUMA nodes none of which is advertised (a
-    memory-only node, all CPUs offline) advertises nothing, and says so."""
+    """Each ``config.near`` entry's selection in ``inventory`` (``path:`` selectors in
+    ``mounts``, the host's mount table) and the advertised NUMA nodes it covers; pure.
+    A selection on NUMA nodes none of which is advertised (a memory-only node, all
+    CPUs offline) advertises nothing, and says so."""
     advertised = {plan.node.id for plan in plans if plan.advertised}
     found = []
     for near in config.near:
-        selection = select(inventory, near.selector)
+        selection = select(inventory, near.selector, mounts)
         nodes = tuple(sorted(selection.nodes & advertised))
         reason = selection.reason
         if reason is None and not nodes:
@@ -96,7 +101,10 @@ def discover(config: Config) -> Discovery:
     topology = read_topology(config.sysfs_root)
     plans = plan_nodes(topology, include_cpuless=config.include_cpuless_nodes)
     inventory = read_inventory(config.sysfs_root)
-    near = plan_near(config, plans, inventory)
+    mounts = None  # read only for path: selectors, at every look (a disk may move)
+    if any(entry.selector.kind == "path" for entry in config.near):
+        mounts = read_mount_table(config.mount_table, config.sysfs_root)
+    near = plan_near(config, plans, inventory, mounts)
     resources = build_resources(
         plans,
         prefix=config.resource_prefix,

@@ -19,6 +19,11 @@ Forms (:func:`parse_selector`):
 ``pci-class:PREFIX``              every PCI device whose class code (6 hex digits)
                                   starts with PREFIX (``0108`` NVMe, ``0200``
                                   Ethernet, ``0302`` a 3D controller)
+``path:/HOST/PATH``               the block device holding that host path (the
+                                  filesystem mounted there or above it, from the
+                                  host's mount table; partitions, dm/LVM and md
+                                  through their disks): one name for every server
+                                  of a pool (``path:/mnt/disks/a``)
 ================================  =====================================================
 
 :func:`select` is pure. A selection's NUMA nodes are those of every matched device
@@ -34,11 +39,14 @@ from dataclasses import dataclass, replace
 
 from numa_device_plugin.topology import pci
 from numa_device_plugin.topology.locality import Inventory, Located
+from numa_device_plugin.topology.mounts import MountTable
 from numa_device_plugin.topology.pci import PciDevice
 
-KINDS = ("block", "serial", "wwid", "net", "pci", "pci-id", "pci-class")
+KINDS = ("block", "serial", "wwid", "net", "pci", "pci-id", "pci-class", "path")
 # Characters of a selector's value (a wwid is ~80; anything longer is not a name).
 MAX_VALUE = 256
+# Characters of a path: selector's host path.
+MAX_PATH = 1024
 # Matched devices named in a selection (a class can match hundreds).
 MAX_NAMED = 16
 
@@ -84,12 +92,18 @@ def parse_selector(text: str) -> Selector:
     if not sep or kind not in KINDS:
         raise ValueError(
             f"{text[:80]!r} is not a selector (block:NAME, serial:S, wwid:W, net:IFNAME, "
-            "pci:DOMAIN:BUS:DEV.FN, pci-id:VENDOR:DEVICE, pci-class:PREFIX)"
+            "pci:DOMAIN:BUS:DEV.FN, pci-id:VENDOR:DEVICE, pci-class:PREFIX, path:/HOST/PATH)"
         )
     value = value.strip()
-    if not value or len(value) > MAX_VALUE or not value.isprintable():
-        raise ValueError(f"{kind}: needs a value of 1 to {MAX_VALUE} printable characters")
-    if kind in ("block", "net"):
+    limit = MAX_PATH if kind == "path" else MAX_VALUE
+    if not value or len(value) > limit or not value.isprintable():
+        raise ValueError(f"{kind}: needs a value of 1 to {limit} printable characters")
+    if kind == "path":
+        parts = [part for part in value.split("/") if part]
+        if not value.startswith("/") or any(part in (".", "..") for part in parts):
+            raise ValueError(f"path:{value[:80]!r}: an absolute host path without . or ..")
+        value = "/" + "/".join(parts)
+    elif kind in ("block", "net"):
         if not _KERNEL_NAME.fullmatch(value):
             raise ValueError(f"{kind}:{value[:80]!r}: not a kernel device name")
     elif kind == "pci":
@@ -116,10 +130,13 @@ def parse_selector(text: str) -> Selector:
     return Selector(kind, value)
 
 
-def select(inventory: Inventory, selector: Selector) -> Selection:
-    """The devices of ``inventory`` that ``selector`` names, and their NUMA nodes.
-    When the inventory was cut (:attr:`Inventory.cut`) the reason says the device
-    may be among those left out."""
+def select(inventory: Inventory, selector: Selector, mounts: MountTable | None = None) -> Selection:
+    """The devices of ``inventory`` that ``selector`` names, and their NUMA nodes; a
+    ``path:`` selector looks its path up in ``mounts`` (the host's mount table; None:
+    not read). When the inventory was cut (:attr:`Inventory.cut`) the reason says the
+    device may be among those left out."""
+    if selector.kind == "path":
+        return _from_path(inventory, selector, mounts or MountTable(problem="not read"))
     selection = _select(inventory, selector)
     kind = _KIND_LISTED[selector.kind]
     if selection.reason is not None and kind in inventory.cut:
@@ -140,6 +157,7 @@ _KIND_LISTED = {
     "pci": "PCI devices",
     "pci-id": "PCI devices",
     "pci-class": "PCI devices",
+    "path": "block devices",
 }
 
 
@@ -155,6 +173,26 @@ def _select(inventory: Inventory, selector: Selector) -> Selection:
     else:
         found = [d for d in inventory.block if d.wwid == selector.value and d.disk == d.name]
     return _from_located(found, selector)
+
+
+def _from_path(inventory: Inventory, selector: Selector, mounts: MountTable) -> Selection:
+    """The block device holding the path (its disk's nodes, through partitions and
+    dm/md), or why there is none: the table unread, no mount, a filesystem without a
+    block device (tmpfs, overlay, NFS)."""
+    if mounts.problem is not None:
+        return Selection(
+            frozenset(), reason=f"{selector}: the host's mount table: {mounts.problem}"
+        )
+    mount = mounts.holding(selector.value)
+    if mount is None:
+        return Selection(frozenset(), reason=f"{selector}: no mount holds it")
+    where = f"{mount.fs_type} {mount.source} at {mount.mount_point}"
+    if mount.block is None:
+        device = f"{mount.device[0]}:{mount.device[1]}"
+        reason = f"{selector}: on {where} ({device}), which is no block device: no locality"
+        return Selection(frozenset(), count=1, unlocated=(f"{where}: no block device",),
+                         reason=reason)  # fmt: skip
+    return _from_located([d for d in inventory.block if d.name == mount.block], selector)
 
 
 def _pci_matches(device: PciDevice, selector: Selector) -> bool:
@@ -174,6 +212,7 @@ def _what(selector: Selector) -> str:
         "pci": "PCI device",
         "pci-id": "PCI device with that vendor:device id",
         "pci-class": "PCI device of that class",
+        "path": "block device of its mount",
     }[selector.kind]
 
 

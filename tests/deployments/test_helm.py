@@ -203,6 +203,9 @@ def test_values_that_would_break_every_node_fail_the_rendering_naming_the_value(
         "serial:\x1b[31m", "pci:100000000:01:00.0", "pci-class:0108020", "disk:sda",
         "block:nvme0n1", "serial:S3EVNX0K123", "wwid:eui.0025", "net:ib0", "pci:10000:01:00.0",
         "pci:0000:4A:00.0", "pci-id:0x15B3:101d", "pci-class:0x0108", "pci-class:02",
+        "path:/mnt/disks/a", "path:/var/lib/elasticsearch/", "path:/", "path:relative",
+        "path:/mnt/../etc", "path:/mnt/.", "path:/mnt/..hidden", "path:/" + "a" * 1024,
+        "path:/" + "a" * 1023,
     ],
 )  # fmt: skip
 def test_the_schemas_selector_grammar_is_the_plugins(selector: str) -> None:
@@ -220,7 +223,12 @@ def test_the_schemas_selector_grammar_is_the_plugins(selector: str) -> None:
         accepted = True
     except ValueError:
         accepted = False
-    assert bool(re.fullmatch(pattern["pattern"], selector)) == accepted
+    schema_accepts = (
+        bool(re.fullmatch(pattern["pattern"], selector))
+        and not re.fullmatch(pattern["not"]["pattern"], selector)
+        and len(selector) <= pattern["maxLength"]
+    )
+    assert schema_accepts == accepted
     if not accepted and selector.isprintable():
         result = run_helm("template", RELEASE, str(CHART), "--set-json",
                           f"config.near={json.dumps({'d': selector})}")  # fmt: skip

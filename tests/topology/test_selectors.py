@@ -10,6 +10,7 @@ import pytest
 
 from numa_device_plugin.topology.fake import DeviceTree
 from numa_device_plugin.topology.locality import Inventory, read_inventory
+from numa_device_plugin.topology.mounts import MountTable, read_mount_table
 from numa_device_plugin.topology.selectors import (
     MAX_NAMED,
     Selector,
@@ -196,3 +197,77 @@ def test_a_selection_names_at_most_max_named_devices_without_locality(tmp_path: 
     assert len(selection.unlocated) == MAX_NAMED
     assert selection.reason is not None
     assert f"(and {MAX_NAMED + 3} more)" in selection.reason
+
+
+@pytest.fixture
+def mounted(tmp_path: Path) -> tuple[Inventory, MountTable]:
+    """tests/topology/test_mounts.py's machine and table: /mnt/disks/a on nvme1n1p1 (node
+    1), /mnt/disks/b on LVM over both disks, a bind mount, tmpfs and overlay."""
+    from tests.topology.test_mounts import TABLE, sysfs_with_devices
+
+    sysfs_with_devices(tmp_path / "sys")
+    (tmp_path / "mountinfo").write_text(TABLE)
+    root = tmp_path / "sys"
+    return read_inventory(root), read_mount_table(tmp_path / "mountinfo", root)
+
+
+@pytest.mark.parametrize(
+    ("selector", "nodes", "matched", "reason"),
+    [
+        ("path:/mnt/disks/a", {1}, ["nvme1n1p1"], None),
+        ("path:/mnt/disks/a/", {1}, ["nvme1n1p1"], None),
+        ("path:/mnt/disks/a//shard-0/data", {1}, ["nvme1n1p1"], None),  # below it
+        ("path:/var/lib/elasticsearch/nodes", {1}, ["nvme1n1p1"], None),  # a bind mount
+        ("path:/mnt/disks/a/inner", {0}, ["nvme0n1p3"], None),  # a mount below a mount
+        ("path:/mnt/disks/b", {0, 1}, ["dm-0"], None),  # LVM over disks on both nodes
+        ("path:/etc", {0}, ["nvme0n1p2"], None),  # the root filesystem
+        ("path:/mnt/disks/scratch", set(), [],
+         "path:/mnt/disks/scratch: on tmpfs tmpfs at /mnt/disks/scratch (0:40), which is no "
+         "block device: no locality"),
+        ("path:/mnt/my disk", set(), [], "on overlay overlay at /mnt/my disk (0:41)"),
+    ],
+)  # fmt: skip
+def test_a_path_selects_the_block_device_of_its_mount(
+    mounted: tuple[Inventory, MountTable],
+    selector: str,
+    nodes: set[int],
+    matched: list[str],
+    reason: str | None,
+) -> None:
+    inventory, table = mounted
+    selection = select(inventory, parse_selector(selector), table)
+    assert selection.nodes == nodes
+    assert list(selection.matched) == matched
+    if reason is None:
+        assert selection.reason is None
+    else:
+        assert selection.reason is not None
+        assert reason in selection.reason
+
+
+def test_a_path_without_a_readable_mount_table_says_why(
+    mounted: tuple[Inventory, MountTable],
+) -> None:
+    inventory, _ = mounted
+    unread = select(inventory, parse_selector("path:/mnt/disks/a"))
+    assert unread.reason == "path:/mnt/disks/a: the host's mount table: not read"
+    broken = select(inventory, parse_selector("path:/x"), MountTable(problem="malformed x"))
+    assert broken.reason == "path:/x: the host's mount table: malformed x"
+    assert select(inventory, parse_selector("path:/x"), MountTable()).reason == (
+        "path:/x: no mount holds it"
+    )
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("path:mnt/disks/a", "an absolute host path"),
+        ("path:/mnt/../etc", "without . or .."),
+        ("path:/mnt/./a", "without . or .."),
+        ("path:/" + "a" * 1024, "needs a value of 1 to 1024"),
+        ("path:/mnt/\x00", "printable"),
+    ],
+)
+def test_a_path_selector_refuses_what_is_no_absolute_path(text: str, message: str) -> None:
+    with pytest.raises(ValueError, match=re.escape(message)):
+        parse_selector(text)

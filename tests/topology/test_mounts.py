@@ -1,0 +1,161 @@
+"""The host's mount table (proc(5) mountinfo): parsing, which mount holds a path, and
+the block device each mount's major:minor names in sysfs; hostile tables."""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+import pytest
+
+from numa_device_plugin.topology.fake import DeviceTree
+from numa_device_plugin.topology.mounts import (
+    Mount,
+    MountTable,
+    parse_mountinfo,
+    read_mount_table,
+    unescape,
+)
+
+TABLE = """\
+22 1 259:2 / / rw,relatime shared:1 - ext4 /dev/nvme0n1p2 rw
+24 22 0:21 / /proc rw,nosuid shared:12 - proc proc rw
+30 22 259:5 / /mnt/disks/a rw,relatime shared:20 master:3 - xfs /dev/nvme1n1p1 rw
+31 22 253:0 / /mnt/disks/b rw,relatime - xfs /dev/mapper/vg-data rw
+32 22 259:5 /es /var/lib/elasticsearch rw,relatime - xfs /dev/nvme1n1p1 rw
+33 22 0:40 / /mnt/disks/scratch rw - tmpfs tmpfs rw,size=1024k
+34 22 0:41 / /mnt/my\\040disk rw - overlay overlay rw,lowerdir=/a
+35 30 259:6 / /mnt/disks/a/inner rw - ext4 /dev/nvme0n1p3 rw
+"""
+
+
+def test_mountinfo_lines_become_mounts_with_their_device_and_type() -> None:
+    mounts = parse_mountinfo(TABLE)
+    assert mounts[0] == Mount("/", (259, 2), "ext4", "/dev/nvme0n1p2")
+    assert mounts[2] == Mount("/mnt/disks/a", (259, 5), "xfs", "/dev/nvme1n1p1")
+    assert mounts[6].mount_point == "/mnt/my disk"  # \\040 is a space
+    assert [m.fs_type for m in mounts] == [
+        "ext4", "proc", "xfs", "xfs", "xfs", "tmpfs", "overlay", "ext4"
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("path", "point"),
+    [
+        ("/mnt/disks/a", "/mnt/disks/a"),
+        ("/mnt/disks/a/shard-1/data", "/mnt/disks/a"),
+        ("/mnt/disks/a/inner/x", "/mnt/disks/a/inner"),  # the nearest parent
+        ("/mnt/disks/ab", "/"),  # a prefix of the text, not of the path
+        ("/var/lib/elasticsearch", "/var/lib/elasticsearch"),  # a bind mount
+        ("/mnt/my disk/x", "/mnt/my disk"),
+        ("/etc", "/"),
+        ("/", "/"),
+    ],
+)
+def test_a_path_is_held_by_the_mount_at_it_or_its_nearest_parent(path: str, point: str) -> None:
+    holder = MountTable(parse_mountinfo(TABLE)).holding(path)
+    assert holder is not None
+    assert holder.mount_point == point
+
+
+def test_of_two_mounts_at_one_point_the_later_is_seen() -> None:
+    table = MountTable(parse_mountinfo(TABLE + "40 30 259:9 / /mnt/disks/a rw - xfs /dev/x rw\n"))
+    holder = table.holding("/mnt/disks/a/f")
+    assert holder is not None
+    assert holder.device == (259, 9)
+
+
+def test_a_table_without_root_holds_nothing_outside_its_mounts() -> None:
+    table = MountTable(parse_mountinfo(TABLE.splitlines()[2] + "\n"))
+    assert table.holding("/etc") is None
+
+
+@pytest.mark.parametrize(
+    ("text", "why"),
+    [
+        ("garbage\n", "line 1 has no ' - ' separator"),
+        ("1 2 3 4 5 6 - ext4\n", "line 1 is not a mountinfo line"),
+        ("1 2 x:y / / rw - ext4 /dev/a rw\n", "line 1 is not a mountinfo line"),
+        ("1 2 8:1 / relative rw - ext4 /dev/a rw\n", "line 1 is not a mountinfo line"),
+        (TABLE + "1 2 99999999999:1 / /x rw - ext4 /dev/a rw\n", "line 9 is not"),
+    ],
+)
+def test_a_malformed_table_is_refused_naming_the_line(text: str, why: str) -> None:
+    with pytest.raises(ValueError, match=re.escape(why)):
+        parse_mountinfo(text)
+
+
+def test_octal_escapes_are_decoded() -> None:
+    assert unescape(r"/a\040b\011c\012d\134e") == "/a b\tc\nd\\e"
+
+
+def sysfs_with_devices(root: Path) -> DeviceTree:
+    """nvme0n1 (partitions p1-p3) on node 0, nvme1n1 (p1) on node 1, dm-0 over both
+    p1s, and dev/block links for them as the kernel makes them."""
+    tree = DeviceTree(root)
+    tree.pci("0000:01:00.0", 0)
+    tree.pci("0000:81:00.0", 1)
+    tree.disk("nvme0n1", "0000:01:00.0", serial="S0", partitions=3)
+    tree.disk("nvme1n1", "0000:81:00.0", serial="S1", partitions=1)
+    tree.mapped("dm-0", ["nvme0n1p1", "nvme1n1p1"])
+    for device, name in (("259:2", "nvme0n1p2"), ("259:5", "nvme1n1p1"), ("259:6", "nvme0n1p3"),
+                         ("253:0", "dm-0")):  # fmt: skip
+        link = root / "dev" / "block" / device
+        link.parent.mkdir(parents=True, exist_ok=True)
+        os.symlink(os.path.relpath((root / "class/block" / name).resolve(), link.parent), link)
+    return tree
+
+
+def test_each_mount_names_the_block_device_of_its_major_minor(tmp_path: Path) -> None:
+    sysfs_with_devices(tmp_path / "sys")
+    (tmp_path / "mountinfo").write_text(TABLE)
+    table = read_mount_table(tmp_path / "mountinfo", tmp_path / "sys")
+    assert table.problem is None
+    assert {m.mount_point: m.block for m in table.mounts} == {
+        "/": "nvme0n1p2", "/proc": None, "/mnt/disks/a": "nvme1n1p1", "/mnt/disks/b": "dm-0",
+        "/var/lib/elasticsearch": "nvme1n1p1", "/mnt/disks/scratch": None,
+        "/mnt/my disk": None, "/mnt/disks/a/inner": "nvme0n1p3",
+    }  # fmt: skip
+
+
+def test_a_dev_block_link_that_leaves_the_root_names_no_device(
+    tmp_path: Path, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    sysfs_with_devices(tmp_path / "sys")
+    link = tmp_path / "sys/dev/block/259:5"
+    link.unlink()
+    link.symlink_to(tmp_path_factory.mktemp("outside"))
+    (tmp_path / "mountinfo").write_text(TABLE)
+    table = read_mount_table(tmp_path / "mountinfo", tmp_path / "sys")
+    assert {m.mount_point: m.block for m in table.mounts}["/mnt/disks/a"] is None
+
+
+@pytest.mark.parametrize("kind", ["missing", "folder", "fifo", "garbage", "huge"])
+def test_an_unreadable_table_is_a_problem_naming_it_never_an_error(
+    tmp_path: Path, kind: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from numa_device_plugin.topology import mounts
+
+    table = tmp_path / "mountinfo"
+    if kind == "folder":
+        table.mkdir()
+    elif kind == "fifo":
+        os.mkfifo(table)
+    elif kind == "garbage":
+        table.write_bytes(b"\xff\xfe not a table\n")
+    elif kind == "huge":
+        monkeypatch.setattr(mounts, "MAX_TABLE_BYTES", 1000)
+        table.write_text(TABLE * 20)
+    found = read_mount_table(table, tmp_path)
+    assert found.mounts == ()
+    assert found.problem is not None
+    assert str(table) in found.problem
+
+
+def test_a_table_of_more_mounts_than_read_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    from numa_device_plugin.topology import mounts
+
+    monkeypatch.setattr(mounts, "MAX_MOUNTS", 3)
+    with pytest.raises(ValueError, match="more than 3 mounts"):
+        parse_mountinfo(TABLE)
