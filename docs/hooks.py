@@ -5,10 +5,10 @@ A page holds a marker, ``<!-- generated: NAME -->``, followed by the table as ``
 reference`` last wrote it (up to ``<!-- end generated: NAME -->``): the Markdown read on
 the forge holds the tables too, and tests/test_docs.py fails when one is stale. At each
 build :func:`on_page_markdown` writes the table NAME afresh: ``cli`` (every command
-with its usage and every option as ``--help`` shows it: flags, variable, default, meaning), ``metrics`` (every family
-of the plugin's Prometheus registry, with its type, labels and help) or
-``helm-values`` (every chart value with its default from ``values.yaml`` and its
-meaning from ``values.schema.json``).
+with its usage and every option as ``--help`` shows it: flags, variable, default,
+meaning), ``metrics`` (every family of the plugin's Prometheus registry, with its
+type, labels and help) or ``helm-values`` (every chart value with its default from
+``values.yaml`` and its meaning from ``values.schema.json``).
 """
 
 from __future__ import annotations
