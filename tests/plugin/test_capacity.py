@@ -227,7 +227,7 @@ def test_a_near_holder_counts_only_on_the_numa_node_of_the_device_it_holds() -> 
     view = KubeletView(frozenset(range(8)), (disk_holder("numa1-cpu0005", cpus=(5,)),))
     on_1 = node_capacity(R1, 1, NODE1, (), view, related=[DISK])
     on_0 = node_capacity(R0, 0, NODE0, (), view, related=[DISK])
-    assert (on_1.misaligned, on_1.assigned_ours) == (0, {5})
+    assert (on_1.misaligned, on_1.assigned_ours) == (0, frozenset({5}))
     assert (on_0.misaligned, on_0.assigned_ours) == (0, frozenset())
 
 
