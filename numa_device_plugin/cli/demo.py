@@ -270,7 +270,8 @@ def status_argv(config: Config) -> list[str]:
         )
         argv += ["--reserved-memory", entries]
     for near in config.near:
-        argv += ["--near", str(near)]
+        for flag in near.flags():
+            argv += ["--near", flag]
     return argv
 
 

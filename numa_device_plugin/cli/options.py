@@ -25,6 +25,7 @@ from numa_device_plugin.plugin.config import config_from_params as config_from_p
 from numa_device_plugin.plugin.devices import (
     DEFAULT_CAPACITY,
     DEFAULT_RESOURCE_PREFIX,
+    merge_near,
     parse_near,
     validate_resource_prefix,
 )
@@ -294,11 +295,12 @@ _near = click.option(
     cls=Option,
     multiple=True,
     type=Converted("NAME=SELECTOR", parse_near),
-    callback=lambda ctx, param, value: tuple(value),
+    callback=lambda ctx, param, value: merge_near(value),
     envvar=variable("--near"),
     show_envvar=True,
     metavar="NAME=SELECTOR",
-    help="a resource <prefix>/NAME on the NUMA node(s) of a device (repeat for more): "
+    help="a resource <prefix>/NAME on the NUMA node(s) of a device (repeat for more; a "
+    "NAME given again adds a selector that must agree: the nodes all of them cover): "
     "SELECTOR is block:NAME, serial:S, wwid:W, net:IFNAME, pci:DOMAIN:BUS:DEV.FN, "
     "pci-id:VENDOR:DEVICE, pci-class:PREFIX or path:/HOST/PATH, e.g. "
     "data-disk=serial:S3EVNX0K123 or data-a=path:/mnt/disks/a (variable: space-separated)",

@@ -120,18 +120,24 @@ def _text(convert: Callable[[str], Any]) -> Callable[[Any], Any]:
 
 
 def _near(value: Any) -> tuple[Any, ...]:
-    """``near:``, a mapping NAME -> SELECTOR (``{data-disk: "serial:S3EV"}``), as the
-    tuple of :class:`~numa_device_plugin.plugin.devices.Near` that ``--near`` gives."""
-    from numa_device_plugin.plugin.devices import parse_near
+    """``near:``, a mapping NAME -> SELECTOR (``{data-disk: "serial:S3EV"}``), or NAME ->
+    a list of selectors that must all agree (``{osd: [path:/var/lib/ceph, net:ens1]}``),
+    as the tuple of :class:`~numa_device_plugin.plugin.devices.Near` that ``--near``
+    gives."""
+    from numa_device_plugin.plugin.devices import merge_near, parse_near
 
     if not isinstance(value, dict):
         raise ValueError(f"expected a mapping of NAME: SELECTOR, got {_shown(value)}")
     found = []
-    for name, selector in value.items():
-        if not isinstance(name, str) or not isinstance(selector, str):
-            raise ValueError(f"{_shown(name)}: {_shown(selector)} is not NAME: SELECTOR text")
-        found.append(parse_near(f"{name}={selector}"))
-    return tuple(found)
+    for name, given in value.items():
+        selectors = given if isinstance(given, list) and given else [given]
+        for selector in selectors:
+            if not isinstance(name, str) or not isinstance(selector, str):
+                raise ValueError(
+                    f"{_shown(name)}: {_shown(given)} is not NAME: SELECTOR text (or a list)"
+                )
+            found.append(parse_near(f"{name}={selector}"))
+    return merge_near(found)
 
 
 def _settings() -> dict[str, tuple[str, Callable[[Any], Any]]]:

@@ -20,6 +20,10 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Literal
 
+from numa_device_plugin.plugin.ids import cpu_device_id as cpu_device_id
+from numa_device_plugin.plugin.ids import device_id as device_id
+from numa_device_plugin.plugin.ids import device_index as device_index
+from numa_device_plugin.plugin.ids import socket_name as socket_name
 from numa_device_plugin.topology.memory import (
     MemoryPool,
     ReservedMemory,
@@ -66,13 +70,38 @@ class Device:
 @dataclass(frozen=True)
 class Near:
     """A resource that follows a device (``--near data-disk=serial:S3EV``): ``name``
-    (the part after the prefix, ``data-disk``) and the ``selector`` of the device."""
+    (the part after the prefix, ``data-disk``) and the ``selector`` of the device;
+    ``also``: more selectors given for the same name, which must *all* agree (a data
+    path and a NIC: the resource goes to the NUMA nodes every one of them covers)."""
 
     name: str
     selector: Selector
+    also: tuple[Selector, ...] = ()
+
+    @property
+    def selectors(self) -> tuple[Selector, ...]:
+        return (self.selector, *self.also)
+
+    def flags(self) -> list[str]:
+        """As ``NAME=SELECTOR`` arguments of ``--near``, one per selector."""
+        return [f"{self.name}={selector}" for selector in self.selectors]
 
     def __str__(self) -> str:
-        return f"{self.name}={self.selector}"
+        return f"{self.name}=" + " & ".join(map(str, self.selectors))
+
+
+def merge_near(entries: Iterable[Near]) -> tuple[Near, ...]:
+    """``--near`` entries with one name given several times as one :class:`Near` whose
+    selectors must all agree, in the order the names first came; a selector repeated
+    for a name counts once."""
+    merged: dict[str, Near] = {}
+    for entry in entries:
+        found = merged.get(entry.name)
+        if found is None:
+            merged[entry.name] = entry
+        elif entry.selector not in found.selectors:
+            merged[entry.name] = Near(found.name, found.selector, (*found.also, entry.selector))
+    return tuple(merged.values())
 
 
 @dataclass(frozen=True)
@@ -196,6 +225,8 @@ def parse_near(text: str) -> Near:
 # Resources that follow a device, at most: each is a gRPC server, a socket and a
 # registration of its own; real servers name a few (data disk, NIC, accelerator).
 MAX_NEAR = 64
+# Selectors that must all agree for one resource (a data path, a NIC, an accelerator).
+MAX_ALL_OF = 8
 
 
 def check_near(prefix: str, near: Iterable[Near]) -> None:
@@ -213,24 +244,11 @@ def check_near(prefix: str, near: Iterable[Near]) -> None:
         if entry.name in seen:
             raise ValueError(f"near resource {_shown(entry.name)} is given twice")
         seen.add(entry.name)
-
-
-def socket_name(name: str) -> str:
-    """Socket file name for a resource: stable, unique per resource, no ``/``.
-
-    ``numa-align/numa-0`` -> ``numa-align_numa-0.sock``.
-    """
-    return name.replace("/", "_") + ".sock"
-
-
-def device_id(node_id: int, index: int) -> str:
-    """Deterministic device id, e.g. ``numa1-slot0042`` (at most 63 characters)."""
-    return f"numa{node_id}-slot{index:04d}"
-
-
-def cpu_device_id(node_id: int, cpu: int) -> str:
-    """Device id of a CPU in ``cpus`` mode, e.g. ``numa1-cpu0012``."""
-    return f"numa{node_id}-cpu{cpu:04d}"
+        if len(entry.selectors) > MAX_ALL_OF:
+            raise ValueError(
+                f"near resource {_shown(entry.name)}: {len(entry.selectors)} selectors, at "
+                f"most {MAX_ALL_OF}"
+            )
 
 
 def validate_capacity(capacity: Capacity) -> Capacity:
@@ -360,17 +378,3 @@ def build_resources(
             resource = near_resource(prefix, entry, covered, capacity, reserved_cpus)
             resources[resource.name] = resource
     return resources
-
-
-# The ids the plugin makes: numa<node>-<tag><index> (devices.py, numamemory.py), ASCII.
-_DEVICE_ID = re.compile(r"numa([0-9]{1,6})-[a-z](?:[a-z0-9]*[a-z])?([0-9]{1,9})", re.ASCII)
-
-
-def device_index(device_id: str, node_id: int) -> int | None:
-    """The index at the end of one of NUMA node ``node_id``'s device ids
-    (``numa1-cpu0012`` -> 12, ``numa0-hp2m0003`` -> 3); None for any id this plugin
-    never makes for that node."""
-    match = _DEVICE_ID.fullmatch(device_id)
-    if match is None or int(match[1]) != node_id:
-        return None
-    return int(match[2])

@@ -20,7 +20,7 @@ from numa_device_plugin.topology.locality import Inventory, read_inventory
 from numa_device_plugin.topology.memory import format_quantity
 from numa_device_plugin.topology.mounts import MountTable, read_mount_table
 from numa_device_plugin.topology.numa import NodePlan, plan_nodes, read_topology, topology_warnings
-from numa_device_plugin.topology.selectors import Selection, select
+from numa_device_plugin.topology.selectors import Selection, all_of, select
 
 log = structlog.get_logger(__name__)
 
@@ -57,7 +57,7 @@ def near_document(entry: NearPlan) -> dict[str, object]:
     "selector", "matched", "matched_count", "unlocated", "nodes", "reason"}``."""
     return {
         "resource": entry.resource,
-        "selector": str(entry.near.selector),
+        "selector": " & ".join(map(str, entry.near.selectors)),
         "matched": list(entry.selection.matched),
         "matched_count": entry.selection.count,
         "unlocated": list(entry.selection.unlocated),
@@ -79,12 +79,14 @@ def plan_near(
     advertised = {plan.node.id for plan in plans if plan.advertised}
     found = []
     for near in config.near:
-        selection = select(inventory, near.selector, mounts)
+        selection = all_of([select(inventory, one, mounts) for one in near.selectors],
+                           near.selectors)  # fmt: skip
         nodes = tuple(sorted(selection.nodes & advertised))
         reason = selection.reason
         if reason is None and not nodes:
             shown = ",".join(map(str, sorted(selection.nodes)))
-            reason = f"{near.selector}: on NUMA node(s) {shown}, none of which is advertised"
+            given = " & ".join(map(str, near.selectors))
+            reason = f"{given}: on NUMA node(s) {shown}, none of which is advertised"
         found.append(
             NearPlan(near, f"{config.resource_prefix}/{near.name}", selection, nodes, reason)
         )
@@ -102,7 +104,7 @@ def discover(config: Config) -> Discovery:
     plans = plan_nodes(topology, include_cpuless=config.include_cpuless_nodes)
     inventory = read_inventory(config.sysfs_root)
     mounts = None  # read only for path: selectors, at every look (a disk may move)
-    if any(entry.selector.kind == "path" for entry in config.near):
+    if any(one.kind == "path" for entry in config.near for one in entry.selectors):
         mounts = read_mount_table(config.mount_table, config.sysfs_root)
     near = plan_near(config, plans, inventory, mounts)
     resources = build_resources(
@@ -134,7 +136,7 @@ def discover(config: Config) -> Discovery:
             log.info(
                 "advertising a resource near a device",
                 resource=entry.resource,
-                selector=str(entry.near.selector),
+                selector=" & ".join(map(str, entry.near.selectors)),
                 nodes=list(entry.nodes),
                 matched=list(entry.selection.matched),
             )

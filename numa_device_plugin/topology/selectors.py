@@ -35,6 +35,7 @@ that has locality; a device without locality adds none (it is named in
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from numa_device_plugin.topology import pci
@@ -252,3 +253,25 @@ def _selection(
         unlocated=tuple(unlocated[:MAX_NAMED]),
         reason=reason,
     )
+
+
+def all_of(selections: Sequence[Selection], selectors: Sequence[Selector]) -> Selection:
+    """Several selections that must all agree (``--near osd=path:/data --near
+    osd=net:ens1``) as one: the NUMA nodes every one of them covers, their devices
+    together. The first that has no node gives the reason; when each has nodes but
+    none is common to all, the reason names where each is."""
+    if len(selections) == 1:
+        return selections[0]
+    nodes = frozenset.intersection(*(s.nodes for s in selections))
+    matched = tuple(name for s in selections for name in s.matched)[:MAX_NAMED]
+    unlocated = tuple(line for s in selections for line in s.unlocated)[:MAX_NAMED]
+    count = sum(s.count for s in selections)
+    reason = next((s.reason for s in selections if s.reason is not None), None)
+    if reason is None and not nodes:
+        where = "; ".join(
+            f"{selector} on {','.join(map(str, sorted(s.nodes)))}"
+            for selector, s in zip(selectors, selections, strict=True)
+        )
+        reason = f"its devices are on no common NUMA node: {where}"
+    return Selection(nodes=nodes if reason is None else frozenset(), matched=matched,
+                     count=count, unlocated=unlocated, reason=reason)  # fmt: skip

@@ -848,3 +848,29 @@ def test_a_conversion_error_of_any_length_is_cut_in_the_usage_error() -> None:
         Converted("X", refuse).convert("ab", None, None)
     assert len(refused.value.message) <= MAX_ERROR
     assert refused.value.message.endswith("... (message cut)")
+
+
+def test_discover_takes_a_name_twice_as_selectors_that_must_agree(
+    two_nodes: SysfsTree, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from numa_device_plugin.topology.fake import DeviceTree
+
+    devices = DeviceTree(two_nodes.root)
+    devices.pci("0000:41:00.0", 1, "0x010802")
+    devices.disk("nvme0n1", "0000:41:00.0", serial="S1")
+    devices.pci("0000:42:00.0", 1, "0x020000")
+    devices.nic("ens1", "0000:42:00.0")
+    devices.pci("0000:01:00.0", 0, "0x020000")
+    devices.nic("ens0", "0000:01:00.0")
+    args = ["discover", "--sysfs-root", str(two_nodes.root), "--output", "json",
+            "--near", "osd=serial:S1", "--near", "osd=net:ens1",
+            "--near", "split=serial:S1", "--near", "split=net:ens0"]  # fmt: skip
+    code, out, _ = run_main(args, capsys)
+    assert code == 0
+    near = {entry["resource"]: entry for entry in json.loads(out)["near"]}
+    assert near["numa-align/osd"]["selector"] == "serial:S1 & net:ens1"
+    assert near["numa-align/osd"]["nodes"] == [1]
+    assert near["numa-align/split"]["nodes"] == []
+    assert near["numa-align/split"]["reason"] == (
+        "its devices are on no common NUMA node: serial:S1 on 1; net:ens0 on 0"
+    )

@@ -409,6 +409,12 @@ def test_near_settings_reach_the_plugin_from_values_and_named_configurations(
     )
     config = options.config_from_params(serve_args(documents, monkeypatch))
     assert [str(n) for n in config.near] == ["data-disk=serial:S3EVNX0K123", "nic=pci:0000:41:00.0"]
+    listed = template("--set-json", 'config.near={"osd": ["path:/var/lib/ceph", "net:ens1"]}')
+    assert of_kind(listed, "ConfigMap")["data"]["NUMA_NEAR"] == (
+        "osd=path:/var/lib/ceph osd=net:ens1"
+    )
+    config = options.config_from_params(serve_args(listed, monkeypatch))
+    assert [str(n) for n in config.near] == ["osd=path:/var/lib/ceph & net:ens1"]
     named = template("--set-json", 'config.named={"a": {"near": {"data-disk": "wwid:eui.1"}}}')
     text = of_kind(named, "ConfigMap", f"{RELEASE}-node-configs")["data"]["configs.yaml"]
     params = serve_args(named, monkeypatch)

@@ -73,6 +73,23 @@ configs:
     assert [str(n) for n in configs.configs["b"]["near"]] == ["data-disk=wwid:eui.0b"]
 
 
+def test_a_near_name_with_a_list_takes_selectors_that_must_all_agree() -> None:
+    """One name for a data path and a NIC (as Ceph's OSD wants): a list of selectors."""
+    text = """
+configs:
+  osd: {near: {osd: ["path:/var/lib/ceph", "net:ens1f0"], data: "path:/mnt/disks/a"}}
+"""
+    configs = parse_node_configs(FILE, text, BASE)
+    near = configs.configs["osd"]["near"]
+    assert [str(n) for n in near] == [
+        "osd=path:/var/lib/ceph & net:ens1f0",
+        "data=path:/mnt/disks/a",
+    ]
+    for bad in ("{osd: [1]}", "{osd: []}", "{osd: [[a]]}"):
+        with pytest.raises(NodeConfigError, match="is not NAME: SELECTOR text"):
+            parse_node_configs(FILE, f"configs: {{a: {{near: {bad}}}}}", BASE)
+
+
 def test_a_file_parses_into_overrides_of_the_flags() -> None:
     configs = parse_node_configs(FILE, POOLS, BASE)
     assert configs.default == "slots"

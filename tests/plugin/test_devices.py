@@ -216,3 +216,22 @@ def test_device_index_parses_only_the_plugins_own_ids(
     device_id: str, node: int, index: int | None
 ) -> None:
     assert device_index(device_id, node) == index
+
+
+def test_a_name_given_again_adds_a_selector_that_must_agree() -> None:
+    from numa_device_plugin.plugin.devices import merge_near
+
+    given = [parse_near(t) for t in ("osd=path:/var/lib/ceph", "nic=net:ib0", "osd=net:ens1",
+                                     "osd=path:/var/lib/ceph")]  # fmt: skip
+    merged = merge_near(given)
+    assert [str(n) for n in merged] == ["osd=path:/var/lib/ceph & net:ens1", "nic=net:ib0"]
+    assert merged[0].flags() == ["osd=path:/var/lib/ceph", "osd=net:ens1"]
+    assert merge_near([parse_near(f) for f in merged[0].flags()]) == merged[:1]
+
+
+def test_check_near_refuses_more_selectors_for_one_name_than_max_all_of() -> None:
+    from numa_device_plugin.plugin.devices import MAX_ALL_OF, merge_near
+
+    many = merge_near([parse_near(f"d=block:sd{i}") for i in range(MAX_ALL_OF + 1)])
+    with pytest.raises(ValueError, match=f"{MAX_ALL_OF + 1} selectors, at most {MAX_ALL_OF}"):
+        check_near("numa-align", many)

@@ -75,3 +75,42 @@ def test_a_near_resource_is_named_with_the_configured_prefix(root: Path) -> None
     (plan,) = plan_near(config, plans(0, 1, 2), read_inventory(root))
     assert plan.resource == "example.com/d"
     assert "example.com/d" in discover(config).resources
+
+
+@pytest.mark.parametrize(
+    ("selectors", "advertised", "nodes", "reason"),
+    [
+        # A data disk and a NIC on the same node: there.
+        (["serial:S1", "net:ib0"], (0, 1, 2), (1,), None),
+        # The RAID over both nodes and the NIC on node 1: node 1 only.
+        (["block:md0", "net:ib0"], (0, 1, 2), (1,), None),
+        # They disagree: nothing, saying where each is.
+        (["serial:S0", "net:ib0"], (0, 1, 2), (),
+         "its devices are on no common NUMA node: serial:S0 on 0; net:ib0 on 1"),
+        # One matches nothing: its reason.
+        (["serial:S1", "net:nope"], (0, 1, 2), (), "net:nope: no network interface matches"),
+        # Common to both, but not advertised.
+        (["serial:S1", "net:ib0"], (0, 2), (),
+         "serial:S1 & net:ib0: on NUMA node(s) 1, none of which is advertised"),
+    ],
+)  # fmt: skip
+def test_several_selectors_for_one_name_go_where_all_of_them_agree(
+    root: Path,
+    selectors: list[str],
+    advertised: tuple[int, ...],
+    nodes: tuple[int, ...],
+    reason: str | None,
+) -> None:
+    from numa_device_plugin.plugin.devices import merge_near
+
+    DeviceTree(root).pci("0000:82:00.0", 1, "0x020700")
+    DeviceTree(root).nic("ib0", "0000:82:00.0")
+    near = merge_near([parse_near(f"osd={selector}") for selector in selectors])
+    (plan,) = plan_near(Config(sysfs_root=root, near=near), plans(*advertised),
+                        read_inventory(root))  # fmt: skip
+    assert plan.nodes == nodes
+    if reason is None:
+        assert plan.reason is None
+    else:
+        assert plan.reason is not None
+        assert reason in plan.reason

@@ -204,7 +204,7 @@ def build_page(state: PluginState, node: str | None = None) -> NodePage:
         near=tuple(
             NearRow(
                 entry.resource,
-                str(entry.near.selector),
+                " & ".join(map(str, entry.near.selectors)),
                 ",".join(map(str, entry.nodes)),
                 ", ".join(entry.selection.matched),
                 entry.reason,

@@ -89,8 +89,11 @@ NUMA_RESERVED_MEMORY: {{ $c.reservedMemory | quote }}
 {{- end }}
 {{- if $c.near }}
 {{- $near := list -}}
-{{- range $name, $selector := $c.near -}}
-{{- $near = append $near (printf "%s=%s" $name $selector) -}}
+{{- range $name, $given := $c.near -}}
+{{- /* a list: selectors that must all agree, the name repeated for each */ -}}
+{{- range (kindIs "slice" $given | ternary $given (list $given)) -}}
+{{- $near = append $near (printf "%s=%s" $name .) -}}
+{{- end -}}
 {{- end }}
 NUMA_NEAR: {{ join " " $near | quote }}
 {{- end }}
