@@ -114,8 +114,10 @@ class Resource:
     its devices stand for; None for the NUMA node's CPU (or slot) resource.
     ``near``: for a resource that follows a device (``numa-align/data-disk``), its
     :class:`Near`; its devices then lie on each of ``near_nodes`` (the selected
-    device's NUMA nodes, sorted), each device's TopologyInfo naming its own node, and
-    ``node_id`` is the first of them.
+    device's NUMA nodes, sorted), each device's TopologyInfo naming its own node,
+    ``node_id`` is the first of them, and ``near_devices`` says which devices are on
+    each node (:attr:`~numa_device_plugin.topology.selectors.Selection.by_node`), for
+    the container's :func:`near_env` variable.
     """
 
     name: str
@@ -124,6 +126,7 @@ class Resource:
     memory: MemoryPool | None = None
     near: Near | None = None
     near_nodes: tuple[int, ...] = ()
+    near_devices: tuple[tuple[int, tuple[str, ...]], ...] = ()
 
     @property
     def socket_name(self) -> str:
@@ -229,21 +232,36 @@ MAX_NEAR = 64
 MAX_ALL_OF = 8
 
 
+def near_env(name: str) -> str:
+    """The variable Allocate sets in a container holding ``<prefix>/<name>``:
+    ``NUMA_NEAR_`` and the name in upper case, each character but a letter or digit an
+    underscore (``data-disk`` -> ``NUMA_NEAR_DATA_DISK``); its value lists the devices
+    on the NUMA node(s) allocated, comma-separated."""
+    return "NUMA_NEAR_" + re.sub(r"[^A-Z0-9]", "_", name.upper())
+
+
 def check_near(prefix: str, near: Iterable[Near]) -> None:
-    """Raise ValueError when a name is invalid under ``prefix`` or given twice, or when
-    there are more than :data:`MAX_NEAR`."""
+    """Raise ValueError when a name is invalid under ``prefix``, given twice or the same
+    as another's once made a variable (:func:`near_env`), or when there are more than
+    :data:`MAX_NEAR` (or a name has more than :data:`MAX_ALL_OF` selectors)."""
     entries = list(near)
     if len(entries) > MAX_NEAR:
         raise ValueError(
             f"{len(entries)} resources that follow a device (--near, NUMA_NEAR or near:): "
             f"at most {MAX_NEAR}"
         )
-    seen: set[str] = set()
+    seen: dict[str, str] = {}
     for entry in entries:
         validate_near_name(prefix, entry.name)
-        if entry.name in seen:
+        if entry.name in seen.values():
             raise ValueError(f"near resource {_shown(entry.name)} is given twice")
-        seen.add(entry.name)
+        variable = near_env(entry.name)
+        if variable in seen:
+            raise ValueError(
+                f"near resources {_shown(seen[variable])} and {_shown(entry.name)} would both "
+                f"set {variable} in their containers: rename one"
+            )
+        seen[variable] = entry.name
         if len(entry.selectors) > MAX_ALL_OF:
             raise ValueError(
                 f"near resource {_shown(entry.name)}: {len(entry.selectors)} selectors, at "

@@ -9,7 +9,7 @@ the plan. It is called at start and on every reload (SIGHUP).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import structlog
 
@@ -116,6 +116,14 @@ def discover(config: Config) -> Discovery:
         reserved_memory=config.reserved_memory,
         near=[(entry.near, frozenset(entry.nodes)) for entry in near],
     )
+    resources = {  # each near resource knows which devices are on which of its nodes
+        name: resource
+        if resource.near is None
+        else replace(
+            resource, near_devices=next(e.selection.by_node for e in near if e.resource == name)
+        )
+        for name, resource in resources.items()
+    }
     for plan in plans:
         node = plan.node
         fields = {

@@ -20,7 +20,7 @@ import grpc
 import structlog
 
 from numa_device_plugin.api.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
-from numa_device_plugin.plugin.devices import Device, Resource
+from numa_device_plugin.plugin.devices import Device, Resource, near_env
 from numa_device_plugin.plugin.recorder import NullRecorder, Recorder
 
 log = structlog.get_logger(__name__)
@@ -93,6 +93,8 @@ class NumaDevicePluginServicer(api_pb2_grpc.DevicePluginServicer):  # type: igno
         recorder: Recorder | None = None,
     ) -> None:
         self.resource_name = resource.name
+        self._near = resource.near
+        self._near_devices = dict(resource.near_devices)
         self._recorder: Recorder = recorder or NullRecorder()
         self.node_id = resource.node_id
         self._on_stream_lost = on_stream_lost
@@ -192,9 +194,7 @@ class NumaDevicePluginServicer(api_pb2_grpc.DevicePluginServicer):  # type: igno
             for position, container in enumerate(request.container_requests):
                 ids = list(container.devices_ids)
                 self._check_ids(ids, f"container request {position}")
-                responses.append(
-                    api_pb2.ContainerAllocateResponse(envs={NUMA_NODE_ENV: self._numa_node(ids)})
-                )
+                responses.append(api_pb2.ContainerAllocateResponse(envs=self._envs(ids)))
         except RequestError as exc:
             self._recorder.allocated(self.resource_name, time.perf_counter() - started, False)
             await self._refuse(context, "Allocate", exc)
@@ -232,6 +232,18 @@ class NumaDevicePluginServicer(api_pb2_grpc.DevicePluginServicer):  # type: igno
         log.warning(f"{method} refused", resource=self.resource_name, reason=message)
         await context.abort(grpc.StatusCode.INVALID_ARGUMENT, message)
         raise AssertionError("grpc.aio context.abort() returned instead of raising")
+
+    def _envs(self, ids: Sequence[str]) -> dict[str, str]:
+        """The container's variables for ``ids`` (known devices): ``NUMA_NODE``, and for
+        a resource that follows a device its :func:`near_env` variable: the devices of
+        its selection on the NUMA node(s) allocated, comma-separated (kernel names of
+        disks and interfaces, addresses of PCI devices)."""
+        envs = {NUMA_NODE_ENV: self._numa_node(ids)}
+        if self._near is not None:
+            nodes = sorted({self._by_id[device_id].node_id for device_id in ids})
+            names = [name for node in nodes for name in self._near_devices.get(node, ())]
+            envs[near_env(self._near.name)] = ",".join(dict.fromkeys(names))
+        return envs
 
     def _numa_node(self, ids: Sequence[str]) -> str:
         """``NUMA_NODE`` for a container given ``ids`` (known devices): the NUMA node

@@ -76,14 +76,21 @@ class Selection:
     """What a selector picked: ``nodes`` (the NUMA nodes of the matched devices that
     have locality), ``matched`` (a short name of each, at most :data:`MAX_NAMED`),
     ``count`` (how many matched), ``unlocated`` (matched devices without locality,
-    with why, at most :data:`MAX_NAMED`) and ``reason`` (why ``nodes`` is empty; None
-    when it is not)."""
+    with why, at most :data:`MAX_NAMED`), ``reason`` (why ``nodes`` is empty; None
+    when it is not) and ``by_node`` (each node's device names, :meth:`on`)."""
 
     nodes: frozenset[int]
     matched: tuple[str, ...] = ()
     count: int = 0
     unlocated: tuple[str, ...] = ()
     reason: str | None = None
+    by_node: tuple[tuple[int, tuple[str, ...]], ...] = ()
+
+    def on(self, node_id: int) -> tuple[str, ...]:
+        """What a pod on NUMA node ``node_id`` is near: the kernel names of the matched
+        disks (a partition's disk) and interfaces, the addresses of matched PCI
+        devices, on that node (:attr:`by_node`, at most :data:`MAX_NAMED`)."""
+        return dict(self.by_node).get(node_id, ())
 
 
 def parse_selector(text: str) -> Selector:
@@ -223,7 +230,8 @@ def _from_pci(devices: list[PciDevice], selector: Selector) -> Selection:
         f"{d.address} ({d.class_name}): numa_node -1" for d in devices if d.numa_node is None
     ]
     matched = [f"{d.address} ({d.class_name})" for d in devices]
-    return _selection(nodes, matched, unlocated, selector)
+    names = [(d.numa_node, d.address) for d in devices if d.numa_node is not None]
+    return replace(_selection(nodes, matched, unlocated, selector), by_node=_by_node(names))
 
 
 def _from_located(devices: list[Located], selector: Selector) -> Selection:
@@ -233,7 +241,20 @@ def _from_located(devices: list[Located], selector: Selector) -> Selection:
         for d in devices
         if not d.located
     ]
-    return _selection(nodes, [d.name for d in devices], unlocated, selector)
+    names = [(node, d.disk or d.name) for d in devices for node in sorted(d.nodes)]
+    selection = _selection(nodes, [d.name for d in devices], unlocated, selector)
+    return replace(selection, by_node=_by_node(names))
+
+
+def _by_node(names: Sequence[tuple[int, str]]) -> tuple[tuple[int, tuple[str, ...]], ...]:
+    """(node, name) pairs as each node's names, in order, each once, at most
+    :data:`MAX_NAMED` a node."""
+    found: dict[int, list[str]] = {}
+    for node, name in names:
+        listed = found.setdefault(node, [])
+        if name not in listed and len(listed) < MAX_NAMED:
+            listed.append(name)
+    return tuple((node, tuple(found[node])) for node in sorted(found))
 
 
 def _selection(
@@ -273,5 +294,8 @@ def all_of(selections: Sequence[Selection], selectors: Sequence[Selector]) -> Se
             for selector, s in zip(selectors, selections, strict=True)
         )
         reason = f"its devices are on no common NUMA node: {where}"
+    names = [(node, name) for s in selections for node, listed in s.by_node
+             if node in nodes for name in listed]  # fmt: skip
     return Selection(nodes=nodes if reason is None else frozenset(), matched=matched,
-                     count=count, unlocated=unlocated, reason=reason)  # fmt: skip
+                     count=count, unlocated=unlocated, reason=reason,
+                     by_node=_by_node(names) if reason is None else ())  # fmt: skip

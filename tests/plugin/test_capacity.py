@@ -617,7 +617,11 @@ async def test_serve_advertises_a_near_resource_on_its_disks_node_with_node_1s_f
             lambda: kubelet.allocatable(DISK) == 2 and kubelet.allocatable(R1) == 2, timeout=5
         )
         response = await kubelet.allocate(DISK, ["numa1-cpu0004"])
-        assert dict(response.container_responses[0].envs) == {"NUMA_NODE": "1"}
+        # The pod is told which device it is near, by the kernel's name.
+        assert dict(response.container_responses[0].envs) == {
+            "NUMA_NODE": "1",
+            "NUMA_NEAR_DATA_DISK": "nvme0n1",
+        }
         assert not kubelet.live("numa-align/gone")
         assert await plugin.terminate() == 0
     near = [e for e in plugin.events() if e["event"] == "advertising a resource near a device"]

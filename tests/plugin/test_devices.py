@@ -235,3 +235,14 @@ def test_check_near_refuses_more_selectors_for_one_name_than_max_all_of() -> Non
     many = merge_near([parse_near(f"d=block:sd{i}") for i in range(MAX_ALL_OF + 1)])
     with pytest.raises(ValueError, match=f"{MAX_ALL_OF + 1} selectors, at most {MAX_ALL_OF}"):
         check_near("numa-align", many)
+
+
+def test_near_names_become_variables_and_two_that_would_collide_are_refused() -> None:
+    from numa_device_plugin.plugin.devices import near_env
+
+    assert near_env("data-disk") == "NUMA_NEAR_DATA_DISK"
+    assert near_env("nic.0") == "NUMA_NEAR_NIC_0"
+    with pytest.raises(ValueError, match="would both set NUMA_NEAR_DATA_DISK"):
+        check_near(
+            "numa-align", [parse_near("data-disk=serial:A"), parse_near("data_disk=serial:B")]
+        )

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -15,9 +15,10 @@ import pytest
 from numa_device_plugin.api.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
 from numa_device_plugin.kubelet.grpcserver import UnixSocketServer
 from numa_device_plugin.kubelet_standin import KubeletStandIn
-from numa_device_plugin.plugin.devices import UNHEALTHY, Resource, build_resource
+from numa_device_plugin.plugin.devices import UNHEALTHY, Near, Resource, build_resource
 from numa_device_plugin.plugin.servicer import NumaDevicePluginServicer
 from numa_device_plugin.topology.fake import SysfsTree
+from numa_device_plugin.topology.selectors import parse_selector
 from tests.ops.test_lockfile import accepted
 from tests.standin_helpers import (
     NAMES,
@@ -419,5 +420,35 @@ def test_preferred_allocation_spills_to_the_next_node_only_when_one_cannot_hold_
             "numa1-slot0001",
             "numa0-slot0000",
         ]
+    finally:
+        servicer.close()
+
+
+@pytest.mark.parametrize(
+    ("ids", "expected"),
+    [
+        (["numa1-slot0000"], "nvme1n1"),
+        (["numa0-slot0003"], "nvme0n1,0000:01:00.0"),
+        (["numa0-slot0000", "numa1-slot0001"], "nvme0n1,0000:01:00.0,nvme1n1"),
+        (["numa3-slot0000"], ""),  # a node with none of its devices listed
+    ],
+)
+def test_allocate_tells_the_container_the_devices_on_the_nodes_it_got(
+    ids: list[str], expected: str
+) -> None:
+    """A DPDK or RDMA process needs the address or name, not only NUMA_NODE."""
+    resource = four_node_near_resource()
+    near = Near("data-disk", parse_selector("serial:S1"))
+    served = replace(
+        resource,
+        near=near,
+        near_devices=((0, ("nvme0n1", "0000:01:00.0")), (1, ("nvme1n1",))),
+    )
+    servicer = NumaDevicePluginServicer(served)
+    try:
+        envs = servicer._envs(ids)
+        assert envs["NUMA_NEAR_DATA_DISK"] == expected
+        assert envs["NUMA_NODE"] == ",".join(sorted({i[4] for i in ids}))
+        assert "NUMA_NEAR_DATA_DISK" not in NumaDevicePluginServicer(resource)._envs(ids)
     finally:
         servicer.close()

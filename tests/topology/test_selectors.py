@@ -271,3 +271,17 @@ def test_a_path_without_a_readable_mount_table_says_why(
 def test_a_path_selector_refuses_what_is_no_absolute_path(text: str, message: str) -> None:
     with pytest.raises(ValueError, match=re.escape(message)):
         parse_selector(text)
+
+
+def test_a_selection_lists_each_nodes_devices_by_the_name_a_pod_uses(
+    inventory: Inventory,
+) -> None:
+    """Disks by their kernel name (a partition's disk), interfaces by name, PCI devices
+    by address: what NUMA_NEAR_<NAME> tells the container."""
+    assert select(inventory, parse_selector("block:nvme1n1p1")).by_node == ((1, ("nvme1n1",)),)
+    assert select(inventory, parse_selector("block:md0")).by_node == ((0, ("md0",)), (1, ("md0",)))
+    assert select(inventory, parse_selector("pci-class:0108")).by_node == (
+        (0, ("0000:00:01.0",)), (1, ("0000:41:00.0",)),
+    )  # fmt: skip
+    assert select(inventory, parse_selector("net:bond0")).on(1) == ("bond0",)
+    assert select(inventory, parse_selector("net:eno1")).by_node == ()  # no locality
