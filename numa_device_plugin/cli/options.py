@@ -211,6 +211,15 @@ pod_resources_socket = _option(
     "PATH",
     shown="auto",
 )
+device_interval = _option(
+    "--device-interval",
+    "seconds between re-reads of the devices and NUMA nodes, so that a disk hot-plugged, "
+    "replaced or moved is followed without a restart (only what changed registers "
+    "again); 0: never",
+    grace,
+    config_default("device_interval"),
+    "SECONDS",
+)
 pod_resources_interval = _option(
     "--pod-resources-interval",
     f"seconds between reads of the pod resources API (at least {MIN_INTERVAL})",

@@ -22,6 +22,7 @@ STREAM_LOST = "ListAndWatch stream lost"
 RELOAD = "reload requested"
 STOP = "stop requested"
 LOCK_CHANGED = "lock file changed"
+DEVICES_CHANGED = "devices changed"
 
 
 class Wakeups:

@@ -99,7 +99,8 @@ class Config:
     type, bytes), used for memory only while the API cannot be read.
     ``near``: resources that follow a device (``--near NAME=SELECTOR``), each
     advertised as ``<resource_prefix>/<name>`` on the selected device's NUMA nodes;
-    ``mount_table``: the host's mountinfo, where ``path:`` selectors look paths up.
+    ``mount_table``: the host's mountinfo, where ``path:`` selectors look paths up;
+    ``device_interval``: seconds between re-reads of the devices (hotplug), 0: never.
 
     Raises ValueError from ``__post_init__`` for an invalid prefix, capacity,
     a non-positive duration, a near name that is invalid or given twice, or settings
@@ -122,6 +123,7 @@ class Config:
     reserved_memory: ReservedMemory = ()
     near: tuple[Near, ...] = ()
     mount_table: Path = Path("/proc/1/mountinfo")
+    device_interval: float = 30.0
 
     def __post_init__(self) -> None:
         validate_resource_prefix(self.resource_prefix)
@@ -129,6 +131,8 @@ class Config:
         validate_capacity(self.capacity)
         if self.register_timeout <= 0:
             raise ValueError(f"register timeout must be positive, got {self.register_timeout}")
+        if not self.device_interval >= 0:
+            raise ValueError(f"device interval must not be negative, got {self.device_interval}")
         if self.shutdown_grace < 0:
             raise ValueError(f"shutdown grace must not be negative, got {self.shutdown_grace}")
         if self.debounce < 0:
@@ -178,6 +182,7 @@ _CONFIG_FIELDS = (
     "reserved_memory",
     "near",
     "mount_table",
+    "device_interval",
 )
 
 

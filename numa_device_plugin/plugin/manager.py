@@ -30,10 +30,11 @@ from numa_device_plugin.kubelet.registration import Backoff
 from numa_device_plugin.kubelet.watcher import SocketDirWatcher
 from numa_device_plugin.ops.heap import release_free_memory
 from numa_device_plugin.ops.limits import FdLimitError, ensure_fds, fds_needed
-from numa_device_plugin.ops.wakeups import STREAM_LOST, Wakeups
+from numa_device_plugin.ops.wakeups import DEVICES_CHANGED, STREAM_LOST, Wakeups
 from numa_device_plugin.plugin.catalog import Catalog
 from numa_device_plugin.plugin.config import Config
 from numa_device_plugin.plugin.devices import Resource
+from numa_device_plugin.plugin.devicewatch import DeviceWatch, changed
 from numa_device_plugin.plugin.discovery import Discovery, discover
 from numa_device_plugin.plugin.endpoint import Endpoint, Endpoints, KubeletIdentity
 from numa_device_plugin.plugin.lockkeeper import LockKeeper
@@ -79,6 +80,8 @@ class PluginManager:
         self._trim_pending = False
         self._seen_kubelet: KubeletIdentity | None = None
         self._serve_problem: str | None = None
+        self.device_watch = DeviceWatch(config, discover_fn, lambda: self.catalog.discovery,
+                                        lambda: self.wake(DEVICES_CHANGED))  # fmt: skip
 
     # -- what is served, for probes, status and tests -----------------------------------------
 
@@ -99,16 +102,8 @@ class PluginManager:
     def readiness_problems(self) -> list[str]:
         """Why the plugin is not ready, one line per problem; [] when every advertised
         resource is registered with the kubelet and its ListAndWatch stream is open."""
-        if self.lock_keeper.problem is not None:
-            return [self.lock_keeper.problem]
-        if not self.resources:
-            return ["no NUMA node is advertised"]
-        problems = [] if self._serve_problem is None else [self._serve_problem]
-        return problems + [
-            f"{name}: {problem}"
-            for name, servicer in self.servicers.items()
-            if (problem := resource_problem(name in self.registered, servicer)) is not None
-        ]
+        return readiness(self.lock_keeper.problem, self._serve_problem, self.servicers,
+                         self.registered)  # fmt: skip
 
     def snapshot(self) -> PluginState:
         """The state now as plain data (:func:`numa_device_plugin.plugin.snapshot.take`), for
@@ -196,6 +191,7 @@ class PluginManager:
         watcher = SocketDirWatcher(self.config.socket_dir, self.wake, asyncio.get_running_loop())
         watcher.start()
         lock_check = asyncio.create_task(self.lock_keeper.watch(self.wake), name="lock check")
+        device_watch = asyncio.create_task(self.device_watch.run(), name="device watch")
         first = True
         try:
             while await self.lock_keeper.acquire(
@@ -218,7 +214,8 @@ class PluginManager:
                     break
         finally:
             lock_check.cancel()
-            await asyncio.gather(lock_check, return_exceptions=True)
+            device_watch.cancel()
+            await asyncio.gather(lock_check, device_watch, return_exceptions=True)
             watcher.stop()
             await self.poller.close()
             await self.endpoints.stop(self.endpoints.running, self.config.shutdown_grace)
@@ -234,6 +231,10 @@ class PluginManager:
                     self._evaluate(reasons)
                 if self.wakeups.take_reload():
                     await self._rediscover()
+                elif (found := self.device_watch.take()) is not None:
+                    self._to_restart |= (names := changed(self.resources, found.resources))
+                    self._set_discovery(found)
+                    log.info("devices changed; serving again what changed", resources=sorted(names))
                 if self._to_restart:
                     names, self._to_restart = self._to_restart, set()
                     await self._restart(names)
@@ -376,3 +377,22 @@ def resource_problem(registered: bool, servicer: NumaDevicePluginServicer) -> st
     if not servicer.kubelet_stream_open:
         return "the kubelet has no ListAndWatch stream open"
     return None
+
+
+def readiness(
+    lock_problem: str | None,
+    serve_problem: str | None,
+    servicers: Mapping[str, NumaDevicePluginServicer],
+    registered: set[str],
+) -> list[str]:
+    """:meth:`PluginManager.readiness_problems` from its parts."""
+    if lock_problem is not None:
+        return [lock_problem]
+    if not servicers:
+        return ["no NUMA node is advertised"]
+    problems = [] if serve_problem is None else [serve_problem]
+    return problems + [
+        f"{name}: {problem}"
+        for name, servicer in servicers.items()
+        if (problem := resource_problem(name in registered, servicer)) is not None
+    ]

@@ -793,3 +793,41 @@ async def test_the_manager_reports_each_near_resources_numa_nodes_to_the_metrics
     async with running(make_config(two_nodes, sock_dir, near=near), recorder=recorder) as manager:
         await asyncio.wait_for(manager.started.wait(), 10)
         assert recorder.reports[-1] == {"numa-align/data-disk": (1,), "numa-align/gone": ()}
+
+
+async def test_a_disk_that_moves_is_followed_without_a_restart_or_other_registrations(
+    two_nodes: SysfsTree, sock_dir: Path
+) -> None:
+    """Hotplug: the disk under a near resource is replaced by one on the other node
+    (then taken away): with --device-interval the resource follows it, and only it
+    registers again; nothing registers while nothing changes."""
+    from numa_device_plugin.plugin.devices import parse_near
+    from numa_device_plugin.topology.fake import DeviceTree
+
+    devices = DeviceTree(two_nodes.root)
+    devices.pci("0000:01:00.0", 0, "0x010802")
+    devices.pci("0000:41:00.0", 1, "0x010802")
+    devices.disk("nvme1n1", "0000:41:00.0", serial="DATA")
+    config = make_config(two_nodes, sock_dir, near=(parse_near("data=serial:DATA"),),
+                         device_interval=0.2)  # fmt: skip
+    disk = "numa-align/data"
+    async with KubeletStandIn(sock_dir) as kubelet, running(config) as manager:
+        await wait_all_live(kubelet, [*NAMES, disk])
+        assert {n.ID for d in kubelet.devices(disk) for n in d.topology.nodes} == {1}
+        await asyncio.sleep(1.0)  # five looks at unchanged devices
+        registered = [r.resource_name for r in kubelet.registrations]
+        assert sorted(registered) == sorted([*NAMES, disk])
+        # The disk is replaced by one on NUMA node 0 (same serial: the same data).
+        shutil.rmtree(devices.pci_folder("0000:41:00.0") / "nvme")
+        (two_nodes.root / "class" / "block" / "nvme1n1").unlink()
+        devices.disk("nvme0n1", "0000:01:00.0", serial="DATA")
+        await kubelet.wait_until(
+            lambda: {n.ID for d in kubelet.devices(disk) for n in d.topology.nodes} == {0},
+            timeout=20,
+        )
+        assert [r.resource_name for r in kubelet.registrations[len(registered) :]] == [disk]
+        assert manager.resources[disk].near_devices == ((0, ("nvme0n1",)),)
+        # Taken away: the resource goes.
+        (two_nodes.root / "class" / "block" / "nvme0n1").unlink()
+        await eventually(lambda: disk not in manager.resources, 20)
+        assert all_live(kubelet, NAMES)

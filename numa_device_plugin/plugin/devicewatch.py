@@ -1,0 +1,82 @@
+"""Devices that come, go or move while the plugin serves (a disk hot-plugged or
+replaced, a mount moved to another disk, CPUs taken offline): sysfs is read again every
+``device_interval`` seconds, off the event loop, and a discovery that differs from the
+one served is handed to the manager, which serves again only the resources that
+changed (no re-registration when nothing did). It only feeds the manager."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Mapping
+
+import structlog
+
+from numa_device_plugin.plugin.config import Config
+from numa_device_plugin.plugin.devices import Resource
+from numa_device_plugin.plugin.discovery import Discovery
+from numa_device_plugin.topology import sysfs
+
+log = structlog.get_logger(__name__)
+
+
+def differs(old: Discovery | None, new: Discovery) -> bool:
+    """Whether ``new`` would serve anything other than ``old``: other resources (names,
+    devices, NUMA nodes, the devices a near resource names), or other near plans."""
+    if old is None:
+        return True
+    return dict(old.resources) != dict(new.resources) or old.near != new.near
+
+
+def changed(old: Mapping[str, Resource], new: Mapping[str, Resource]) -> set[str]:
+    """The names of the resources added, gone or different between ``old`` and ``new``."""
+    return {name for name in {*old, *new} if old.get(name) != new.get(name)}
+
+
+class DeviceWatch:
+    """Reads sysfs every ``config.device_interval`` seconds (0: never) with
+    ``discover_fn``; when it :func:`differs` from ``current()`` it keeps the discovery
+    for :meth:`take` and calls ``woken()``. A failed read is logged once per fault and
+    the served discovery kept."""
+
+    def __init__(
+        self,
+        config: Config,
+        discover_fn: Callable[[Config], Discovery],
+        current: Callable[[], Discovery | None],
+        woken: Callable[[], None],
+    ) -> None:
+        self.config = config
+        self._discover_fn = discover_fn
+        self._current = current
+        self._woken = woken
+        self._found: Discovery | None = None
+        self._last_error: str | None = None
+
+    def take(self) -> Discovery | None:
+        """The changed discovery found since the last call, or None."""
+        found, self._found = self._found, None
+        return found
+
+    async def run(self) -> None:
+        """Until cancelled."""
+        interval = self.config.device_interval
+        if interval <= 0:
+            return
+        while True:
+            await asyncio.sleep(interval)
+            await self.look()
+
+    async def look(self) -> None:
+        """One reading of sysfs; ``found`` when it differs from what is served."""
+        try:
+            discovery = await asyncio.to_thread(self._discover_fn, self.config)
+        except (sysfs.SysfsError, ValueError) as exc:
+            if str(exc) != self._last_error:
+                log.warning("re-reading the devices failed; serving what was found before",
+                            error=str(exc))  # fmt: skip
+            self._last_error = str(exc)
+            return
+        self._last_error = None
+        if differs(self._current(), discovery):
+            self._found = discovery
+            self._woken()
