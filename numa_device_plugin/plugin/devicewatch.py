@@ -20,11 +20,17 @@ log = structlog.get_logger(__name__)
 
 
 def differs(old: Discovery | None, new: Discovery) -> bool:
-    """Whether ``new`` would serve anything other than ``old``: other resources (names,
-    devices, NUMA nodes, the devices a near resource names), or other near plans."""
+    """Whether ``new`` would serve or show anything other than ``old``: other resources
+    (names, devices, NUMA nodes, the devices a near resource names), other near plans,
+    or other devices on the NUMA nodes (the node page and ``/debug/state`` list them;
+    only :func:`changed` resources register again)."""
     if old is None:
         return True
-    return dict(old.resources) != dict(new.resources) or old.near != new.near
+    return (
+        dict(old.resources) != dict(new.resources)
+        or old.near != new.near
+        or old.inventory != new.inventory
+    )
 
 
 def changed(old: Mapping[str, Resource], new: Mapping[str, Resource]) -> set[str]:

@@ -159,3 +159,16 @@ def test_a_table_of_more_mounts_than_read_is_refused(monkeypatch: pytest.MonkeyP
     monkeypatch.setattr(mounts, "MAX_MOUNTS", 3)
     with pytest.raises(ValueError, match="more than 3 mounts"):
         parse_mountinfo(TABLE)
+
+
+def test_a_filesystem_of_major_0_has_no_block_device_whatever_sysfs_links(
+    tmp_path: Path,
+) -> None:
+    """Major 0 is the kernel's anonymous devices (tmpfs, overlay, NFS): never a disk,
+    even where a hostile tree links dev/block/0:40 to one."""
+    tree = sysfs_with_devices(tmp_path / "sys")
+    os.symlink(os.path.relpath((tree.root / "class/block/nvme1n1").resolve(),
+                               tree.root / "dev/block"), tree.root / "dev/block/0:40")  # fmt: skip
+    (tmp_path / "mountinfo").write_text(TABLE)
+    table = read_mount_table(tmp_path / "mountinfo", tmp_path / "sys")
+    assert {m.mount_point: m.block for m in table.mounts}["/mnt/disks/scratch"] is None
