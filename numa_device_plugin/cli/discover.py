@@ -4,6 +4,7 @@ plugin would advertise, as a table or JSON."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import click
@@ -13,6 +14,7 @@ from numa_device_plugin.ops.logs import configure_logging
 from numa_device_plugin.plugin.config import Config
 from numa_device_plugin.plugin.discovery import Discovery, near_document
 from numa_device_plugin.topology import sysfs
+from numa_device_plugin.topology.details import details
 from numa_device_plugin.topology.locality import NO_DEVICES, devices_by_node, unlocated_pci
 from numa_device_plugin.topology.memory import format_quantity
 
@@ -39,15 +41,16 @@ def command(ctx: click.Context, /, **params: Any) -> int:
             include_cpuless_nodes=params["include_cpuless_nodes"],
             memory_unit=params["memory_unit"],
             near=params["near"],
+            mount_table=params["mount_table"],
         )
     except ValueError as exc:
         raise click.UsageError(str(exc), ctx) from None
-    document = discovery_json(options.discover_or_usage(ctx, config))
+    document = discovery_json(options.discover_or_usage(ctx, config), config.sysfs_root)
     click.echo(json.dumps(document, indent=2) if params["output"] == "json" else table(document))
     return 0
 
 
-def discovery_json(discovery: Discovery) -> dict[str, Any]:
+def discovery_json(discovery: Discovery, root: Path | None = None) -> dict[str, Any]:
     """The ``discover --output json`` document: nodes sorted by id, then resource names,
     then each resource's device count (``devices``: name -> count; with
     ``--memory-unit`` the memory and hugepage resources' counts are memory over the
@@ -56,7 +59,10 @@ def discovery_json(discovery: Discovery) -> dict[str, Any]:
     ``unlocated_pci``: PCI devices whose ``numa_node`` is -1. ``memory_bytes`` and
     ``distances`` are null where their sysfs file was malformed; ``hugepages``: page
     size (``2Mi``) -> pages, per sysfs; ``devices`` of a node: its disks, NICs and
-    accelerators (``address class``) and its PCI device count."""
+    accelerators (``address class``) and its PCI device count. With ``root`` (the sysfs
+    root read), ``inventory``: what a selector needs (:func:`~numa_device_plugin.
+    topology.details.details`: each disk's serial, wwid, model, size and PCI address,
+    each NIC's PCI address and driver, each accelerator's class and ids)."""
     nodes = []
     inventory = discovery.inventory
     found = devices_by_node(inventory)
@@ -83,6 +89,7 @@ def discovery_json(discovery: Discovery) -> dict[str, Any]:
         "devices": {name: len(r.devices) for name, r in discovery.resources.items()},
         "near": [near_document(entry) for entry in discovery.near],
         "unlocated_pci": unlocated_pci(inventory),
+        "inventory": None if root is None else details(root, inventory),
     }
 
 
@@ -128,6 +135,7 @@ def table(document: dict[str, Any]) -> str:
         lines.append(
             f"  no NUMA locality (numa_node -1): {document['unlocated_pci']} PCI device(s)"
         )
+    lines.extend(inventory_lines(document.get("inventory")))
     for entry in document["near"]:
         if entry["reason"] is None:
             nodes = ",".join(map(str, entry["nodes"]))
@@ -139,3 +147,33 @@ def table(document: dict[str, Any]) -> str:
         else:
             lines.append(f"near {entry['resource']}: not advertised: {entry['reason']}")
     return "\n".join(lines)
+
+
+def inventory_lines(inventory: dict[str, list[dict[str, Any]]] | None) -> list[str]:
+    """The inventory as lines, one per disk, NIC and accelerator: the ids to select it by."""
+    if not inventory or not any(inventory.values()):
+        return []
+
+    def nodes(listed: list[int]) -> str:
+        return ",".join(map(str, listed)) or "none"
+
+    lines = ["inventory (select by these):"]
+    for disk in inventory["disks"]:
+        size = "-" if disk["size_bytes"] is None else f"{disk['size_bytes']} bytes"
+        lines.append(
+            f"  disk {disk['name']}: NUMA node(s) {nodes(disk['nodes'])}; serial "
+            f"{disk['serial'] or '-'}, wwid {disk['wwid'] or '-'}, model {disk['model'] or '-'}, "
+            f"{size}, PCI {','.join(disk['pci']) or '-'}"
+        )
+    for nic in inventory["nics"]:
+        lines.append(
+            f"  NIC {nic['name']}: NUMA node(s) {nodes(nic['nodes'])}; PCI "
+            f"{','.join(nic['pci'])}, driver {nic['driver'] or '-'}"
+        )
+    for accelerator in inventory["accelerators"]:
+        node = "none" if accelerator["node"] is None else accelerator["node"]
+        lines.append(
+            f"  accelerator {accelerator['pci']}: NUMA node {node}; {accelerator['class_name']} "
+            f"(class {accelerator['class']}), id {accelerator['id']}"
+        )
+    return lines

@@ -359,6 +359,7 @@ def test_discover_json_shape(two_nodes: SysfsTree, capsys: pytest.CaptureFixture
         "devices": dict.fromkeys(NAMES, 100),
         "near": [],
         "unlocated_pci": 0,
+        "inventory": {"disks": [], "nics": [], "accelerators": []},
     }
 
 

@@ -1,0 +1,67 @@
+"""The inventory an operator writes selectors from: on a real machine's snapshot and
+on synthetic trees with odd files."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from numa_device_plugin.topology.details import details
+from numa_device_plugin.topology.fake import DeviceTree
+from numa_device_plugin.topology.locality import read_inventory
+
+
+def test_a_real_machines_disks_and_nics_with_what_selects_them(pci_snapshots: Path) -> None:
+    root = pci_snapshots / "fakepcilocalities"
+    found = details(root, read_inventory(root))
+    disks = {d["name"]: d for d in found["disks"]}
+    assert sorted(disks) == ["sda", "sr0"]  # no ram or loop devices
+    assert disks["sda"] == {
+        "name": "sda", "nodes": [0], "serial": None, "wwid": None, "model": "PERC H700",
+        "size_bytes": 1798651772928, "pci": ["0000:01:00.0"],
+    }  # fmt: skip
+    nics = {n["name"]: n for n in found["nics"]}
+    assert nics["ib0"]["nodes"] == [1]
+    assert nics["ib0"]["pci"] == ["0000:43:00.0"]
+    assert sorted(nics) == ["eth0", "eth1", "eth2", "eth3", "ib0"]
+
+
+def test_ids_driver_and_accelerators_of_a_synthetic_tree(tmp_path: Path) -> None:
+    tree = DeviceTree(tmp_path)
+    tree.pci("0000:41:00.0", 1, "0x010802")
+    tree.pci("0000:42:00.0", 1, "0x030200", "0x10de", "0x20b0")
+    tree.pci("0000:17:00.0", 0, "0x020000", "0x15b3", "0x1017")
+    disk = tree.disk("nvme0n1", "0000:41:00.0", serial="S1", wwid="eui.1")
+    (disk / "size").write_text("7501476528\n")
+    (disk.parent / "model").write_text("SAMSUNG MZQL23T8HCLS\n")
+    os.symlink("..", disk / "device")  # the controller's folder holds model
+    nic = tree.nic("ens1f0", "0000:17:00.0")
+    drivers = tmp_path / "bus" / "pci" / "drivers" / "mlx5_core"
+    drivers.mkdir(parents=True)
+    os.symlink(os.path.relpath(drivers, nic), nic / "driver")
+    (nic / "device").symlink_to(".")  # here: the interface's folder holds the driver link
+    found = details(tmp_path, read_inventory(tmp_path))
+    assert found["disks"] == [{
+        "name": "nvme0n1", "nodes": [1], "serial": "S1", "wwid": "eui.1",
+        "model": "SAMSUNG MZQL23T8HCLS", "size_bytes": 7501476528 * 512,
+        "pci": ["0000:41:00.0"],
+    }]  # fmt: skip
+    assert found["nics"] == [
+        {"name": "ens1f0", "nodes": [0], "pci": ["0000:17:00.0"], "driver": "mlx5_core"}
+    ]
+    assert found["accelerators"] == [{
+        "pci": "0000:42:00.0", "node": 1, "class": "030200", "class_name": "3D controller",
+        "id": "10de:20b0",
+    }]  # fmt: skip
+
+
+@pytest.mark.parametrize("size", ["garbage", "-5", "", "9" * 5000])
+def test_an_odd_size_is_left_out_never_an_error(tmp_path: Path, size: str) -> None:
+    tree = DeviceTree(tmp_path)
+    tree.pci("0000:41:00.0", 1, "0x010802")
+    disk = tree.disk("nvme0n1", "0000:41:00.0", serial="S1")
+    (disk / "size").write_text(size)
+    (found,) = details(tmp_path, read_inventory(tmp_path))["disks"]
+    assert found["size_bytes"] is None
