@@ -180,3 +180,16 @@ def test_the_home_page_and_the_readme_link_every_page_of_the_site() -> None:
     for page in nav:
         assert f"]({page})" in index, f"docs/index.md does not link {page}"
         assert f"](docs/{page})" in readme, f"README.md does not link docs/{page}"
+
+
+def test_the_compatibility_table_is_ordered_by_version_then_date() -> None:
+    """Newest Kubernetes first, and within a version the newest run first (it was in
+    the order the runs were made)."""
+    text = (REPO / "docs" / "compatibility.md").read_text()
+    rows = [line for line in text.splitlines() if re.match(r"\| 1\.\d+\.\d+ \|", line)]
+    keys = []
+    for row in rows:
+        cells = [cell.strip() for cell in row.strip("|").split("|")]
+        keys.append((tuple(int(part) for part in cells[0].split(".")), cells[2]))
+    assert len(keys) >= 6
+    assert keys == sorted(keys, reverse=True)
