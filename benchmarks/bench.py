@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import statistics
 import sys
 import time
@@ -357,15 +358,39 @@ def _discover_rss(root: Path, *flags: str) -> tuple[float, float]:
     return seconds, peak
 
 
-async def locality(pci: int, block: int, runs: int) -> list[Figure]:
+def mount_table(root: Path, table: Path, block: int, mounts: int) -> None:
+    """A mountinfo of ``mounts`` lines: ``/`` and the first partition of each disk
+    (``/mnt/disks/d<n>``, its ``dev/block`` link made) up to ``mounts``, then tmpfs
+    mounts."""
+    lines = ["1 0 8:1 / / rw - ext4 /dev/sda1 rw"]
+    for index in range(mounts - 1):
+        if index < block:
+            device = f"259:{index}"
+            link = root / "dev" / "block" / device
+            link.parent.mkdir(parents=True, exist_ok=True)
+            part = (root / "class" / "block" / f"nvme{index}n1p1").resolve()
+            link.symlink_to(os.path.relpath(part, link.parent))
+            lines.append(f"{index + 2} 1 {device} / /mnt/disks/d{index} rw - xfs /dev/x rw")
+        else:
+            lines.append(f"{index + 2} 1 0:{index} / /run/t{index} rw - tmpfs tmpfs rw")
+    table.write_text("\n".join(lines) + "\n")
+
+
+async def locality(pci: int, block: int, runs: int, mounts: int = 200) -> list[Figure]:
     """Device locality (``bus/pci``, ``class/block``, ``class/net``) on a synthetic tree
-    of ``pci`` PCI devices and ``block`` disks (3 block devices each): read_inventory's
-    median and slowest of ``runs`` (ms), one selector of each kind resolved (ms), and
-    a ``discover`` process's wall time and peak RSS with and without the devices."""
+    of ``pci`` PCI devices and ``block`` disks (3 block devices each) and a mount table
+    of ``mounts`` mounts: read_inventory's median and slowest of ``runs`` (ms), one
+    selector of each kind resolved (ms), the mount table read (ms), one re-read of
+    everything as the device watch makes it (ms), and a ``discover`` process's wall
+    time and peak RSS with and without the devices."""
     import shutil
     import tempfile
 
+    from numa_device_plugin.plugin.config import Config
+    from numa_device_plugin.plugin.devices import parse_near
+    from numa_device_plugin.plugin.discovery import discover
     from numa_device_plugin.topology.locality import read_inventory
+    from numa_device_plugin.topology.mounts import read_mount_table
     from numa_device_plugin.topology.selectors import parse_selector, select
 
     figures = []
@@ -378,7 +403,7 @@ async def locality(pci: int, block: int, runs: int) -> list[Figure]:
             started = time.perf_counter()
             inventory = read_inventory(root)
             samples.append((time.perf_counter() - started) * 1000)
-        config = f"{pci} PCI devices, {block} disks ({len(inventory.block)} block devices)"
+        shape = f"{pci} PCI devices, {block} disks ({len(inventory.block)} block devices)"
         selectors = [parse_selector(text) for text in (
             f"serial:S{block - 1}", "block:nvme0n1p2", f"net:eth{pci - 1}", "pci:0000:00:01.0",
             "pci-id:144d:a808", "pci-class:0200",
@@ -387,17 +412,40 @@ async def locality(pci: int, block: int, runs: int) -> list[Figure]:
         for selector in selectors:
             select(inventory, selector)
         select_ms = (time.perf_counter() - started) * 1000 / len(selectors)
-        with_devices = _discover_rss(root, "--near", f"disk=serial:S{block - 1}")
+        table = Path(folder) / "mountinfo"
+        mount_table(root, table, block, mounts)
+        started = time.perf_counter()
+        mount_read = read_mount_table(table, root)
+        table_ms = (time.perf_counter() - started) * 1000
+        path = parse_selector("path:/mnt/disks/d0/data")
+        assert select(inventory, path, mount_read).nodes, "the path selector found no node"
+        near = (parse_near(f"disk=serial:S{block - 1}"), parse_near("data=path:/mnt/disks/d0"))
+        config = Config(sysfs_root=root, near=near, mount_table=table)
+        rereads = []
+        for _ in range(max(1, runs // 7)):
+            started = time.perf_counter()
+            discover(config)
+            rereads.append((time.perf_counter() - started) * 1000)
+        flags = ["--near", f"disk=serial:S{block - 1}", "--near", "data=path:/mnt/disks/d0"]
+        with_devices = _discover_rss(root, *flags, "--mount-table", str(table))
         for kind in ("bus", "class"):
             shutil.rmtree(root / kind)
         without = _discover_rss(root)
     figures += [
-        Figure("locality", config, "read_inventory median", statistics.median(samples), "ms"),
-        Figure("locality", config, "read_inventory slowest", max(samples), "ms"),
-        Figure("locality", config, "one selector resolved", select_ms, "ms"),
-        Figure("locality", config, "discover process, with devices", with_devices[0], "s"),
+        Figure("locality", shape, "read_inventory median", statistics.median(samples), "ms"),
+        Figure("locality", shape, "read_inventory slowest", max(samples), "ms"),
+        Figure("locality", shape, "one selector resolved", select_ms, "ms"),
+        Figure("locality", f"{mounts} mounts", "read_mount_table", table_ms, "ms"),
+        Figure(
+            "locality",
+            shape,
+            "one re-read (discover, device watch)",
+            statistics.median(rereads),
+            "ms",
+        ),
+        Figure("locality", shape, "discover process, with devices", with_devices[0], "s"),
         Figure("locality", "no PCI, block or net", "discover process", without[0], "s"),
-        Figure("locality", config, "discover peak RSS, with devices", with_devices[1], "MB"),
+        Figure("locality", shape, "discover peak RSS, with devices", with_devices[1], "MB"),
     ]
     return figures
 
@@ -554,6 +602,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--pci", type=int, default=1000, help="locality: PCI devices")
     parser.add_argument("--block", type=int, default=500, help="locality: disks among them")
+    parser.add_argument("--mounts", type=int, default=200, help="locality: mounts in the table")
     parser.add_argument(
         "--pace", type=pace_flag, default=1.0,
         help="multiply every fixed settle time (below 1 only to show a benchmark runs)",
@@ -571,7 +620,7 @@ def main(argv: list[str] | None = None) -> int:
         "polling": lambda: polling(args.idle_seconds, args.window),
         "scale": lambda: scale(args.nodes, args.memory_nodes),
         "page": lambda: page(args.nodes, args.runs * 7),
-        "locality": lambda: locality(args.pci, args.block, args.runs * 7),
+        "locality": lambda: locality(args.pci, args.block, args.runs * 7, args.mounts),
     }
     selected = list(jobs) if args.which == "all" else [args.which]
     figures: list[Figure] = []

@@ -48,7 +48,7 @@ def test_percentile_nearest_rank() -> None:
         # Small sizes: the test shows the benchmark runs; `make bench` runs 8, 64, 256.
         ["scale", "--nodes", "2,8", "--memory-nodes", "2"],
         ["page", "--nodes", "2,4", "--runs", "1"],
-        ["locality", "--pci", "20", "--block", "10", "--runs", "1"],
+        ["locality", "--pci", "20", "--block", "10", "--mounts", "15", "--runs", "1"],
     ],
 )
 def test_benchmarks_run_and_print_json(args: list[str], capsys: pytest.CaptureFixture[str]) -> None:
