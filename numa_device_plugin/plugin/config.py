@@ -123,7 +123,7 @@ class Config:
     reserved_memory: ReservedMemory = ()
     near: tuple[Near, ...] = ()
     mount_table: Path = Path("/proc/1/mountinfo")
-    device_interval: float = 30.0
+    device_interval: float = 60.0
 
     def __post_init__(self) -> None:
         validate_resource_prefix(self.resource_prefix)
