@@ -217,7 +217,11 @@ def test_the_schemas_selector_grammar_is_the_plugins(selector: str) -> None:
     from numa_device_plugin.topology.selectors import parse_selector
 
     schema = json.loads((CHART / "values.schema.json").read_text())
-    pattern = schema["properties"]["config"]["properties"]["near"]["additionalProperties"]
+    one, listed = schema["properties"]["config"]["properties"]["near"]["additionalProperties"][
+        "oneOf"
+    ]
+    assert listed["items"] == one  # a list of selectors that must all agree: each the same
+    pattern = one
     try:
         parse_selector(selector)
         accepted = True
@@ -234,6 +238,12 @@ def test_the_schemas_selector_grammar_is_the_plugins(selector: str) -> None:
                           f"config.near={json.dumps({'d': selector})}")  # fmt: skip
         assert result.returncode != 0
         assert "/config/near/d" in result.stderr
+        listed = json.dumps({"d": ["net:ib0", selector]})
+        listed_bad = run_helm(
+            "template", RELEASE, str(CHART), "--set-json", f"config.near={listed}"
+        )
+        assert listed_bad.returncode != 0
+        assert "/config/near/d" in listed_bad.stderr
 
 
 @pytest.mark.parametrize(
