@@ -122,7 +122,12 @@ def read_parsed(path: Path, parse: Callable[[str], T]) -> T | None:
     Raises :class:`SysfsFormatError` (naming the file and its content) when
     ``parse`` raises ValueError, and :class:`SysfsError` when reading fails.
     """
-    text = read_text(path)
+    return parsed(path, read_text(path), parse)
+
+
+def parsed(path: Path, text: str | None, parse: Callable[[str], T]) -> T | None:
+    """``parse(text)`` of file ``path``'s ``text`` (None: the file is missing, None);
+    a ValueError becomes :class:`SysfsFormatError` naming the file and its content."""
     if text is None:
         return None
     try:
@@ -313,10 +318,4 @@ class Confined:
 
     def read_parsed(self, path: Path, parse: Callable[[str], T]) -> T | None:
         """:func:`read_parsed` through :meth:`read_text` (the same errors)."""
-        text = self.read_text(path)
-        if text is None:
-            return None
-        try:
-            return parse(text)
-        except ValueError as exc:
-            raise SysfsFormatError(path, text, str(exc)) from exc
+        return parsed(path, self.read_text(path), parse)
