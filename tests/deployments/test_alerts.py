@@ -21,6 +21,7 @@ ALERTS = (
     "NumaDevicePluginNotRegistered",
     "NumaDevicePluginPodResourcesDown",
     "NumaDevicePluginMisalignedContainers",
+    "NumaDevicePluginNearNotAdvertised",
     "NumaNodeFull",
 )
 POD = {"namespace": "kube-system", "pod": "numa-device-plugin-a"}
@@ -78,6 +79,14 @@ WRITTEN: dict[str, tuple[str, str, str]] = {
         "Containers that asked for NUMA node {{ $labels.numa_node }} run on exclusive CPUs of "
         "another node (or have none): check the kubelet's CPU manager and Topology Manager "
         "policies (numa-device-plugin status).",
+    ),
+    "NumaDevicePluginNearNotAdvertised": (
+        "warning",
+        "{{ $labels.pod }}: {{ $labels.resource }} follows no device on its node",
+        "For 15 minutes the plugin in {{ $labels.namespace }}/{{ $labels.pod }} has advertised "
+        "nothing for {{ $labels.resource }}: its selector matches no device with a NUMA node "
+        "there. Pods asking for it stay Pending on that node; discover, /debug/state and the "
+        "log say why.",
     ),
     "NumaNodeFull": (
         "info",
@@ -180,6 +189,26 @@ def test_each_alert_fires_after_its_time_and_not_before(tmp_path: Path) -> None:
                 {"eval_time": "8m", "alertname": "NumaDevicePluginMisalignedContainers",
                  "exp_alerts": [expected("NumaDevicePluginMisalignedContainers", "2",
                                          numa_node="1")]},
+            ],
+        },
+        {   # data-a follows nothing from the start; data-b is advertised, then not at 10 m.
+            "input_series": [
+                series("numa_device_plugin_near_advertised", "0x40",
+                       resource="numa-align/data-a"),
+                series("numa_device_plugin_near_advertised", "1x9 0x30",
+                       resource="numa-align/data-b"),
+            ],
+            "alert_rule_test": [
+                {"eval_time": "14m", "alertname": "NumaDevicePluginNearNotAdvertised",
+                 "exp_alerts": []},
+                {"eval_time": "16m", "alertname": "NumaDevicePluginNearNotAdvertised",
+                 "exp_alerts": [expected("NumaDevicePluginNearNotAdvertised",
+                                         resource="numa-align/data-a")]},
+                {"eval_time": "26m", "alertname": "NumaDevicePluginNearNotAdvertised",
+                 "exp_alerts": [
+                     expected("NumaDevicePluginNearNotAdvertised", resource="numa-align/data-a"),
+                     expected("NumaDevicePluginNearNotAdvertised", resource="numa-align/data-b"),
+                 ]},
             ],
         },
         {   # node 0: 4 allocatable, 2 ours + 2 others' = full; node 1: 4, 1 + 1.
