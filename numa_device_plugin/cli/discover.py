@@ -89,7 +89,9 @@ def discovery_json(discovery: Discovery, root: Path | None = None) -> dict[str, 
         "devices": {name: len(r.devices) for name, r in discovery.resources.items()},
         "near": [near_document(entry) for entry in discovery.near],
         "unlocated_pci": unlocated_pci(inventory),
-        "inventory": None if root is None else details(root, inventory),
+        "inventory": discovery.details
+        if discovery.details is not None or root is None
+        else details(root, inventory),
     }
 
 

@@ -10,12 +10,14 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 import structlog
 
 from numa_device_plugin.plugin.config import Config
 from numa_device_plugin.plugin.devices import Near, Resource, build_resources
 from numa_device_plugin.topology import sysfs
+from numa_device_plugin.topology.details import details
 from numa_device_plugin.topology.locality import Inventory, read_inventory
 from numa_device_plugin.topology.memory import format_quantity
 from numa_device_plugin.topology.mounts import MountTable, read_mount_table
@@ -43,13 +45,16 @@ class NearPlan:
 @dataclass(frozen=True)
 class Discovery:
     """What one look at sysfs yields: the per-node plan, the resources to serve, the
-    devices with their NUMA locality (``inventory``) and the plan of each resource that
-    follows a device (``near``, in the order given)."""
+    devices with their NUMA locality (``inventory``), the plan of each resource that
+    follows a device (``near``, in the order given) and ``details``: each disk's, NIC's
+    and accelerator's ids (:func:`~numa_device_plugin.topology.details.details`)."""
 
     plans: tuple[NodePlan, ...]
     resources: Mapping[str, Resource]
     inventory: Inventory = field(default_factory=Inventory)
     near: tuple[NearPlan, ...] = ()
+    # What a selector can name, per device (topology.details.details); not compared.
+    details: Mapping[str, list[dict[str, Any]]] | None = field(default=None, compare=False)
 
 
 def near_document(entry: NearPlan) -> dict[str, object]:
@@ -160,4 +165,5 @@ def discover(config: Config) -> Discovery:
         log.warning(f"... and {len(inventory.warnings) - 20} more warnings about devices")
     if not resources:
         log.error("no NUMA node can be advertised; serving nothing until the next reload")
-    return Discovery(plans=plans, resources=resources, inventory=inventory, near=near)
+    return Discovery(plans=plans, resources=resources, inventory=inventory, near=near,
+                     details=details(config.sysfs_root, inventory))  # fmt: skip

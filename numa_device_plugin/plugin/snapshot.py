@@ -60,7 +60,8 @@ class PluginState:
     ``lock``: who holds the instance lock (``pid=12 host=node-a``) or why it is not
     held; ``problems``: the readiness problems (empty: ready); ``inventory``: the PCI
     devices, disks and interfaces of the last discovery, with their NUMA nodes;
-    ``near``: the plan of each resource that follows a device.
+    ``near``: the plan of each resource that follows a device; ``details``: each
+    disk's, NIC's and accelerator's ids, from the last discovery.
     """
 
     taken_at: float
@@ -75,6 +76,7 @@ class PluginState:
     configuration: Mapping[str, str] | None = None
     inventory: Inventory = field(default_factory=Inventory)
     near: tuple[NearPlan, ...] = ()
+    details: Mapping[str, list[dict[str, Any]]] | None = None
 
     @property
     def pod_resources_age(self) -> float | None:
@@ -103,6 +105,7 @@ def take(
         plans=discovery.plans if discovery is not None else (),
         inventory=discovery.inventory if discovery is not None else Inventory(),
         near=discovery.near if discovery is not None else (),
+        details=discovery.details if discovery is not None else None,
         served={
             name: Served(
                 resource=catalog.resources[name],
@@ -129,7 +132,8 @@ def debug_document(state: PluginState) -> dict[str, Any]:
     "devices": {"disks", "nics", "accelerators", "pci"}}], "resources": {name:
     {"numa_node", "numa_nodes", "near", "memory_type", "devices", "healthy",
     "registered", "streams", "kubelet_stream"}}, "near": [{"resource", "selector",
-    "matched", "matched_count", "unlocated", "nodes", "reason"}], "pod_resources":
+    "matched", "matched_count", "unlocated", "nodes", "reason"}], "inventory": {"disks",
+    "nics", "accelerators"} | null, "pod_resources":
     {"up", "read_at", "age_seconds", "holders", "others", "allocatable_cpus"}}``.
     """
     view = state.view
@@ -169,6 +173,7 @@ def debug_document(state: PluginState) -> dict[str, Any]:
             for name, served in state.served.items()
         },
         "near": [near_document(entry) for entry in state.near],
+        "inventory": state.details,
         "pod_resources": {
             "up": state.pod_resources_up,
             "read_at": state.pod_resources_read_at,

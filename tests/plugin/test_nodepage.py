@@ -594,3 +594,32 @@ def test_a_snapshot_says_registered_only_of_the_resources_registered(tmp_path: P
     }  # fmt: skip
     for servicer in manager.catalog.servicers.values():
         servicer.close()
+
+
+def test_debug_state_lists_each_disks_ids_from_the_last_discovery(tmp_path: Path) -> None:
+    """What `discover` lists per disk (serial, wwid, PCI address...), in /debug/state too,
+    so an inventory can be gathered from every plugin pod."""
+    from numa_device_plugin.plugin.discovery import discover
+    from numa_device_plugin.plugin.manager import PluginManager
+    from numa_device_plugin.plugin.snapshot import take
+
+    tree = SysfsTree(tmp_path / "sys").cpus(4, online="0-3")
+    tree.write("node/online", "0-1\n")
+    tree.node(0, "0-1")
+    tree.node(1, "2-3")
+    devices = DeviceTree(tree.root)
+    devices.pci("0000:41:00.0", 1, "0x010802")
+    devices.disk("nvme0n1", "0000:41:00.0", serial="S1", wwid="eui.1")
+    config = Config(sysfs_root=tree.root, socket_dir=tmp_path / "dp", capacity=2)
+    manager = PluginManager(config)
+    manager.catalog.update(discover(config))
+    document = debug_document(
+        take(config, manager.catalog, [], manager.poller, manager.lock_keeper, ())
+    )
+    (disk,) = document["inventory"]["disks"]
+    assert (disk["name"], disk["nodes"], disk["serial"], disk["wwid"], disk["pci"]) == (
+        "nvme0n1", [1], "S1", "eui.1", ["0000:41:00.0"]
+    )  # fmt: skip
+    json.dumps(document)
+    for servicer in manager.catalog.servicers.values():
+        servicer.close()
