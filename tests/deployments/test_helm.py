@@ -49,6 +49,7 @@ RENDERINGS: dict[str, list[str]] = {
         *("--set-json", "config.podResourcesInterval=2.5", "--set", "config.allowUnaligned=true"),
     ],
     "no-metrics": ["--set", "config.metricsPort=0"],
+    "host-views": ["--set", "host.sysfs=true", "--set", "host.mountTable=true"],
     "per-node": [
         "--set-json",
         'config.named={"exact": {"capacity": "cpus", "reservedCpus": "0-1",'
@@ -350,6 +351,33 @@ def serve_args(documents: list[dict[str, Any]], monkeypatch: pytest.MonkeyPatch)
         monkeypatch.setenv(key, value)
     with serve.command.make_context("serve", list(container(documents)["args"])) as ctx:
         return ctx.params
+
+
+def test_the_host_views_mount_read_only_and_reach_the_plugins_flags(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """host.sysfs: the host's /sys (its network namespace's interfaces, for net:);
+    host.mountTable: the host's mount table (for path:). Neither by default."""
+    documents = template(*RENDERINGS["host-views"])
+    spec = of_kind(documents, "DaemonSet")["spec"]["template"]["spec"]
+    volumes = {v["name"]: v.get("hostPath") for v in spec["volumes"]}
+    assert volumes["host-sys"] == {"path": "/sys", "type": "Directory"}
+    assert volumes["host-mounts"] == {"path": "/proc/1/mountinfo", "type": "File"}
+    mounts = {m["name"]: m for m in container(documents)["volumeMounts"]}
+    assert mounts["host-sys"] == {"name": "host-sys", "mountPath": "/host/sys", "readOnly": True}
+    assert mounts["host-mounts"]["mountPath"] == "/host/proc/1/mountinfo"
+    assert mounts["host-mounts"]["readOnly"] is True
+    args = container(documents)["args"]
+    assert "--sysfs-root=/host/sys" in args  # a folder only inside the pod: not parsed here
+    assert "--mount-table=/host/proc/1/mountinfo" in args
+    documents[[d["kind"] for d in documents].index("DaemonSet")]["spec"]["template"]["spec"][
+        "containers"
+    ][0]["args"] = [a for a in args if not a.startswith("--sysfs-root")]
+    assert serve_args(documents, monkeypatch)["mount_table"] == Path("/host/proc/1/mountinfo")
+    default = template()
+    assert not {"host-sys", "host-mounts"} & {v["name"] for v in of_kind(default, "DaemonSet")[
+        "spec"]["template"]["spec"]["volumes"]}  # fmt: skip
+    assert serve_args(default, monkeypatch)["sysfs_root"] == Path("/sys")
 
 
 @pytest.mark.parametrize("flavour", list(FLAVOURS))
