@@ -120,6 +120,8 @@ class LockKeeper:
             )
             self.problem = f"cannot lock {self.lock.path}: {exc}"
         else:
+            if not self.socket_dir.is_dir():
+                return True  # the folder went while it was being locked: none to serve in
             holder = self.lock.holder()
             log.warning("another instance took the lock; standing down", holder=holder)
             self.problem = f"another instance ({holder}) holds the lock"

@@ -336,3 +336,30 @@ async def test_the_lock_regained_at_the_first_attempt_after_standing_down_is_log
         assert (keeper.lost, keeper.problem) == (False, None)
     finally:
         keeper.lock.release()
+
+
+def test_a_folder_deleted_while_its_lock_is_taken_again_is_no_other_instance(
+    tmp_path: Path,
+) -> None:
+    """The folder went between the keeper's look and its re-lock (an `rm -rf` racing
+    it): that is no folder to serve in, not "another instance took the lock" (the
+    plugin stood down and waited for an instance that did not exist)."""
+    from numa_device_plugin.plugin.lockkeeper import LockKeeper
+
+    folder = tmp_path / "dp"
+    folder.mkdir()
+    keeper = LockKeeper(folder, lambda: None)
+    assert keeper.lock.try_acquire()
+    keeper.lock.path.unlink()  # the lock file gone: not intact any more
+    real = keeper.lock.try_acquire
+
+    def racing() -> bool:
+        shutil.rmtree(folder)  # the rest of the rm -rf, between the look and the lock
+        return real()
+
+    keeper.lock.try_acquire = racing  # type: ignore[method-assign]
+    try:
+        assert keeper.keep()
+        assert (keeper.lost, keeper.problem) == (False, None)
+    finally:
+        keeper.lock.release()
