@@ -22,6 +22,8 @@ import pytest
 from numa_device_plugin.kubelet.view import Holder, KubeletView
 from numa_device_plugin.plugin.config import Config
 from numa_device_plugin.plugin.devices import CPUS, UNHEALTHY, Device, Resource
+from numa_device_plugin.plugin.discovery import discover
+from numa_device_plugin.plugin.manager import PluginManager
 from numa_device_plugin.plugin.nodepage import (
     MAX_BOXES,
     OFFLINE,
@@ -397,6 +399,18 @@ def test_the_page_in_chromium_shows_each_numa_node_cpu_and_holder(
     screenshot(browser, demo_page, tmp_path / "node-page.png")
 
 
+def dom_and_screenshot(browser: str, url: str, name: str, tmp_path: Path) -> str:
+    """The page's DOM as chromium builds it, and its picture as ``name`` in SCREENSHOTS
+    (``make screenshots`` keeps it for the docs), else in ``tmp_path``."""
+    dom = subprocess.run(
+        [browser, *BROWSER_FLAGS, "--dump-dom", url],
+        capture_output=True, text=True, timeout=120, check=True,
+    ).stdout  # fmt: skip
+    folder = Path(os.environ.get("SCREENSHOTS") or tmp_path)
+    screenshot(browser, url, folder / name, "1100,1000")
+    return dom
+
+
 def test_the_readme_picture_is_the_readme_commands_page_in_chromium(
     pci_snapshots: Path, tmp_path: Path
 ) -> None:
@@ -410,12 +424,7 @@ def test_the_readme_picture_is_the_readme_commands_page_in_chromium(
     flags = [str(root) if word == "$tour" else word for word in command[3:]]
     assert flags[0] == "--sysfs-root"
     with demo_keep(root, *flags[2:], shows="demo/data-disk/app") as url:
-        dom = subprocess.run(
-            [browser, *BROWSER_FLAGS, "--dump-dom", url],
-            capture_output=True, text=True, timeout=120, check=True,
-        ).stdout  # fmt: skip
-        folder = Path(os.environ.get("SCREENSHOTS") or tmp_path)
-        screenshot(browser, url, folder / "node-page.png", "1100,1000")
+        dom = dom_and_screenshot(browser, url, "node-page.png", tmp_path)
     tags = parsed(dom.encode()).tags
     assert [a["data-numa-node"] for _, a in tags if a.get("class") == "numa-node"] == [
         "0", "1", "2", "3"
@@ -432,12 +441,7 @@ def test_the_page_of_a_machine_with_memory_tiers_in_chromium(
     browser = chromium()
     root = snapshots_root / "fakeheteromemtiers"
     with demo_keep(root, "--memory-unit", "1Gi", shows="demo/app-2/app") as url:
-        dom = subprocess.run(
-            [browser, *BROWSER_FLAGS, "--dump-dom", url],
-            capture_output=True, text=True, timeout=120, check=True,
-        ).stdout  # fmt: skip
-        folder = Path(os.environ.get("SCREENSHOTS") or tmp_path)
-        screenshot(browser, url, folder / "node-page-memory-tiers.png", "1100,1000")
+        dom = dom_and_screenshot(browser, url, "node-page-memory-tiers.png", tmp_path)
     tags = parsed(dom.encode()).tags
     boxes = [a["data-numa-node"] for _, a in tags if a.get("class") == "numa-node"]
     assert boxes == ["0", "1", "2", "4", "6", "8", "9"]
@@ -575,19 +579,28 @@ def test_debug_state_shows_the_near_flags_in_its_configuration() -> None:
     assert document["config"]["near"] == ["data-disk=serial:S1", "nic=net:ib0"]
 
 
-def test_a_snapshot_says_registered_only_of_the_resources_registered(tmp_path: Path) -> None:
-    """Mutant: snapshot.take() reported every resource registered."""
-    from numa_device_plugin.plugin.discovery import discover
-    from numa_device_plugin.plugin.manager import PluginManager
-    from numa_device_plugin.plugin.snapshot import take
-
+def discovered_manager(tmp_path: Path, *, disk: bool = False) -> tuple[Config, PluginManager]:
+    """A PluginManager (not serving) that has discovered two NUMA nodes of 2 CPUs
+    (with ``disk``, an NVMe disk S1/eui.1 on node 1 at 0000:41:00.0), and its Config."""
     tree = SysfsTree(tmp_path / "sys").cpus(4, online="0-3")
     tree.write("node/online", "0-1\n")
     tree.node(0, "0-1")
     tree.node(1, "2-3")
+    if disk:
+        devices = DeviceTree(tree.root)
+        devices.pci("0000:41:00.0", 1, "0x010802")
+        devices.disk("nvme0n1", "0000:41:00.0", serial="S1", wwid="eui.1")
     config = Config(sysfs_root=tree.root, socket_dir=tmp_path / "dp", capacity=2)
     manager = PluginManager(config)
     manager.catalog.update(discover(config))
+    return config, manager
+
+
+def test_a_snapshot_says_registered_only_of_the_resources_registered(tmp_path: Path) -> None:
+    """Mutant: snapshot.take() reported every resource registered."""
+    from numa_device_plugin.plugin.snapshot import take
+
+    config, manager = discovered_manager(tmp_path)
     taken = take(config, manager.catalog, [R1], manager.poller, manager.lock_keeper, ())
     assert {name: served.registered for name, served in taken.served.items()} == {
         R0: False, R1: True,
@@ -599,20 +612,9 @@ def test_a_snapshot_says_registered_only_of_the_resources_registered(tmp_path: P
 def test_debug_state_lists_each_disks_ids_from_the_last_discovery(tmp_path: Path) -> None:
     """What `discover` lists per disk (serial, wwid, PCI address...), in /debug/state too,
     so an inventory can be gathered from every plugin pod."""
-    from numa_device_plugin.plugin.discovery import discover
-    from numa_device_plugin.plugin.manager import PluginManager
     from numa_device_plugin.plugin.snapshot import take
 
-    tree = SysfsTree(tmp_path / "sys").cpus(4, online="0-3")
-    tree.write("node/online", "0-1\n")
-    tree.node(0, "0-1")
-    tree.node(1, "2-3")
-    devices = DeviceTree(tree.root)
-    devices.pci("0000:41:00.0", 1, "0x010802")
-    devices.disk("nvme0n1", "0000:41:00.0", serial="S1", wwid="eui.1")
-    config = Config(sysfs_root=tree.root, socket_dir=tmp_path / "dp", capacity=2)
-    manager = PluginManager(config)
-    manager.catalog.update(discover(config))
+    config, manager = discovered_manager(tmp_path, disk=True)
     document = debug_document(
         take(config, manager.catalog, [], manager.poller, manager.lock_keeper, ())
     )
