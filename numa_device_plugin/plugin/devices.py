@@ -117,7 +117,8 @@ class Resource:
     device's NUMA nodes, sorted), each device's TopologyInfo naming its own node,
     ``node_id`` is the first of them, and ``near_devices`` says which devices are on
     each node (:attr:`~numa_device_plugin.topology.selectors.Selection.by_node`), for
-    the container's :func:`near_env` variable.
+    the container's :func:`near_env` variable; ``lost``: why its device is gone since it
+    was served (it is kept, every device Unhealthy: :mod:`.nearhealth`), else None.
     """
 
     name: str
@@ -127,6 +128,7 @@ class Resource:
     near: Near | None = None
     near_nodes: tuple[int, ...] = ()
     near_devices: tuple[tuple[int, tuple[str, ...]], ...] = ()
+    lost: str | None = None
 
     @property
     def socket_name(self) -> str:

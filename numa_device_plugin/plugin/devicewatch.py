@@ -14,6 +14,7 @@ import structlog
 from numa_device_plugin.plugin.config import Config
 from numa_device_plugin.plugin.devices import Resource
 from numa_device_plugin.plugin.discovery import Discovery
+from numa_device_plugin.plugin.nearhealth import keep_lost
 from numa_device_plugin.topology import sysfs
 
 log = structlog.get_logger(__name__)
@@ -73,7 +74,9 @@ class DeviceWatch:
             await self.look()
 
     async def look(self) -> None:
-        """One reading of sysfs; ``found`` when it differs from what is served."""
+        """One reading of sysfs; ``found`` when it differs from what is served (a
+        resource that follows a device whose device is gone is kept, lost:
+        :func:`~numa_device_plugin.plugin.nearhealth.keep_lost`)."""
         try:
             discovery = await asyncio.to_thread(self._discover_fn, self.config)
         except (sysfs.SysfsError, ValueError) as exc:
@@ -83,6 +86,9 @@ class DeviceWatch:
             self._last_error = str(exc)
             return
         self._last_error = None
-        if differs(self._current(), discovery):
+        current = self._current()
+        if current is not None:
+            discovery = keep_lost(current.resources, discovery)
+        if differs(current, discovery):
             self._found = discovery
             self._woken()

@@ -37,3 +37,10 @@ def device_index(device_id: str, node_id: int) -> int | None:
     if match is None or int(match[1]) != node_id:
         return None
     return int(match[2])
+
+
+def device_node(device_id: str) -> tuple[int, int] | None:
+    """(NUMA node, index) of an id this plugin makes (``numa1-slot0042`` -> (1, 42));
+    None for any other id."""
+    match = _DEVICE_ID.fullmatch(device_id)
+    return None if match is None else (int(match[1]), int(match[2]))

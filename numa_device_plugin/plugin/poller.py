@@ -44,6 +44,7 @@ from numa_device_plugin.plugin.capacity import (
 from numa_device_plugin.plugin.catalog import Catalog
 from numa_device_plugin.plugin.config import Config
 from numa_device_plugin.plugin.devices import HEALTHY, Device, Resource
+from numa_device_plugin.plugin.nearhealth import with_left_behind
 from numa_device_plugin.plugin.recorder import Recorder
 
 log = structlog.get_logger(__name__)
@@ -331,15 +332,16 @@ def plan(
             node_id: admissible(config.capacity, resource, node_id, catalog.node_cpus(node_id))
             for node_id in resource.node_ids
         }
-        devices = live_resource_devices(
+        devices = with_left_behind(resource, live_resource_devices(
             config.capacity,
             resource,
             catalog.node_cpus,
             view,
             reserved_cpus=config.reserved_cpus,
             allow_unaligned=config.allow_unaligned,
-        )
-        lists[name] = (devices, foreign_devices(view, name, resource.node_ids, ours))
+        ), view)  # fmt: skip
+        listed = {device.id for device in devices}
+        lists[name] = (devices, foreign_devices(view, name, resource.node_ids, ours) - listed)
     return Planned(
         lists,
         node_capacities(config, catalog, view, resources, lambda name: lists[name][0]),

@@ -8,8 +8,10 @@ Forms (:func:`parse_selector`):
                                   counts as its disk; dm and md through their slaves)
 ``serial:SERIAL``                 the disks whose ``serial`` is SERIAL (survives
                                   renumbering: ``nvme0n1`` and ``nvme1n1`` can swap at
-                                  boot)
-``wwid:WWID``                     the disks whose ``wwid`` is WWID (likewise stable)
+                                  boot); with ``*``, ``?`` or ``[...]`` a shell-style
+                                  pattern a pool can share (``serial:S3EVNX*``)
+``wwid:WWID``                     the disks whose ``wwid`` is WWID (likewise stable;
+                                  a pattern as for serial)
 ``net:IFNAME``                    the network interface IFNAME (bonds and VLANs through
                                   their lower interfaces)
 ``pci:DOMAIN:BUS:DEV.FN``         the PCI device at that address (``0000:41:00.0``;
@@ -34,6 +36,7 @@ that has locality; a device without locality adds none (it is named in
 
 from __future__ import annotations
 
+import fnmatch
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
@@ -56,6 +59,8 @@ MAX_NAMED = 16
 _PCI = re.compile(r"([0-9a-f]{4,8}):([0-9a-f]{2}):([0-9a-f]{2})\.([0-7])")
 _PCI_ID = re.compile(r"(?:0x)?([0-9a-f]{4}):(?:0x)?([0-9a-f]{4})")
 _PCI_CLASS = re.compile(r"(?:0x)?([0-9a-f]{2,6})")
+# A serial or wwid holding one of these is a shell-style pattern (id_matches).
+_PATTERN = re.compile(r"[*?\[]")
 _KERNEL_NAME = re.compile(r"[A-Za-z0-9][-A-Za-z0-9_.:@!+]{0,63}")
 
 
@@ -176,11 +181,24 @@ def _select(inventory: Inventory, selector: Selector) -> Selection:
         found: list[Located] = [n for n in inventory.net if n.name == selector.value]
     elif selector.kind == "block":
         found = [d for d in inventory.block if d.name == selector.value]
-    elif selector.kind == "serial":
-        found = [d for d in inventory.block if d.serial == selector.value and d.disk == d.name]
     else:
-        found = [d for d in inventory.block if d.wwid == selector.value and d.disk == d.name]
+        found = [
+            d for d in inventory.block
+            if d.disk == d.name
+            and id_matches(d.serial if selector.kind == "serial" else d.wwid, selector.value)
+        ]  # fmt: skip
     return _from_located(found, selector)
+
+
+def id_matches(found: str | None, wanted: str) -> bool:
+    """Whether a disk's ``serial`` or ``wwid`` (``found``; None when it has none) is
+    ``wanted``: equal, or matching it as a shell-style pattern (``*``, ``?``, ``[...]``,
+    case-sensitive, :func:`fnmatch.fnmatchcase`) when it holds one of those."""
+    if found is None:
+        return False
+    if _PATTERN.search(wanted):
+        return fnmatch.fnmatchcase(found, wanted)
+    return found == wanted
 
 
 def _from_path(inventory: Inventory, selector: Selector, mounts: MountTable) -> Selection:

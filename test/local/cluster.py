@@ -66,6 +66,7 @@ VM_TOOLS = {
     "dpkg-deb": "dpkg",
     "depmod": "kmod",
     "modprobe": "kmod",
+    "mkfs.ext4": "e2fsprogs",
 }
 BUSYBOX = Path("/bin/busybox")  # Debian's busybox-static: a complete, static image
 NODE_NAME = "numa-e2e"
@@ -347,6 +348,7 @@ class Cluster:
             self.control_plane_network()
         elif self.spec.role == "worker":
             self.worker_network()
+            self.mount_data_disks()
             self.bind_fixed_paths()
         else:
             if self.spec.shipped:
@@ -447,7 +449,7 @@ class Cluster:
         me = self.spec.me
         assert me is not None, f"no worker named {self.spec.worker!r}"
         found = workers.workers(self.spec.workers)
-        self.load_guest_modules("virtio_net")
+        self.load_guest_modules("virtio_net", "ext4")  # ext4: the data disks' filesystem
         Path("/etc/hosts").write_text(workers.etc_hosts(found))
         interface = workers.interface_by_mac(
             {p.name: (p / "address").read_text() for p in Path("/sys/class/net").iterdir()},
@@ -461,6 +463,31 @@ class Cluster:
         (self.work / "kubeconfig").write_text(
             json.dumps(render.kubeconfig(self.spec.apiserver, self.token))
         )
+
+    def mount_data_disks(self) -> None:
+        """In a worker guest: an ext4 filesystem on each slot's data disk (found by its
+        serial in ``/sys/class/block/*/serial``), mounted at ``/mnt/disks/<slot>`` in the
+        guest's one mount table (the kubelet's and PID 1's), so ``path:`` selectors see
+        it (ext4's module loaded by :meth:`worker_network`). Raises RuntimeError naming a disk that is missing or will not mount."""
+        me = self.spec.me
+        assert me is not None
+        serials = {
+            (block / "serial").read_text().strip(): block.name
+            for block in Path("/sys/class/block").iterdir() if (block / "serial").is_file()
+        }  # fmt: skip
+        for slot, serial in (("a", render.DATA_DISK_SERIAL), ("b", render.SECOND_DISK_SERIAL)):
+            serial = serial.format(me.letter.upper())
+            if serial not in serials:
+                raise RuntimeError(f"no disk with serial {serial} (found {sorted(serials)})")
+            folder = Path(render.DISKS_FOLDER) / slot
+            folder.mkdir(parents=True, exist_ok=True)
+            for command in (["mkfs.ext4", "-F", "-q", "-L", f"slot-{slot}",
+                             f"/dev/{serials[serial]}"],
+                            ["mount", f"/dev/{serials[serial]}", str(folder)]):  # fmt: skip
+                done = subprocess.run(command, capture_output=True, text=True)
+                if done.returncode:
+                    raise RuntimeError(f"{' '.join(command)}: {done.stderr.strip()}")
+            log(f"{serial} ({serials[serial]}) mounted at {folder}")
 
     def load_guest_modules(self, *more: str) -> None:
         """In a guest: bind its kernel's modules at /lib/modules/<release> and load the
@@ -1183,7 +1210,7 @@ def run_vm(spec: Spec, shape: render.GuestShape, timeout: float) -> int:
     argv = render.qemu_argv(
         qemu="qemu-system-x86_64", kvm=kvm, shape=shape, kernel=kernel, initrd=initrd,
         console_log=spec.path / "console.log", results=results,
-        extra=render.data_disk_argv(data_disk(spec.path, 0)),
+        extra=render.pci_argv(data_disks(spec.path, 0, one_guest=True)),
     )  # fmt: skip
     log(
         f"booting Debian's kernel {version} under {'KVM' if kvm else 'TCG'}: "
@@ -1210,16 +1237,26 @@ def run_vm(spec: Spec, shape: render.GuestShape, timeout: float) -> int:
     return report(status, differs)
 
 
-def data_disk(work: Path, index: int) -> render.DataDisk:
-    """The data disk of guest ``index`` (0 = a): on NUMA node 1 for a, node 0 for b and
-    then alternating, so that one template asking for the disk's node lands on different
-    NUMA nodes on different workers; serial ``DATA-DISK-<LETTER>``; its image, a sparse
-    file in ``work``, made here."""
+def data_disks(work: Path, index: int, one_guest: bool = False) -> list[render.DataDisk]:
+    """The data disks of guest ``index`` (0 = a), their images sparse files in ``work``
+    made here. Slot ``a`` (serial ``DATA-DISK-<LETTER>``) is on NUMA node 1 for a, node 0
+    for b and then alternating, so that one template asking for the disk's node lands on
+    different NUMA nodes on different workers; slot ``b`` (``SLOT-B-<LETTER>``) on the
+    other node; the disk the tests hot-plug (``HOTPLUG-<LETTER>``, unmounted) on node 1.
+    ``one_guest`` (NUMA_VM=1): slot a's disk only."""
     letter = chr(ord("a") + index)
-    image = work / f"data-disk-{letter}.img"
-    with image.open("wb") as file:
-        file.truncate(render.DATA_DISK_BYTES)
-    return render.DataDisk(image, 1 - index % 2, render.DATA_DISK_SERIAL.format(letter.upper()))
+    node = 1 - index % 2
+    wanted = [("data", render.DATA_DISK_SERIAL, node, "a")]
+    if not one_guest:
+        wanted += [("second", render.SECOND_DISK_SERIAL, 1 - node, "b"),
+                   ("hotplug", render.HOTPLUG_SERIAL, 1, "")]  # fmt: skip
+    disks = []
+    for qemu_id, serial, on, slot in wanted:
+        image = work / f"{qemu_id}-disk-{letter}.img"
+        with image.open("wb") as file:
+            file.truncate(render.DATA_DISK_BYTES)
+        disks.append(render.DataDisk(image, on, serial.format(letter.upper()), qemu_id, slot))
+    return disks
 
 
 def tcg_scale(workers_count: int) -> float:
@@ -1260,8 +1297,8 @@ def guest_plan(
     argv = render.qemu_argv(
         qemu="qemu-system-x86_64", kvm=boot.kvm, shape=shape, kernel=boot.kernel,
         initrd=boot.initrd, console_log=results / "console.log", results=results,
-        extra=[*workers.qemu_nic(worker),
-               *render.data_disk_argv(data_disk(spec.path, worker.index))],
+        extra=[*render.pci_argv(data_disks(spec.path, worker.index), workers.qemu_nic(worker)),
+               "-qmp", f"tcp:{workers.CONTROL_PLANE_IP}:{worker.qmp_port},server=on,wait=off"],
     )  # fmt: skip
     return {"name": worker.name, "tests": worker.tests, "results": str(results),
             "argv": argv, "spec": asdict(guest_spec)}  # fmt: skip

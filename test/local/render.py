@@ -34,7 +34,7 @@ BUSYBOX_IMAGE = "docker.io/library/busybox:1.36"
 # The pod sandbox ("pause") image: the same busybox layer, sleeping.
 PAUSE_IMAGE = "registry.k8s.io/pause:3.9"
 # Modules the guest's initramfs loads, in this order, to mount the host's / over 9p
-# under an overlay (REAL-CLUSTER.md), and virtio_blk for the data disk (data_disk_argv).
+# under an overlay (REAL-CLUSTER.md), and virtio_blk for the data disks (pci_argv).
 GUEST_MODULES = (
     "virtio_ring",
     "virtio",
@@ -408,31 +408,75 @@ def qemu_argv(
 @dataclass(frozen=True)
 class DataDisk:
     """A disk the guest sees on NUMA node ``node``: a virtio-blk device with ``serial``
-    behind a PCI Express expander bridge that carries the NUMA node (ACPI ``_PXM``),
-    backed by the raw file ``image``. The guest's ``/sys/bus/pci/devices/*/numa_node``
-    of the bridge, its root port and the disk read ``node`` (REAL-CLUSTER.md)."""
+    and qemu id ``qemu_id`` on a root port of the PCI Express expander bridge that
+    carries that node (ACPI ``_PXM``), backed by the raw file ``image`` (a ``-blockdev``
+    that outlives the device, so the device can be removed and added again on the
+    monitor). The guest's ``/sys/bus/pci/devices/*/numa_node`` of the bridge, its root
+    port and the disk read ``node`` (REAL-CLUSTER.md). ``slot``: the worker formats it and
+    mounts it at ``/mnt/disks/<slot>`` (:data:`DISKS_FOLDER`); empty, left alone."""
 
     image: Path
     node: int
     serial: str
+    qemu_id: str = "data"
+    slot: str = ""
 
 
 # The serial of the data disk's guests: DATA-DISK-<letter> (``a`` for the one guest).
 DATA_DISK_SERIAL = "DATA-DISK-{}"
-# Bytes of the data disk's image (sparse; nothing is written to it).
-DATA_DISK_BYTES = 1 << 20
+# A worker's second data disk (slot b), on the other NUMA node than DATA-DISK-<letter>.
+SECOND_DISK_SERIAL = "SLOT-B-{}"
+# A worker's disk that the tests remove and add back on the qemu monitor (never mounted).
+HOTPLUG_SERIAL = "HOTPLUG-{}"
+# Where a worker mounts its data disks: <DISKS_FOLDER>/a and <DISKS_FOLDER>/b.
+DISKS_FOLDER = "/mnt/disks"
+# Bytes of a data disk's image (sparse; the worker makes an ext4 filesystem on a slot's).
+DATA_DISK_BYTES = 16 << 20
+# Root ports on each expander bridge: for the disks, the NIC and a hot-plugged disk.
+PORTS_PER_BRIDGE = 4
 
 
-def data_disk_argv(disk: DataDisk) -> list[str]:
-    """qemu arguments (machine q35) for ``disk``: ``pxb-pcie`` on the root complex with
-    ``numa_node``, a root port on it, the virtio-blk device on the port; every id and
-    bus explicit, so no other device lands on the expander."""
-    return [
-        "-device", f"pxb-pcie,id=pxb1,bus_nr=64,numa_node={disk.node},bus=pcie.0",
-        "-device", "pcie-root-port,id=rp1,bus=pxb1,chassis=1,slot=1",
-        "-drive", f"if=none,id=data,file={disk.image},format=raw",
-        "-device", f"virtio-blk-pci,bus=rp1,drive=data,serial={disk.serial}",
-    ]  # fmt: skip
+def port_id(node: int, index: int) -> str:
+    """The qemu id of root port ``index`` of NUMA node ``node``'s expander bridge."""
+    return f"rp{node}{index}"
+
+
+def pci_argv(disks: Sequence[DataDisk], nic: Sequence[str] = ()) -> list[str]:
+    """qemu arguments (machine q35) for an expander bridge (``pxb-pcie``) per NUMA node 0
+    and 1 on the root complex, :data:`PORTS_PER_BRIDGE` hot-pluggable root ports on each
+    (no I/O window, which a dozen ports would exhaust), each of ``disks`` on the next free
+    port of its node's bridge, and ``nic`` (a ``-device`` value without ``bus``, with its
+    ``-netdev`` before it elsewhere) on the next free port of node 1's. Every id and bus
+    explicit, so no other device lands on a bridge. Raises ValueError when a node's ports
+    run out or a disk's node is not 0 or 1."""
+    argv: list[str] = []
+    for node in (0, 1):
+        argv += ["-device", f"pxb-pcie,id=pxb{node},bus_nr={64 * (node + 1)},numa_node={node},"
+                 "bus=pcie.0"]  # fmt: skip
+        for index in range(PORTS_PER_BRIDGE):
+            argv += ["-device", f"pcie-root-port,id={port_id(node, index)},bus=pxb{node},"
+                     f"chassis={10 * (node + 1) + index},slot={index},io-reserve=0"]  # fmt: skip
+    used = {0: 0, 1: 0}
+
+    def next_port(node: int) -> str:
+        if node not in used:
+            raise ValueError(f"NUMA node {node}: the guests' bridges are on nodes 0 and 1")
+        if used[node] == PORTS_PER_BRIDGE:
+            raise ValueError(f"NUMA node {node}'s bridge has no free root port")
+        used[node] += 1
+        return port_id(node, used[node] - 1)
+
+    for disk in disks:
+        argv += [
+            "-blockdev", f"driver=file,filename={disk.image},node-name={disk.qemu_id}-file",
+            "-blockdev", f"driver=raw,file={disk.qemu_id}-file,node-name={disk.qemu_id}",
+            "-device", f"virtio-blk-pci,id={disk.qemu_id},bus={next_port(disk.node)},"
+                       f"drive={disk.qemu_id},serial={disk.serial}",
+        ]  # fmt: skip
+    if nic:
+        *before, device = nic
+        argv += [*before, f"{device},bus={next_port(1)}"]
+    return argv
 
 
 def kept_tmp_paths(paths: Iterable[Path]) -> list[str]:

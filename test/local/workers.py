@@ -36,6 +36,7 @@ SERVICE_IP = "10.96.0.1"  # the ``kubernetes`` Service's ClusterIP (shipped.SERV
 REGISTRY_HOST = "registry.local"
 REGISTRY_PORT = 5000
 MAX_WORKERS = 8
+QMP_PORT = 4440  # worker i's qemu monitor listens on CONTROL_PLANE_IP:QMP_PORT+i
 # The control plane stops after every guest is off: a kubelet outliving its API server
 # only logs errors, but a guest killed while its kubelet still runs loses its logs.
 STOP_ORDER = (
@@ -61,12 +62,19 @@ class Worker:
     tests: bool
 
     @property
+    def qmp_port(self) -> int:
+        """The port of its qemu's monitor (QMP) on :data:`CONTROL_PLANE_IP`: the tests
+        remove and add devices there."""
+        return QMP_PORT + self.index
+
+    @property
     def letter(self) -> str:
         return string.ascii_lowercase[self.index]
 
     def public(self) -> dict[str, Any]:
-        """What the e2e tests read of it (``NUMA_E2E_LOCAL``'s ``workers``)."""
-        return asdict(self)
+        """What the e2e tests read of it (``NUMA_E2E_LOCAL``'s ``workers``): its fields
+        and ``qmp`` (``host:port`` of its qemu monitor)."""
+        return {**asdict(self), "qmp": f"{CONTROL_PLANE_IP}:{self.qmp_port}"}
 
 
 def workers(count: int, prefix: str = "numa-e2e") -> list[Worker]:

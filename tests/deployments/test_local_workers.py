@@ -229,25 +229,60 @@ def test_kube_router_and_the_programs_it_runs_are_named_when_missing(
     assert cluster.network_policy_missing(tmp_path)[0].endswith("no such executable (KUBE_ROUTER=)")
 
 
-def test_each_worker_gets_its_data_disk_on_its_own_numa_node(tmp_path: Path) -> None:
-    """A's disk behind an expander bridge on NUMA node 1, B's on node 0 (one template
-    must land on different nodes), each with its own serial and a sparse image made in
-    the work folder; the NIC stays off the expander."""
+def numa_node_of_port(argv: list[str]) -> dict[str, str]:
+    """{root port id: the NUMA node of the expander bridge it sits on} from ``argv``."""
+    devices = options_of(argv, "-device")
+    bridges = {
+        d.split("id=")[1].split(",")[0]: d.split("numa_node=")[1].split(",")[0]
+        for d in devices if d.startswith("pxb-pcie,")
+    }  # fmt: skip
+    return {
+        d.split("id=")[1].split(",")[0]: bridges[d.split("bus=")[1].split(",")[0]]
+        for d in devices if d.startswith("pcie-root-port,")
+    }  # fmt: skip
+
+
+def field(device: str, name: str) -> str:
+    return device.split(f"{name}=")[1].split(",")[0]
+
+
+def test_each_worker_gets_two_data_disks_on_opposite_nodes_and_its_nic_on_node_1(
+    tmp_path: Path,
+) -> None:
+    """Slot a's disk on NUMA node 1 for A and node 0 for B (one template must land on
+    different nodes), slot b's on the other node, the hot-plugged disk and the NIC on
+    node 1; each disk on its own root port of an expander bridge, with its own serial and
+    a sparse image made in the work folder; the monitor on the control plane's bridge."""
     boot = cluster.GuestBoot(Path("/k/vmlinuz"), tmp_path / "initrd", Path("/k/modules"), False)
     plans = [cluster.guest_plan(spec(tmp_path), w, boot, 7.5, 2) for w in workers.workers(2)]
     found = []
-    for plan in plans:
-        devices = options_of(plan["argv"], "-device")
-        (bridge,) = [d for d in devices if d.startswith("pxb-pcie,")]
-        (disk,) = [d for d in devices if d.startswith("virtio-blk-pci,")]
+    for plan, worker in zip(plans, workers.workers(2), strict=True):
+        argv = plan["argv"]
+        ports = numa_node_of_port(argv)
+        devices = options_of(argv, "-device")
+        disks = [d for d in devices if d.startswith("virtio-blk-pci,")]
         (nic,) = [d for d in devices if d.startswith("virtio-net-pci,")]
-        (drive,) = options_of(plan["argv"], "-drive")
-        image = Path(drive.split("file=")[1].split(",")[0])
-        assert image.stat().st_size == render.DATA_DISK_BYTES
-        assert "bus=rp1" in disk
-        assert "bus=" not in nic
-        found.append((bridge.split("numa_node=")[1].split(",")[0], disk.split("serial=")[1]))
-    assert found == [("1", "DATA-DISK-A"), ("0", "DATA-DISK-B")]
+        files = [field(b, "filename") for b in options_of(argv, "-blockdev") if "filename=" in b]
+        assert [Path(f).stat().st_size for f in files] == [render.DATA_DISK_BYTES] * 3
+        assert len({field(d, "bus") for d in [*disks, nic]}) == 4  # a port each
+        found.append(sorted((field(d, "serial"), ports[field(d, "bus")]) for d in disks))
+        assert ports[field(nic, "bus")] == "1"
+        assert options_of(argv, "-qmp") == [f"tcp:10.99.0.1:{worker.qmp_port},server=on,wait=off"]
+    assert found == [
+        [("DATA-DISK-A", "1"), ("HOTPLUG-A", "1"), ("SLOT-B-A", "0")],
+        [("DATA-DISK-B", "0"), ("HOTPLUG-B", "1"), ("SLOT-B-B", "1")],
+    ]
+    assert [w["qmp"] for w in (x.public() for x in workers.workers(2))] == [
+        "10.99.0.1:4440", "10.99.0.1:4441"]  # fmt: skip
+
+
+def test_a_bridge_without_a_free_root_port_is_refused(tmp_path: Path) -> None:
+    disks = [render.DataDisk(tmp_path / f"{i}.img", 0, f"S{i}", f"d{i}")
+             for i in range(render.PORTS_PER_BRIDGE + 1)]  # fmt: skip
+    with pytest.raises(ValueError, match="NUMA node 0's bridge has no free root port"):
+        render.pci_argv(disks)
+    with pytest.raises(ValueError, match="NUMA node 2: the guests' bridges are on nodes 0 and 1"):
+        render.pci_argv([render.DataDisk(tmp_path / "x.img", 2, "S")])
 
 
 def test_a_shape_without_a_memory_only_node_has_only_its_cpu_nodes() -> None:

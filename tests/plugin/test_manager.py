@@ -825,9 +825,26 @@ async def test_a_disk_that_moves_is_followed_without_a_restart_or_other_registra
             lambda: {n.ID for d in kubelet.devices(disk) for n in d.topology.nodes} == {0},
             timeout=20,
         )
-        assert [r.resource_name for r in kubelet.registrations[len(registered) :]] == [disk]
+        # Only it registers again (twice when a look falls between the removal and the
+        # new disk: lost, then moved).
+        assert {r.resource_name for r in kubelet.registrations[len(registered) :]} == {disk}
         assert manager.resources[disk].near_devices == ((0, ("nvme0n1",)),)
-        # Taken away: the resource goes.
+        # Taken away: the resource stays, every device Unhealthy (the kubelet then tells
+        # the pods that hold one), with why.
         (two_nodes.root / "class" / "block" / "nvme0n1").unlink()
-        await eventually(lambda: disk not in manager.resources, 20)
+        await eventually(lambda: manager.resources[disk].lost is not None, 20)
+        assert manager.resources[disk].lost == (
+            "serial:DATA: no disk with that serial matches on this node"
+        )
+        await kubelet.wait_until(
+            lambda: {d.health for d in kubelet.devices(disk)} == {"Unhealthy"}, timeout=20
+        )
         assert all_live(kubelet, NAMES)
+        # Back on node 1: served again, Healthy, on its new node.
+        devices.disk("nvme1n1", "0000:41:00.0", serial="DATA")
+        await kubelet.wait_until(
+            lambda: {(n.ID, d.health) for d in kubelet.devices(disk) for n in d.topology.nodes}
+            == {(1, "Healthy")},
+            timeout=20,
+        )
+        assert manager.resources[disk].lost is None

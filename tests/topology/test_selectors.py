@@ -14,6 +14,7 @@ from numa_device_plugin.topology.mounts import MountTable, read_mount_table
 from numa_device_plugin.topology.selectors import (
     MAX_NAMED,
     Selector,
+    id_matches,
     parse_selector,
     select,
 )
@@ -51,6 +52,10 @@ def inventory(tmp_path_factory: pytest.TempPathFactory) -> Inventory:
         ("serial:S1", {1}, ["nvme1n1"]),
         ("serial:S0", {0}, ["nvme0n1"]),
         ("wwid:eui.1111", {1}, ["nvme1n1"]),
+        ("serial:S*", {0, 1}, ["nvme0n1", "nvme1n1", "sda"]),  # sda (SATA) adds no node
+        ("serial:S?", {0, 1}, ["nvme0n1", "nvme1n1"]),
+        ("serial:S[1-9]", {1}, ["nvme1n1"]),
+        ("wwid:eui.0*", {0}, ["nvme0n1"]),
         ("net:ens1", {1}, ["ens1"]),
         ("net:bond0", {1}, ["bond0"]),
         ("pci:0000:42:00.0", {1}, ["0000:42:00.0 (3D controller)"]),
@@ -83,6 +88,7 @@ def test_devices_without_locality_add_no_node_and_are_named(inventory: Inventory
     [
         ("block:nvme9n1", "block:nvme9n1: no block device matches on this node"),
         ("serial:NOPE", "serial:NOPE: no disk with that serial matches on this node"),
+        ("serial:s*", "serial:s*: no disk with that serial matches on this node"),
         ("net:eth9", "net:eth9: no network interface matches on this node"),
         ("pci-class:0b40", "pci-class:0b40: no PCI device of that class matches on this node"),
         (
@@ -105,6 +111,26 @@ def test_a_selection_without_nodes_says_why(
 
 def test_serial_and_wwid_select_the_disk_not_its_partitions(inventory: Inventory) -> None:
     assert select(inventory, parse_selector("serial:S1")).count == 1
+    assert select(inventory, parse_selector("serial:*")).matched == ("nvme0n1", "nvme1n1", "sda")
+
+
+@pytest.mark.parametrize(
+    ("found", "wanted", "matches"),
+    [
+        ("S3EVNX0K123", "S3EVNX0K123", True),
+        ("S3EVNX0K123", "S3EVNX*", True),
+        ("S3EVNX0K123", "s3evnx*", False),  # case-sensitive, as the kernel's serial
+        ("S3EVNX0K123", "S3EVNX", False),  # no pattern: equal only
+        ("A.B", "A?B", True),
+        ("A[B", "A[B", True),  # an unclosed bracket stands for itself
+        ("AXB", "A[B", False),
+        (None, "*", False),  # a disk without a serial never matches, even "*"
+    ],
+)  # fmt: skip
+def test_a_serial_is_equal_or_matches_as_a_shell_pattern(
+    found: str | None, wanted: str, matches: bool
+) -> None:
+    assert id_matches(found, wanted) is matches
 
 
 def test_a_selection_names_at_most_max_named_devices(tmp_path: Path) -> None:

@@ -75,6 +75,9 @@ NUMA_RESOURCE_PREFIX: {{ $c.resourcePrefix | quote }}
 {{- if not (kindIs "invalid" $c.podResourcesInterval) }}
 NUMA_POD_RESOURCES_INTERVAL: {{ $c.podResourcesInterval | toString | quote }}
 {{- end }}
+{{- if not (kindIs "invalid" $c.deviceInterval) }}
+NUMA_DEVICE_INTERVAL: {{ $c.deviceInterval | toString | quote }}
+{{- end }}
 {{- if $c.reservedCpus }}
 NUMA_RESERVED_CPUS: {{ $c.reservedCpus | quote }}
 {{- end }}

@@ -1,0 +1,95 @@
+"""A resource that follows a device, once the device is gone or has moved: kept and
+reported Unhealthy, held ids of the node it left still listed (what the kubelet needs
+to tell the pods that hold them)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from numa_device_plugin.kubelet.view import Holder, KubeletView
+from numa_device_plugin.plugin.devices import (
+    HEALTHY,
+    UNHEALTHY,
+    Device,
+    Resource,
+    build_resource,
+    parse_near,
+)
+from numa_device_plugin.plugin.discovery import Discovery, NearPlan
+from numa_device_plugin.plugin.nearhealth import keep_lost, with_left_behind
+from numa_device_plugin.topology.selectors import Selection
+
+NEAR = parse_near("data=serial:DATA")
+NAME = "numa-align/data"
+
+
+def near_on(node_id: int, slots: int = 2) -> Resource:
+    base = build_resource("numa-align", node_id, slots)
+    return Resource(NAME, node_id, base.devices, near=NEAR, near_nodes=(node_id,))
+
+
+def plan(reason: str | None) -> NearPlan:
+    nodes = frozenset() if reason else frozenset({1})
+    return NearPlan(NEAR, NAME, Selection(nodes, reason=reason), tuple(nodes), reason)
+
+
+def holding(*ids: str) -> KubeletView:
+    return KubeletView(
+        allocatable_cpus=frozenset({1, 2}),
+        holders=(Holder("ns", "pod", "main", frozenset({2}), {NAME: ids}),),
+    )
+
+
+def test_a_served_resource_whose_device_is_gone_is_kept_lost_with_the_reason() -> None:
+    served = {NAME: near_on(1)}
+    found = Discovery(plans=(), resources={}, near=(plan("serial:DATA: no disk"),))
+    kept = keep_lost(served, found).resources[NAME]
+    assert kept.lost == "serial:DATA: no disk"
+    assert replace(kept, lost=None) == served[NAME]
+
+
+@pytest.mark.parametrize(
+    ("served", "found_resources", "near", "kept"),
+    [
+        ({}, {}, "gone", False),  # never served: nothing to keep
+        ({NAME: near_on(1)}, {}, None, False),  # no longer configured
+        ({NAME: near_on(1)}, {NAME: near_on(0)}, "moved", False),  # found elsewhere: the new one
+    ],
+)  # fmt: skip
+def test_only_a_served_and_still_configured_resource_missing_now_is_kept(
+    served: dict[str, Resource], found_resources: dict[str, Resource], near: str | None,
+    kept: bool,
+) -> None:  # fmt: skip
+    plans = () if near is None else (plan("no disk" if near == "gone" else None),)
+    found = Discovery(plans=(), resources=found_resources, near=plans)
+    result = keep_lost(served, found)
+    assert (result is not found) is kept
+    assert dict(result.resources) == found_resources
+
+
+def test_a_lost_resource_lists_every_device_unhealthy() -> None:
+    lost = replace(near_on(1), lost="gone")
+    devices = with_left_behind(lost, lost.devices, None)
+    assert [d.id for d in devices] == [d.id for d in lost.devices]
+    assert {d.health for d in devices} == {UNHEALTHY}
+
+
+def test_ids_held_on_the_node_a_resource_left_stay_listed_unhealthy_on_that_node() -> None:
+    """The disk moved from node 1 to node 0: a pod still holds numa1-slot0001; the
+    kubelet would report an id missing from the list as Healthy."""
+    moved = near_on(0)
+    devices = with_left_behind(moved, moved.devices, holding("numa1-slot0001", "junk"))
+    assert devices[: len(moved.devices)] == moved.devices
+    assert devices[len(moved.devices) :] == (Device("numa1-slot0001", 1, 1, UNHEALTHY),)
+    assert {d.health for d in moved.devices} == {HEALTHY}
+
+
+def test_a_resource_of_a_numa_node_is_left_as_it_is() -> None:
+    plain = build_resource("numa-align", 1, 2)
+    view = KubeletView(
+        allocatable_cpus=frozenset({1}),
+        holders=(Holder("ns", "pod", "main", frozenset({1}), {plain.name: ("numa0-slot0000",)}),),
+    )  # fmt: skip
+    assert with_left_behind(plain, plain.devices, view) == plain.devices
