@@ -468,7 +468,8 @@ class Cluster:
         """In a worker guest: an ext4 filesystem on each slot's data disk (found by its
         serial in ``/sys/class/block/*/serial``), mounted at ``/mnt/disks/<slot>`` in the
         guest's one mount table (the kubelet's and PID 1's), so ``path:`` selectors see
-        it (ext4's module loaded by :meth:`worker_network`). Raises RuntimeError naming a disk that is missing or will not mount."""
+        it (ext4's module loaded by :meth:`worker_network`). Raises RuntimeError naming
+        a disk that is missing or will not mount."""
         me = self.spec.me
         assert me is not None
         serials = {

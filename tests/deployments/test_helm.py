@@ -49,8 +49,10 @@ RENDERINGS: dict[str, list[str]] = {
         *("--set-json", "config.podResourcesInterval=2.5", "--set", "config.allowUnaligned=true"),
     ],
     "no-metrics": ["--set", "config.metricsPort=0"],
-    "host-views": ["--set", "host.sysfs=true", "--set", "host.mountTable=true",
-                   "--set-json", "config.deviceInterval=5"],
+    "host-views": [
+        *("--set", "host.sysfs=true", "--set", "host.mountTable=true"),
+        *("--set-json", "config.deviceInterval=5"),
+    ],
     "per-node": [
         "--set-json",
         'config.named={"exact": {"capacity": "cpus", "reservedCpus": "0-1",'

@@ -843,8 +843,10 @@ async def test_a_disk_that_moves_is_followed_without_a_restart_or_other_registra
         # Back on node 1: served again, Healthy, on its new node.
         devices.disk("nvme1n1", "0000:41:00.0", serial="DATA")
         await kubelet.wait_until(
-            lambda: {(n.ID, d.health) for d in kubelet.devices(disk) for n in d.topology.nodes}
-            == {(1, "Healthy")},
+            lambda: (
+                {(n.ID, d.health) for d in kubelet.devices(disk) for n in d.topology.nodes}
+                == {(1, "Healthy")}
+            ),
             timeout=20,
         )
         assert manager.resources[disk].lost is None
