@@ -130,7 +130,7 @@ def debug_document(state: PluginState) -> dict[str, Any]:
     ``{"taken_at", "ready", "problems", "configuration", "config": {flag name:
     value} | null, "lock", "numa_nodes": [{"id", "cpus", "advertised", "reason",
     "devices": {"disks", "nics", "accelerators", "pci"}}], "resources": {name:
-    {"numa_node", "numa_nodes", "near", "memory_type", "devices", "healthy",
+    {"numa_node", "numa_nodes", "near", "lost", "memory_type", "devices", "healthy",
     "registered", "streams", "kubelet_stream"}}, "near": [{"resource", "selector",
     "matched", "matched_count", "unlocated", "nodes", "reason"}], "inventory": {"disks",
     "nics", "accelerators"} | null, "pod_resources":
@@ -161,6 +161,7 @@ def debug_document(state: PluginState) -> dict[str, Any]:
                 "numa_node": served.resource.node_id,
                 "numa_nodes": list(served.resource.node_ids),
                 "near": None if served.resource.near is None else str(served.resource.near),
+                "lost": served.resource.lost,
                 "memory_type": None
                 if served.resource.memory is None
                 else served.resource.memory.memory_type,

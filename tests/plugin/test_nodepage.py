@@ -233,6 +233,7 @@ def test_debug_state_says_what_is_served_and_what_the_kubelet_said() -> None:
         "numa_node": 0,
         "numa_nodes": [0],
         "near": None,
+        "lost": None,
         "memory_type": None,
         "devices": 3,
         "healthy": 2,

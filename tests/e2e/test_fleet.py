@@ -1,0 +1,367 @@
+"""The fleet recipe on the test cluster (``make test-e2e-local WORKERS=2 PLUGIN=helm``):
+ONE configuration for both workers, no per-node label.
+
+Each worker guest has two data disks on opposite NUMA nodes, formatted and mounted at
+``/mnt/disks/a`` and ``/mnt/disks/b`` (slot a on node 1 in worker A and node 0 in
+worker B), its NIC and a disk the tests hot-plug on node 1, each behind a PCI expander
+bridge of its node (``test/local/cluster.py`` ``data_disks``). The chart reads the
+host's ``/sys`` and mount table (``host.sysfs``, ``host.mountTable``) and the devices
+again every 5 s (``config.deviceInterval``). Where a pod runs and which disk is which
+are read from the kernel inside the pod, not from the plugin's account.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes import client
+
+from numa_device_plugin.topology.sysfs import parse_cpulist
+from tests.e2e.conftest import NAMESPACE
+from tests.e2e.shipped import METRICS_PORT
+from tests.e2e.test_cluster import WHERE, create, wait_phase
+from tests.e2e.test_workers import Workers, on, two, where  # noqa: F401 (the fixture)
+
+pytestmark = pytest.mark.e2e
+PREFIX = "numa-align"
+SLOTS = "100"
+# The serial of each slot's disk, by the worker's letter (test/local/render.py).
+SLOT_SERIALS = {"a": "DATA-DISK-{}", "b": "SLOT-B-{}"}
+HOTPLUG_SERIAL = "HOTPLUG-{}"
+# What a pod prints besides WHERE (before it: WHERE's last line tells the log is whole):
+# its NUMA_NEAR_* variables, and each disk's serial, kernel name and the numa_node of the
+# PCI device above it (the disk's folder is <pci>/virtioN/block/vdX).
+DISKS = (
+    "echo near: $(env | grep ^NUMA_NEAR_ | sort | tr '\\n' ' '); "
+    "for s in /sys/class/block/*/serial; do d=${s%/serial}; "
+    "echo disk_$(cat $s): ${d##*/} $(cat $(readlink -f $d)/../../../numa_node); done; "
+)
+
+
+@dataclass(frozen=True)
+class Fleet:
+    """The two workers under the fleet configuration; ``nic``: the workers' NIC's name."""
+
+    two: Workers
+    nic: str
+
+    def serial(self, slot: str, node: str) -> str:
+        """The serial of ``node``'s disk in ``slot`` (``a``, ``b``, or ``hotplug``)."""
+        pattern = HOTPLUG_SERIAL if slot == "hotplug" else SLOT_SERIALS[slot]
+        return pattern.format(node[-1].upper())
+
+    def debug_state(self, node: str) -> dict[str, Any]:
+        """``/debug/state`` of ``node``'s plugin, from its pod IP."""
+        pod = self.two.plugin_pod(node)
+        assert pod is not None, f"no plugin pod on {node}"
+        assert pod.status.pod_ip, f"the plugin pod on {node} has no IP yet"
+        url = f"http://{pod.status.pod_ip}:{METRICS_PORT}/debug/state"
+        with urllib.request.urlopen(url, timeout=10) as answer:
+            found: dict[str, Any] = json.loads(answer.read())
+        return found
+
+    def near_plan(self, node: str, name: str) -> dict[str, Any]:
+        (found,) = [e for e in self.debug_state(node)["near"] if e["resource"] == name]
+        return dict(found)
+
+
+def nic_name(platform: Any) -> str:
+    """This worker's NIC (the one with its MAC), as its kernel names it."""
+    (me,) = [w for w in platform.description["workers"] if w["name"] == platform.node]
+    for interface in Path("/sys/class/net").iterdir():
+        if (interface / "address").read_text().strip() == me["mac"]:
+            return interface.name
+    raise AssertionError(f"no interface with {me['mac']} in /sys/class/net")
+
+
+@pytest.fixture(scope="module")
+def fleet(two: Workers) -> Iterator[Fleet]:  # noqa: F811 (the fixture two)
+    """Both workers with one configuration: disk-a and disk-b by path, the NIC by name,
+    disk-a-nic (disk a AND the NIC), hot (serial HOTPLUG-*: a pattern both workers
+    share); the module's end restores the settings found."""
+    platform = two.platform
+    if platform.mode != "helm":
+        pytest.skip("the fleet recipe is the chart's (PLUGIN=helm)")
+    nic = nic_name(platform)
+    near = {
+        "disk-a": "path:/mnt/disks/a",
+        "disk-b": "path:/mnt/disks/b",
+        "nic": f"net:{nic}",
+        "disk-a-nic": ["path:/mnt/disks/a", f"net:{nic}"],
+        "hot": "serial:HOTPLUG-*",
+    }
+    saved = platform.plugin_settings()
+    platform.helm_upgrade(
+        "--reuse-values", "--set-json", f"config.near={json.dumps(near)}",
+        "--set", "host.sysfs=true", "--set", "host.mountTable=true",
+        "--set-json", "config.deviceInterval=5",
+    )  # fmt: skip
+    two.rolled_out()
+    for node in two.names:
+        platform.eventually(
+            lambda n=node: all(two.ours(n).get(f"{PREFIX}/{r}") == SLOTS
+                               for r in ("disk-a", "disk-b", "nic", "hot")),
+            180, f"{node}: disk-a, disk-b, nic and hot advertised",
+        )  # fmt: skip
+    yield Fleet(two, nic)
+    two.restore(saved)
+
+
+def seen_in_pod(platform: Any, pod: str, namespace: str) -> dict[str, Any]:
+    """``where`` and what ``DISKS`` printed: ``near`` as {variable: value}, ``disks`` as
+    {serial: (kernel name, numa_node)}."""
+    seen: dict[str, Any] = where(platform, pod, namespace)
+    seen["near_env"] = dict(p.split("=", 1) for p in seen.get("near", "").split())
+    seen["disks"] = {
+        key[len("disk_"):]: tuple(value.split())
+        for key, value in seen.items() if key.startswith("disk_")
+    }  # fmt: skip
+    return seen
+
+
+def describe(pod: str, node: str, seen: dict[str, Any]) -> str:
+    return (
+        f"{pod} on {node}: NUMA_NODE={seen['NUMA_NODE']} "
+        f"Cpus_allowed_list={seen['Cpus_allowed_list']} "
+        f"Mems_allowed_list={seen['Mems_allowed_list']} {seen['near']}"
+    )
+
+
+def assert_on(seen: dict[str, Any], numa_node: str) -> None:
+    """The pod's CPUs and memory are on ``numa_node``, and NUMA_NODE says so."""
+    assert seen["NUMA_NODE"] == numa_node
+    assert parse_cpulist(seen["Cpus_allowed_list"]) <= parse_cpulist(
+        seen[f"node{numa_node}_cpulist"]
+    )
+    assert seen["Mems_allowed_list"] == numa_node
+
+
+def test_one_configuration_puts_each_replica_on_the_numa_node_of_its_own_disk(
+    fleet: Fleet, namespace: str
+) -> None:
+    """Two StatefulSets (disk-a, disk-b) of two replicas, one per worker, with ONE
+    template each asking numa-align/disk-a (or disk-b): 1; the disks' nodes differ per
+    worker and per slot. Every replica runs on its disk's node, and NUMA_NEAR_DISK_<S>
+    names the disk that holds /mnt/disks/<s> on its worker."""
+    pair = fleet.two
+    platform = pair.platform
+    apps = client.AppsV1Api(platform.core.api_client)
+    try:
+        for slot in ("a", "b"):
+            labels = {"app": f"disk-{slot}"}
+            template = on(platform, None, f"disk-{slot}", DISKS + WHERE + "; sleep 3600", 1,
+                          f"{PREFIX}/disk-{slot}")  # fmt: skip
+            template.spec.restart_policy = "Always"
+            template.spec.topology_spread_constraints = [
+                client.V1TopologySpreadConstraint(
+                    max_skew=1, topology_key="kubernetes.io/hostname",
+                    when_unsatisfiable="DoNotSchedule",
+                    label_selector=client.V1LabelSelector(match_labels=labels),
+                )
+            ]  # fmt: skip
+            apps.create_namespaced_stateful_set(namespace, client.V1StatefulSet(
+                metadata=client.V1ObjectMeta(name=f"disk-{slot}"),
+                spec=client.V1StatefulSetSpec(
+                    service_name=f"disk-{slot}", replicas=2, pod_management_policy="Parallel",
+                    selector=client.V1LabelSelector(match_labels=labels),
+                    template=client.V1PodTemplateSpec(
+                        metadata=client.V1ObjectMeta(labels=labels), spec=template.spec
+                    ),
+                ),
+            ))  # fmt: skip
+
+        def running() -> list[client.V1Pod]:
+            return [p for p in platform.core.list_namespaced_pod(namespace).items
+                    if p.status.phase == "Running"]  # fmt: skip
+
+        pods = platform.eventually(lambda: len(found := running()) == 4 and found, 300,
+                                   "4 replicas Running")  # fmt: skip
+        nodes_of: dict[tuple[str, str], str] = {}
+        for pod in pods:
+            node, slot = pod.spec.node_name, pod.metadata.labels["app"][-1]
+            seen = seen_in_pod(platform, pod.metadata.name, namespace)
+            name, disk_node = seen["disks"][fleet.serial(slot, node)]
+            print(f"{describe(pod.metadata.name, node, seen)}; disk {slot} "
+                  f"{fleet.serial(slot, node)} is {name} on NUMA node {disk_node}")  # fmt: skip
+            assert_on(seen, disk_node)
+            assert seen["near_env"] == {f"NUMA_NEAR_DISK_{slot.upper()}": name}
+            nodes_of[(node, slot)] = disk_node
+        assert nodes_of == {(pair.a, "a"): "1", (pair.a, "b"): "0",
+                            (pair.b, "a"): "0", (pair.b, "b"): "1"}  # fmt: skip
+    finally:
+        for slot in ("a", "b"):
+            apps.delete_namespaced_stateful_set(f"disk-{slot}", namespace)
+
+
+def test_a_net_selector_in_the_daemonset_finds_the_hosts_nic_on_numa_node_1(
+    fleet: Fleet, namespace: str
+) -> None:
+    """With host.sysfs the plugin (not hostNetwork) reads the host's /sys: net:<nic> is
+    the guest's NIC, behind the node-1 bridge, on both workers. The container's own /sys
+    shows the pod's network namespace: an interface of that name there is the pod's
+    veth (virtual: no locality), which is why the chart's value exists."""
+    pair, platform = fleet.two, fleet.two.platform
+    pod = pair.plugin_pod(pair.a)
+    assert pod is not None
+    views = platform.kubectl(
+        "-n", NAMESPACE, "exec", pod.metadata.name, "-c", "numa-device-plugin", "--",
+        "python3", "-c",
+        "import os, sys; print(*(os.path.realpath(f'{r}/class/net/{sys.argv[1]}') "
+        "for r in ('/sys', '/host/sys')))", fleet.nic,
+    ).split()  # fmt: skip
+    print(f"{fleet.nic} in the plugin's container: /sys -> {views[0]}; /host/sys -> {views[1]}")
+    assert views[0].startswith("/sys/devices/virtual/net/")
+    assert "/pci" in views[1]
+    for node in pair.names:
+        plan = fleet.near_plan(node, f"{PREFIX}/nic")
+        print(f"{node}: {PREFIX}/nic on NUMA nodes {plan['nodes']} ({plan['matched']})")
+        assert plan["nodes"] == [1]
+    create(platform, namespace, on(platform, pair.a, "nic", DISKS + WHERE, 1, f"{PREFIX}/nic"))
+    wait_phase(platform, "nic", namespace, "Succeeded")
+    seen = seen_in_pod(platform, "nic", namespace)
+    print(describe("nic", pair.a, seen))
+    assert_on(seen, "1")
+    assert seen["near_env"] == {"NUMA_NEAR_NIC": fleet.nic}
+
+
+def test_an_all_of_resource_is_advertised_only_where_its_disk_and_nic_agree(
+    fleet: Fleet, namespace: str
+) -> None:
+    """disk-a-nic = disk a AND the NIC: on worker A both are on node 1 (advertised
+    there; the pod's variable names both); on worker B disk a is on node 0, the NIC on
+    node 1: not advertised, and the plugin says why."""
+    pair, platform = fleet.two, fleet.two.platform
+    name = f"{PREFIX}/disk-a-nic"
+    assert pair.ours(pair.a).get(name) == SLOTS
+    platform.eventually(lambda: pair.ours(pair.b).get(name, "0") == "0", 60,
+                        f"{pair.b}: no {name}")  # fmt: skip
+    plan_b = fleet.near_plan(pair.b, name)
+    print(f"{pair.b}: {name}: {plan_b['reason']}")
+    assert plan_b["nodes"] == []
+    assert plan_b["reason"]
+    assert fleet.near_plan(pair.a, name)["nodes"] == [1]
+    create(platform, namespace, on(platform, pair.a, "both", DISKS + WHERE, 1, name))
+    wait_phase(platform, "both", namespace, "Succeeded")
+    seen = seen_in_pod(platform, "both", namespace)
+    print(describe("both", pair.a, seen))
+    assert_on(seen, "1")
+    disk_a = seen["disks"][fleet.serial("a", pair.a)][0]
+    assert set(seen["near_env"]["NUMA_NEAR_DISK_A_NIC"].split(",")) == {disk_a, fleet.nic}
+
+
+class Monitor:
+    """A qemu monitor (QMP) over TCP: one JSON command per line, events collected."""
+
+    def __init__(self, address: str, timeout: float) -> None:
+        host, _, port = address.rpartition(":")
+        self.sock = socket.create_connection((host, int(port)), timeout=timeout)
+        self.file = self.sock.makefile("rw", encoding="utf-8")
+        self.events: list[dict[str, Any]] = []
+        json.loads(self.file.readline())  # the greeting
+        self.run("qmp_capabilities")
+
+    def run(self, command: str, **arguments: Any) -> Any:
+        """The command's ``return``; raises AssertionError with qemu's error."""
+        self.file.write(json.dumps({"execute": command, "arguments": arguments}) + "\n")
+        self.file.flush()
+        while True:
+            answer = json.loads(self.file.readline())
+            if "event" in answer:
+                self.events.append(answer)
+            elif "error" in answer:
+                raise AssertionError(f"qemu {command} {arguments}: {answer['error']}")
+            else:
+                return answer.get("return")
+
+    def wait_event(self, name: str) -> dict[str, Any]:
+        while not any(e["event"] == name for e in self.events):
+            self.events.append(json.loads(self.file.readline()))
+        return next(e for e in self.events if e["event"] == name)
+
+    def close(self) -> None:
+        self.file.close()
+        self.sock.close()
+
+
+def resources_status(platform: Any, pod: str, namespace: str) -> dict[str, str]:
+    """{device id: health} of the pod's allocatedResourcesStatus (v1.36's
+    ResourceHealthStatus), read raw (the client may not know the field)."""
+    found = json.loads(platform.kubectl("-n", namespace, "get", "pod", pod, "-o", "json"))
+    return {
+        entry["resourceID"]: entry.get("health", "")
+        for status in found["status"].get("containerStatuses", [])
+        for resource in status.get("allocatedResourcesStatus") or []
+        for entry in resource.get("resources") or []
+    }  # fmt: skip
+
+
+def test_a_disk_removed_and_added_back_on_the_other_node_is_followed_without_a_restart(
+    fleet: Fleet, namespace: str
+) -> None:
+    """Worker A's HOTPLUG disk (node 1) is held by a pod; device_del on the qemu
+    monitor: the kubelet's allocatable of numa-align/hot falls to 0 and, on v1.36, the
+    pod's allocatedResourcesStatus turns Unhealthy. device_add on a port of the node-0
+    bridge: hot is advertised again, on node 0 (a new pod lands there and its variable
+    names the disk), the first pod's device stays Unhealthy (it is on the node the disk
+    left), and the plugin's pod never restarted."""
+    pair, platform = fleet.two, fleet.two.platform
+    name = f"{PREFIX}/hot"
+    (me,) = [w for w in platform.description["workers"] if w["name"] == pair.a]
+    plugin = pair.plugin_pod(pair.a)
+    assert plugin is not None
+    restarts = sum(s.restart_count for s in plugin.status.container_statuses)
+    create(platform, namespace,
+           on(platform, pair.a, "holder", DISKS + WHERE + "; sleep 3600", 1, name))  # fmt: skip
+    wait_phase(platform, "holder", namespace, "Running")
+    seen = seen_in_pod(platform, "holder", namespace)
+    print(describe("holder", pair.a, seen))
+    assert_on(seen, "1")
+    version = platform.core.read_node(pair.a).status.node_info.kubelet_version
+    reports = tuple(int(p) for p in version.lstrip("v").split(".")[:2]) >= (1, 36)
+    monitor = Monitor(me["qmp"], 30 * platform.time_scale)
+    try:
+        monitor.run("device_del", id="hotplug")
+        monitor.wait_event("DEVICE_DELETED")
+        platform.eventually(lambda: pair.ours(pair.a).get(name) == "0", 120,
+                            f"{name} allocatable 0 once its disk is gone")  # fmt: skip
+        print(f"device_del: {name} allocatable {pair.ours(pair.a).get(name)}; the plan: "
+              f"{fleet.near_plan(pair.a, name)['reason']}")  # fmt: skip
+        if reports:
+            gone = platform.eventually(
+                lambda: set((found := resources_status(platform, "holder", namespace))
+                            .values()) == {"Unhealthy"} and found,
+                120, "the holder's allocatedResourcesStatus Unhealthy",
+            )  # fmt: skip
+            print(f"holder's allocatedResourcesStatus: {gone}")
+        monitor.run("device_add", driver="virtio-blk-pci", id="hotplug", bus="rp01",
+                    drive="hotplug", serial=fleet.serial("hotplug", pair.a))  # fmt: skip
+        platform.eventually(lambda: pair.ours(pair.a).get(name) == SLOTS, 120,
+                            f"{name} advertised again")  # fmt: skip
+    finally:
+        monitor.close()
+    plan = fleet.near_plan(pair.a, name)
+    print(f"device_add on the node-0 bridge: {name} on NUMA nodes {plan['nodes']}")
+    assert plan["nodes"] == [0]
+    create(platform, namespace, on(platform, pair.a, "after", DISKS + WHERE, 1, name))
+    wait_phase(platform, "after", namespace, "Succeeded")
+    after = seen_in_pod(platform, "after", namespace)
+    print(describe("after", pair.a, after))
+    assert_on(after, "0")
+    hot_name, hot_node = after["disks"][fleet.serial("hotplug", pair.a)]
+    assert hot_node == "0"
+    assert after["near_env"] == {"NUMA_NEAR_HOT": hot_name}
+    if reports:
+        left = resources_status(platform, "holder", namespace)
+        print(f"holder's allocatedResourcesStatus after the move: {left}")
+        assert set(left.values()) == {"Unhealthy"}
+    plugin_now = pair.plugin_pod(pair.a)
+    assert plugin_now is not None
+    assert plugin_now.metadata.uid == plugin.metadata.uid
+    assert sum(s.restart_count for s in plugin_now.status.container_statuses) == restarts
