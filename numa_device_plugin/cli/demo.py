@@ -146,7 +146,11 @@ async def _demo(ctx: click.Context, params: dict[str, Any]) -> int:
                 for plan in shown.near:
                     if plan.reason is not None:
                         print(f"  {plan.resource}: not advertised: {plan.reason}")
-                near = [name for name in names if manager.resources[name].near is not None]
+                near = [
+                    name for name in names
+                    if manager.resources[name].near is not None
+                    and manager.resources[name].memory is None
+                ]  # fmt: skip
                 print()
                 for name in [names[0], *near]:
                     device = kubelet.devices(name)[0].ID
@@ -329,8 +333,8 @@ def _demo_pods(discovery: Discovery, config: Config) -> list[tuple[str, str, lis
             pods.append(("other", "db", [("db", {}, cpus[-1:], [])]))
     taken = {cpu for _, _, containers in pods for c in containers for cpu in c[2]}
     for name, resource in discovery.resources.items():
-        if resource.near is None or not resource.devices:
-            continue
+        if resource.near is None or resource.memory is not None or not resource.devices:
+            continue  # one pod per device followed (its memory resource: none of its own)
         device = resource.devices[0]
         free = [cpu for cpu in sorted(_node_cpus(discovery, device.node_id)) if cpu not in taken]
         taken.update(free[:1])

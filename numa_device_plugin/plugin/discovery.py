@@ -16,6 +16,7 @@ import structlog
 
 from numa_device_plugin.plugin.config import Config
 from numa_device_plugin.plugin.devices import Near, Resource, build_resources
+from numa_device_plugin.plugin.nearmemory import near_memory
 from numa_device_plugin.topology import sysfs
 from numa_device_plugin.topology.details import details
 from numa_device_plugin.topology.locality import Inventory, read_inventory
@@ -129,6 +130,8 @@ def discover(config: Config) -> Discovery:
         )
         for name, resource in resources.items()
     }
+    if config.memory_unit is not None:  # the memory of a near resource's node
+        resources.update(near_memory(resources))
     for plan in plans:
         node = plan.node
         fields = {
