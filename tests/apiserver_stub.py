@@ -219,6 +219,9 @@ class ClusterApi:
         self.status = 200
         self.paths: list[str] = []
         self.tokens: list[str] = []
+        # Pod name -> what GET .../pods/<name>:<port>/proxy/debug/state answers: a JSON
+        # object (200), or a status code (a Status).
+        self.proxied: dict[str, dict[str, Any] | int] = {}
 
     def answer(self, path: str) -> tuple[int, dict[str, object]]:
         self.paths.append(path)
@@ -234,6 +237,19 @@ class ClusterApi:
             listed = [p for p in self.pods if p.get("status", {}).get("phase") not in phases]
             return 200, self._page("PodList", listed, params)
         parts = route.split("/")
+        if len(parts) == 6 and parts[:4] == ["", "api", "v1", "namespaces"] and parts[5] == "pods":
+            key, _, value = params.get("labelSelector", "").partition("=")
+            listed = [
+                p for p in self.pods if p["metadata"].get("namespace") == parts[4]
+                and (not key or p["metadata"].get("labels", {}).get(key) == value)
+            ]  # fmt: skip
+            return 200, self._page("PodList", listed, params)
+        if len(parts) == 10 and parts[7:] == ["proxy", "debug", "state"]:
+            found = self.proxied.get(parts[6].rpartition(":")[0], 404)
+            if isinstance(found, dict):
+                return 200, found
+            return found, {"kind": "Status", "apiVersion": "v1", "status": "Failure",
+                           "message": f"proxy: {found}", "code": found}  # fmt: skip
         if len(parts) == 7 and parts[:4] == ["", "api", "v1", "namespaces"] and parts[5] == "pods":
             for pod in self.pods:
                 if (pod["metadata"]["namespace"], pod["metadata"]["name"]) == (parts[4], parts[6]):

@@ -29,6 +29,7 @@ COMMANDS = {
     "status": "numa_device_plugin.cli.status",
     "health": "numa_device_plugin.cli.health",
     "top": "numa_device_plugin.cli.top",
+    "devices": "numa_device_plugin.cli.devices",
 }
 
 

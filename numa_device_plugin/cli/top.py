@@ -137,10 +137,14 @@ def command(ctx: click.Context, /, **params: Any) -> int:
 
 
 def kubectl_main() -> int:
-    """Entry point of ``kubectl-numa``: kubectl runs it for ``kubectl numa ARGS``."""
+    """Entry point of ``kubectl-numa``: kubectl runs it for ``kubectl numa ARGS``
+    (``top``), and ``kubectl numa devices ARGS`` (``devices``)."""
     from numa_device_plugin.cli import main
 
-    return main(["top", *sys.argv[1:]])
+    args = sys.argv[1:]
+    if args[:1] == ["devices"]:
+        return main(args)
+    return main(["top", *args])
 
 
 def _number(resource: str, value: Fraction) -> int | str:

@@ -201,8 +201,10 @@ class KubeApi:
             raise ApiError(f"GET {path}: the answers are over {MAX_TOTAL} bytes in all")
         return response.status, one_line(response.reason or "", 80), b"".join(chunks)
 
-    def get(self, path: str, kind: str) -> dict[str, Any]:
-        """The object at ``path``, which must be of ``kind`` (``Pod``, ``NodeList``)."""
+    def get(self, path: str, kind: str | None) -> dict[str, Any]:
+        """The object at ``path``, which must be of ``kind`` (``Pod``, ``NodeList``); a
+        JSON object of any kind when ``kind`` is None (a pod's page through
+        ``pods/proxy``)."""
         status, reason, body = self._answer(path)
         try:
             document = json.loads(body)
@@ -212,8 +214,10 @@ class KubeApi:
             message = document.get("message") if isinstance(document, dict) else None
             text = one_line(str(message), 200) if message else ""
             raise ApiError(f"GET {path}: {status} {reason}: {text}".strip().rstrip(":"))
+        if kind is None and not isinstance(document, dict):
+            raise ApiError(f"GET {path}: the answer is not a JSON object")
         found = document.get("kind") if isinstance(document, dict) else None
-        if found != kind:
+        if kind is not None and found != kind:
             shown = f" (kind {one_line(found, 40)!r})" if isinstance(found, str) else ""
             raise ApiError(f"GET {path}: the answer is not a {kind} object{shown}")
         assert isinstance(document, dict)

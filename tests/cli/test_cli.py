@@ -117,6 +117,14 @@ COMMAND_FLAGS = {
         ("--config-file", "NUMA_CONFIG_FILE"),
         ("--node-label", "NUMA_NODE_LABEL"),
     ],
+    "devices": [
+        ("--kubeconfig", "NUMA_KUBECONFIG"),
+        ("--namespace", "NUMA_NAMESPACE"),
+        ("--selector", "NUMA_SELECTOR"),
+        ("--port", "NUMA_PORT"),
+        ("--timeout", "NUMA_TIMEOUT"),
+        ("--output", "NUMA_OUTPUT"),
+    ],
     "health": [
         ("--address", "NUMA_ADDRESS"),
         ("--check", "NUMA_CHECK"),
