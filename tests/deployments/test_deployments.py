@@ -345,6 +345,15 @@ def test_a_slow_start_gets_two_minutes_before_the_liveness_probe_may_kill_it() -
     assert "initialDelaySeconds" not in probes["livenessProbe"], "the startup probe gates it"
 
 
+def test_the_liveness_probe_waits_a_minute_before_it_restarts_a_stalled_plugin() -> None:
+    """A plugin restarted by its liveness probe loses its registrations for a while (the
+    kubelet marks every device Unhealthy): a worker stalled 16 s under load ("housekeeping
+    took too long") had it killed with 3 misses of 3 s, 10 s apart."""
+    live = container()["livenessProbe"]
+    assert live["periodSeconds"] * live["failureThreshold"] >= 60
+    assert live["timeoutSeconds"] >= 5
+
+
 def test_probes_survive_removing_the_metrics_setting(monkeypatch: pytest.MonkeyPatch) -> None:
     args = _serve_args(monkeypatch, settings={})
     assert args.metrics_address == ""
