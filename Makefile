@@ -5,7 +5,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 BIN    := $(VENV)/bin
 
-.PHONY: install run test coverage test-loaded test-e2e test-e2e-local kube-etcd helm prometheus promtool chromium iptables screenshots reference docs lint proto bench attack soak image image-name push release lock docker-build docker-push deploy undeploy clean
+.PHONY: install run test coverage test-loaded test-e2e test-e2e-local kube-etcd helm prometheus promtool chromium iptables screenshots reference docs lint proto bench attack soak image image-name image-tag push release lock docker-build docker-push deploy undeploy clean
 
 install: $(VENV)/.installed
 
@@ -156,7 +156,6 @@ TAG      ?= $(VERSION)$(if $(REVISION),-$(shell git rev-parse --short=12 HEAD)$(
 SOURCE   ?= $(shell git remote get-url origin 2>/dev/null | grep -E '^https://[^/@?\#[:space:]]+/[^@?\#[:space:]]*$$')
 IMAGE     = $(REGISTRY)/numa-device-plugin:$(TAG)
 # The tag the README's deploy commands and the chart's defaults pull: the version alone.
-IMAGE_RELEASE = $(REGISTRY)/numa-device-plugin:$(VERSION)
 # The builder: docker when its daemon answers, else podman, else buildah.
 CONTAINER_TOOL ?= $(shell if docker info >/dev/null 2>&1; then echo docker; \
 	elif command -v podman >/dev/null; then echo podman; \
@@ -173,21 +172,24 @@ KUSTOMIZATION ?= deployments
 image-name:
 	@echo $(IMAGE)
 
-## image: build the image with CONTAINER_TOOL (docker, podman or buildah), tagged
-## $(IMAGE) and $(IMAGE_RELEASE)
+## image-tag: print its tag, <version>-<commit>[-dirty-<hash>] (helm's image.tag)
+image-tag:
+	@echo $(TAG)
+
+## image: build the image with CONTAINER_TOOL (docker, podman or buildah), tagged $(IMAGE)
+## only (a release's <version> tag is make release's: a development build never takes it)
 image:
 	@test -n "$(CONTAINER_TOOL)" || { if command -v docker >/dev/null; then echo "docker is installed but its daemon does not answer (docker info failed): start it, or install podman or buildah, or set CONTAINER_TOOL" >&2; else echo "no image builder: install docker, podman or buildah, or set CONTAINER_TOOL" >&2; fi; exit 2; }
 	$(CONTAINER_TOOL) build $(BUILD_FLAGS) --build-arg VERSION=$(TAG) \
 	    --build-arg REVISION=$(REVISION) --build-arg SOURCE=$(SOURCE) \
 	    $(if $(PYTHON_IMAGE),--build-arg PYTHON_IMAGE=$(PYTHON_IMAGE)) \
-	    -t $(IMAGE) -t $(IMAGE_RELEASE) .
+	    -t $(IMAGE) .
 
-## push: push both tags to REGISTRY: the commit's, and the version's that the README's
-## commands and the chart's defaults pull
+## push: push $(IMAGE) to REGISTRY (never a release's <version> tag, which make release
+## pushes once: what a node cached under it stays what the release was)
 push:
 	@test -n "$(CONTAINER_TOOL)" || { echo "no image tool: install docker, podman or buildah, or set CONTAINER_TOOL" >&2; exit 2; }
 	$(CONTAINER_TOOL) push $(PUSH_FLAGS) $(IMAGE)
-	$(CONTAINER_TOOL) push $(PUSH_FLAGS) $(IMAGE_RELEASE)
 
 ## release: VERSION=X.Y.Z: the image for PLATFORMS (linux/amd64,linux/arm64) as one image
 ## index and the chart (its image.digest set to it) pushed to REGISTRY (the chart as

@@ -147,20 +147,27 @@ def test_container_tool_overrides_and_flags_pass_through(checkout: Path) -> None
     assert re.search(r"^buildah build --pull=never ", out, re.M), out
     assert "--build-arg PYTHON_IMAGE=localhost/py:3.11" in out
     commit = git(checkout, "rev-parse", "--short=12", "HEAD")
-    assert f"-t {NAME}:{__version__}-{commit} -t {NAME}:{__version__} ." in out
+    assert f"-t {NAME}:{__version__}-{commit} ." in out
+    assert f"-t {NAME}:{__version__} " not in out, "a release's tag is make release's"
 
 
-def test_push_pushes_the_tag_the_readme_and_the_chart_pull(checkout: Path) -> None:
+def test_push_pushes_the_commits_tag_only_and_the_readme_deploys_that_tag(
+    checkout: Path,
+) -> None:
+    """A development push never moves a release's tag (a node that cached the release
+    under it would keep the old one, others would get the new); the README's deploy
+    commands name the pushed tag with make image-name / image-tag."""
     out = dry_run(checkout, "push", CONTAINER_TOOL="podman", PUSH_FLAGS="--tls-verify=false")
     commit = git(checkout, "rev-parse", "--short=12", "HEAD")
     pushed = re.findall(r"^podman push --tls-verify=false (\S+)$", out, re.M)
-    assert pushed == [f"{NAME}:{__version__}-{commit}", f"{NAME}:{__version__}"]
-    # What the deploy paths pull by default: the version's tag.
-    base = (REPO / "deployments/base/daemonset.yaml").read_text()
-    assert f"image: {NAME}:{__version__}" in base
-    chart = (REPO / "deployments/helm/numa-device-plugin/Chart.yaml").read_text()
-    assert f'appVersion: "{__version__}"' in chart
-    assert dry_run(checkout, "docker-push", CONTAINER_TOOL="podman").count("podman push") == 2
+    assert pushed == [f"{NAME}:{__version__}-{commit}"]
+    assert dry_run(checkout, "docker-push", CONTAINER_TOOL="podman").count("podman push") == 1
+    tag = subprocess.run(["make", "-s", "--no-print-directory", "image-tag"], cwd=checkout,
+                         capture_output=True, text=True, check=True).stdout.strip()  # fmt: skip
+    assert tag == f"{__version__}-{commit}"
+    readme = (REPO / "README.md").read_text()
+    assert "$(make -s image-name REGISTRY=registry.example.com:5000)" in readme
+    assert '--set image.tag="$(make -s image-tag)"' in readme
 
 
 @pytest.mark.parametrize(

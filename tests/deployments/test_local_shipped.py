@@ -49,13 +49,14 @@ def test_the_readme_commands_are_what_the_harness_runs() -> None:
     a README edit that breaks them breaks the e2e run, not only a reader."""
     kustomize = shipped.readme_command(README, "kustomize")
     assert kustomize == (
-        "kubectl kustomize deployments/ | sed 's#registry.local:5000#registry.local:5000#' "
-        "| kubectl apply -f -"
+        'kubectl kustomize deployments/ | sed "s#registry.local:5000/numa-device-plugin:'
+        '[^\\" ]*#$(make -s image-name REGISTRY=registry.local:5000)#" | kubectl apply -f -'
     )
     helm = shipped.readme_command(README, "helm")
     assert helm == (
         "helm install numa-device-plugin deployments/helm/numa-device-plugin "
-        "--namespace kube-system --set image.repository=registry.local:5000/numa-device-plugin"
+        "--namespace kube-system --set image.repository=registry.local:5000/numa-device-plugin "
+        '--set image.tag="$(make -s image-tag)"'
     )
     assert shipped.README_REGISTRY in README
 
