@@ -13,7 +13,9 @@ are read from the kernel inside the pod, not from the plugin's account.
 from __future__ import annotations
 
 import json
+import os
 import socket
+import sys
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -24,7 +26,7 @@ import pytest
 from kubernetes import client
 
 from numa_device_plugin.topology.sysfs import parse_cpulist
-from tests.e2e.conftest import NAMESPACE
+from tests.e2e.conftest import NAMESPACE, run_checked
 from tests.e2e.shipped import METRICS_PORT
 from tests.e2e.test_cluster import WHERE, create, wait_phase
 from tests.e2e.test_workers import Workers, on, two, where  # noqa: F401 (the fixture)
@@ -254,6 +256,33 @@ def test_an_all_of_resource_is_advertised_only_where_its_disk_and_nic_agree(
     assert_on(seen, "1")
     disk_a = seen["disks"][fleet.serial("a", pair.a)][0]
     assert set(seen["near_env"]["NUMA_NEAR_DISK_A_NIC"].split(",")) == {disk_a, fleet.nic}
+
+
+def test_kubectl_numa_devices_lists_both_workers_disks_with_their_numa_nodes(
+    fleet: Fleet,
+) -> None:
+    """``kubectl numa devices`` (the kubectl plugin on PATH) from this worker: each
+    worker's plugin read through the API server's pod proxy; both workers' data disks
+    with the NUMA nodes the harness put them on, and a config.named map naming them."""
+    pair, platform = fleet.two, fleet.two.platform
+    env = dict(platform.kubectl_env, PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}")
+
+    def devices(*args: str) -> str:
+        return run_checked(["kubectl", "numa", "devices", *args],
+                           timeout=120 * platform.time_scale, env=env)  # fmt: skip
+
+    document = json.loads(devices("--output", "json"))
+    print(devices())
+    disks = {
+        node["name"]: {d["serial"]: d["nodes"] for d in node["disks"]}
+        for node in document["nodes"]
+    }  # fmt: skip
+    for node, (a_node, b_node) in ((pair.a, (1, 0)), (pair.b, (0, 1))):
+        assert disks[node][fleet.serial("a", node)] == [a_node]
+        assert disks[node][fleet.serial("b", node)] == [b_node]
+        selectors = set(document["named"][node]["near"].values())
+        assert f"serial:{fleet.serial('a', node)}" in selectors
+        assert f"net:{fleet.nic}" in selectors
 
 
 class Monitor:
