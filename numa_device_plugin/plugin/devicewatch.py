@@ -40,9 +40,10 @@ def changed(old: Mapping[str, Resource], new: Mapping[str, Resource]) -> set[str
 
 
 class DeviceWatch:
-    """Reads sysfs every ``config.device_interval`` seconds (0: never) with
-    ``discover_fn``; when it :func:`differs` from ``current()`` it keeps the discovery
-    for :meth:`take` and calls ``woken()``. A failed read is logged once per fault and
+    """Reads sysfs every ``config.device_interval`` seconds (0: never) with ``quiet_fn``
+    (no log lines, no details; default ``discover_fn``); when that :func:`differs` from
+    ``current()`` it reads again with ``discover_fn`` and keeps that discovery for
+    :meth:`take` and calls ``woken()``. A failed read is logged once per fault and
     the served discovery kept."""
 
     def __init__(
@@ -51,9 +52,11 @@ class DeviceWatch:
         discover_fn: Callable[[Config], Discovery],
         current: Callable[[], Discovery | None],
         woken: Callable[[], None],
+        quiet_fn: Callable[[Config], Discovery] | None = None,
     ) -> None:
         self.config = config
         self._discover_fn = discover_fn
+        self._quiet_fn = quiet_fn or discover_fn
         self._current = current
         self._woken = woken
         self._found: Discovery | None = None
@@ -78,6 +81,13 @@ class DeviceWatch:
         resource that follows a device whose device is gone is kept, lost:
         :func:`~numa_device_plugin.plugin.nearhealth.keep_lost`)."""
         try:
+            discovery = await asyncio.to_thread(self._quiet_fn, self.config)
+            current = self._current()
+            if current is not None and not differs(current, keep_lost(current.resources,
+                                                                       discovery)):  # fmt: skip
+                self._last_error = None
+                return
+            # Something changed: read again, logging the new plan and reading the details.
             discovery = await asyncio.to_thread(self._discover_fn, self.config)
         except (sysfs.SysfsError, ValueError) as exc:
             if str(exc) != self._last_error:

@@ -99,8 +99,10 @@ def plan_near(
     return tuple(found)
 
 
-def discover(config: Config) -> Discovery:
+def discover(config: Config, *, quiet: bool = False) -> Discovery:
     """Read the topology under ``config.sysfs_root`` and build the resources; log the plan.
+    ``quiet`` (the device watch's looks, every ``--device-interval``): no log lines and
+    no ``details`` (they are read again, loud, only when something changed).
 
     Raises :class:`~numa_device_plugin.topology.sysfs.SysfsError` (or its subclass
     ``SysfsFormatError``, naming the file and content) when sysfs cannot be read,
@@ -132,6 +134,8 @@ def discover(config: Config) -> Discovery:
     }
     if config.memory_unit is not None:  # the memory of a near resource's node
         resources.update(near_memory(resources))
+    if quiet:
+        return Discovery(plans=plans, resources=resources, inventory=inventory, near=near)
     for plan in plans:
         node = plan.node
         fields = {

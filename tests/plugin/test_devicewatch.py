@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from numa_device_plugin.plugin.config import Config
 from numa_device_plugin.plugin.devices import parse_near
 from numa_device_plugin.plugin.devicewatch import DeviceWatch, changed, differs
@@ -72,3 +74,36 @@ def test_nothing_is_served_before_the_first_discovery_so_any_differs(tmp_path: P
     first = discover(Config(sysfs_root=tree.root))
     assert differs(None, first)
     assert not differs(first, discover(Config(sysfs_root=tree.root)))
+
+
+async def test_a_look_at_unchanged_devices_logs_nothing_and_reads_no_details(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Every --device-interval (60 s) a quiet look: no plan logged again, no details
+    (models, sizes) read; only a change reads again, loud, with the details."""
+    from functools import partial
+
+    tree, devices = machine(tmp_path / "sys")
+    config = Config(sysfs_root=tree.root, near=(parse_near("d=serial:DATA"),))
+    served = [discover(config)]
+    capsys.readouterr()
+    loud: list[int] = []
+
+    def counted(given: Config) -> Discovery:
+        loud.append(1)
+        return discover(given)
+
+    watch = DeviceWatch(config, counted, lambda: served[-1], lambda: None,
+                        partial(discover, quiet=True))  # fmt: skip
+    for _ in range(3):
+        await watch.look()
+    assert loud == []
+    assert capsys.readouterr().err == ""
+    devices.disk("nvme0n1", "0000:01:00.0", serial="OTHER")
+    await watch.look()
+    assert loud == [1]
+    found = watch.take()
+    assert found is not None
+    assert found.details is not None
+    assert "advertising NUMA node" in capsys.readouterr().err
+    assert discover(config, quiet=True).details is None
