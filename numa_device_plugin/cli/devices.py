@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import re
 import sys
-from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
@@ -37,15 +36,7 @@ KINDS = ("disks", "nics", "accelerators")
     "paste into the chart's values. Runs the kubeconfig's exec credential plugin, as "
     "kubectl does.",
 )
-@click.option(
-    "--kubeconfig",
-    type=click.Path(dir_okay=False, path_type=Path),
-    default=None,
-    envvar="NUMA_KUBECONFIG",
-    show_envvar=True,
-    help="the kubeconfig (default: $KUBECONFIG's first file, else ~/.kube/config, else "
-    "the pod's service account)",
-)
+@options.api_kubeconfig
 @click.option(
     "--namespace",
     default="kube-system",
@@ -71,15 +62,7 @@ KINDS = ("disks", "nics", "accelerators")
     show_envvar=True,
     help="the plugin's metrics port (config.metricsPort), where /debug/state is",
 )
-@click.option(
-    "--timeout",
-    type=click.FloatRange(min=0.1, max=3600),
-    default=30.0,
-    show_default=True,
-    envvar="NUMA_TIMEOUT",
-    show_envvar=True,
-    help="seconds the whole command may take",
-)
+@options.api_timeout
 @options.apply(options.output)
 def command(**params: Any) -> int:
     """0 after printing (a pod that could not be read is named on stderr); 1 when the

@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import sys
 from fractions import Fraction
-from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
@@ -48,15 +47,7 @@ NOT_ENDED = "status.phase!=Succeeded,status.phase!=Failed"
     "lacks which resource for that Pending pod, and by how much. Runs the kubeconfig's "
     "exec credential plugin, as kubectl does.",
 )
-@click.option(
-    "--kubeconfig",
-    type=click.Path(dir_okay=False, path_type=Path),
-    default=None,
-    envvar="NUMA_KUBECONFIG",
-    show_envvar=True,
-    help="the kubeconfig (default: $KUBECONFIG's first file, else ~/.kube/config, else "
-    "the pod's service account)",
-)
+@options.api_kubeconfig
 @click.option(
     "--explain",
     "explain_pod",
@@ -66,16 +57,7 @@ NOT_ENDED = "status.phase!=Succeeded,status.phase!=Failed"
     show_envvar=True,
     help="explain why this pod is Pending",
 )
-@click.option(
-    "--timeout",
-    type=click.FloatRange(min=0.1, max=3600),
-    default=30.0,
-    show_default=True,
-    envvar="NUMA_TIMEOUT",
-    show_envvar=True,
-    help="seconds the whole command may take: the kubeconfig, its exec credential plugin "
-    "and every request to the API server",
-)
+@options.api_timeout
 @options.apply(options.resource_prefix, options.output)
 @click.pass_context
 def command(ctx: click.Context, /, **params: Any) -> int:

@@ -29,7 +29,7 @@ from numa_device_plugin.topology.sysfs import parse_cpulist
 from tests.e2e.conftest import NAMESPACE, run_checked
 from tests.e2e.shipped import METRICS_PORT
 from tests.e2e.test_cluster import WHERE, create, wait_phase
-from tests.e2e.test_workers import Workers, on, two, where  # noqa: F401 (the fixture)
+from tests.e2e.test_workers import Workers, on, one_per_node, two, where  # noqa: F401 (the fixture)
 
 pytestmark = pytest.mark.e2e
 PREFIX = "numa-align"
@@ -157,27 +157,9 @@ def test_one_configuration_puts_each_replica_on_the_numa_node_of_its_own_disk(
     apps = client.AppsV1Api(platform.core.api_client)
     try:
         for slot in ("a", "b"):
-            labels = {"app": f"disk-{slot}"}
             template = on(platform, None, f"disk-{slot}", DISKS + WHERE + "; sleep 3600", 1,
                           f"{PREFIX}/disk-{slot}")  # fmt: skip
-            template.spec.restart_policy = "Always"
-            template.spec.topology_spread_constraints = [
-                client.V1TopologySpreadConstraint(
-                    max_skew=1, topology_key="kubernetes.io/hostname",
-                    when_unsatisfiable="DoNotSchedule",
-                    label_selector=client.V1LabelSelector(match_labels=labels),
-                )
-            ]  # fmt: skip
-            apps.create_namespaced_stateful_set(namespace, client.V1StatefulSet(
-                metadata=client.V1ObjectMeta(name=f"disk-{slot}"),
-                spec=client.V1StatefulSetSpec(
-                    service_name=f"disk-{slot}", replicas=2, pod_management_policy="Parallel",
-                    selector=client.V1LabelSelector(match_labels=labels),
-                    template=client.V1PodTemplateSpec(
-                        metadata=client.V1ObjectMeta(labels=labels), spec=template.spec
-                    ),
-                ),
-            ))  # fmt: skip
+            apps.create_namespaced_stateful_set(namespace, one_per_node(f"disk-{slot}", template))
 
         def running() -> list[client.V1Pod]:
             return [p for p in platform.core.list_namespaced_pod(namespace).items

@@ -601,6 +601,30 @@ def test_a_deployment_of_numa_1_replicas_spreads_without_one_topology_affinity_e
         apps.delete_namespaced_deployment("numa-1-replicas", namespace)
 
 
+def one_per_node(name: str, template: client.V1Pod, replicas: int = 2) -> client.V1StatefulSet:
+    """A StatefulSet ``name`` of ``replicas`` of ``template``'s spec (restarted always),
+    labelled ``app: name``, started in parallel and spread one per node."""
+    labels = {"app": name}
+    template.spec.restart_policy = "Always"
+    template.spec.topology_spread_constraints = [
+        client.V1TopologySpreadConstraint(
+            max_skew=1, topology_key="kubernetes.io/hostname",
+            when_unsatisfiable="DoNotSchedule",
+            label_selector=client.V1LabelSelector(match_labels=labels),
+        )
+    ]  # fmt: skip
+    return client.V1StatefulSet(
+        metadata=client.V1ObjectMeta(name=name),
+        spec=client.V1StatefulSetSpec(
+            service_name=name, replicas=replicas, pod_management_policy="Parallel",
+            selector=client.V1LabelSelector(match_labels=labels),
+            template=client.V1PodTemplateSpec(
+                metadata=client.V1ObjectMeta(labels=labels), spec=template.spec
+            ),
+        ),
+    )  # fmt: skip
+
+
 # What a pod prints about the guest's data disk, read from its own kernel: the serial and
 # the numa_node of the PCI device above it (the disk's folder is <pci>/virtioN/block/vdX).
 DISK = (
@@ -639,27 +663,8 @@ def test_a_statefulset_of_one_template_runs_each_replica_on_its_own_workers_disk
         for node in two.names:
             platform.eventually(lambda n=node: two.ours(n).get(DATA_DISK) == "100", 180,
                                 f"{node}: {DATA_DISK}=100")  # fmt: skip
-        labels = {"app": "near-disk"}
         template = on(platform, None, "near-disk", DISK + WHERE + "; sleep 3600", 1, DATA_DISK)
-        template.spec.restart_policy = "Always"
-        template.spec.topology_spread_constraints = [
-            client.V1TopologySpreadConstraint(
-                max_skew=1, topology_key="kubernetes.io/hostname",
-                when_unsatisfiable="DoNotSchedule",
-                label_selector=client.V1LabelSelector(match_labels=labels),
-            )
-        ]  # fmt: skip
-        stateful = client.V1StatefulSet(
-            metadata=client.V1ObjectMeta(name="near-disk"),
-            spec=client.V1StatefulSetSpec(
-                service_name="near-disk", replicas=2, pod_management_policy="Parallel",
-                selector=client.V1LabelSelector(match_labels=labels),
-                template=client.V1PodTemplateSpec(
-                    metadata=client.V1ObjectMeta(labels=labels), spec=template.spec
-                ),
-            ),
-        )  # fmt: skip
-        apps.create_namespaced_stateful_set(namespace, stateful)
+        apps.create_namespaced_stateful_set(namespace, one_per_node("near-disk", template))
 
         def running() -> list[client.V1Pod]:
             return [p for p in platform.core.list_namespaced_pod(
