@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Mapping
+from functools import partial
 
 import structlog
 
 from numa_device_plugin.plugin.config import Config
 from numa_device_plugin.plugin.devices import Resource
-from numa_device_plugin.plugin.discovery import Discovery
+from numa_device_plugin.plugin.discovery import Discovery, discover
 from numa_device_plugin.plugin.nearhealth import keep_lost
 from numa_device_plugin.topology import sysfs
 
@@ -41,7 +42,8 @@ def changed(old: Mapping[str, Resource], new: Mapping[str, Resource]) -> set[str
 
 class DeviceWatch:
     """Reads sysfs every ``config.device_interval`` seconds (0: never) with ``quiet_fn``
-    (no log lines, no details; default ``discover_fn``); when that :func:`differs` from
+    (no log lines, no details; default: :func:`discover` with ``quiet``, when
+    ``discover_fn`` is it, else ``discover_fn``); when that :func:`differs` from
     ``current()`` it reads again with ``discover_fn`` and keeps that discovery for
     :meth:`take` and calls ``woken()``. A failed read is logged once per fault and
     the served discovery kept."""
@@ -56,7 +58,9 @@ class DeviceWatch:
     ) -> None:
         self.config = config
         self._discover_fn = discover_fn
-        self._quiet_fn = quiet_fn or discover_fn
+        if quiet_fn is None:  # discover's own quiet look, or the injected function's
+            quiet_fn = partial(discover, quiet=True) if discover_fn is discover else discover_fn
+        self._quiet_fn = quiet_fn
         self._current = current
         self._woken = woken
         self._found: Discovery | None = None

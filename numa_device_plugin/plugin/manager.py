@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Mapping
-from functools import partial
 
 import structlog
 
@@ -81,9 +80,8 @@ class PluginManager:
         self._trim_pending = False
         self._seen_kubelet: KubeletIdentity | None = None
         self._serve_problem: str | None = None
-        quiet = partial(discover, quiet=True) if discover_fn is discover else None
         self.device_watch = DeviceWatch(config, discover_fn, lambda: self.catalog.discovery,
-                                        lambda: self.wake(DEVICES_CHANGED), quiet)  # fmt: skip
+                                        lambda: self.wake(DEVICES_CHANGED))  # fmt: skip
 
     # -- what is served, for probes, status and tests -----------------------------------------
 
