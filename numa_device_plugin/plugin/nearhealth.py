@@ -23,15 +23,16 @@ from numa_device_plugin.plugin.ids import device_node
 
 
 def keep_lost(served: Mapping[str, Resource], found: Discovery) -> Discovery:
-    """``found`` with each resource that follows a device, served now and still
-    configured (a :attr:`Discovery.near` entry) but absent from ``found`` (its device
+    """``found`` with each resource that follows a device (its memory resources too,
+    :mod:`.nearmemory`), served now and still configured (a :attr:`Discovery.near`
+    entry of its name) but absent from ``found`` (its device
     gone, or on no advertised NUMA node), kept as served with ``lost`` set to the near
     plan's reason; a resource lost before and still absent keeps its devices."""
-    plans = {entry.resource: entry for entry in found.near}
+    plans = {entry.near.name: entry for entry in found.near}
     kept = {
-        name: replace(resource, lost=plans[name].reason or "its device is gone")
+        name: replace(resource, lost=plans[resource.near.name].reason or "its device is gone")
         for name, resource in served.items()
-        if resource.near is not None and name in plans and name not in found.resources
+        if resource.near is not None and resource.near.name in plans and name not in found.resources
     }
     if not kept:
         return found

@@ -93,3 +93,12 @@ def test_a_resource_of_a_numa_node_is_left_as_it_is() -> None:
         holders=(Holder("ns", "pod", "main", frozenset({1}), {plain.name: ("numa0-slot0000",)}),),
     )  # fmt: skip
     assert with_left_behind(plain, plain.devices, view) == plain.devices
+
+
+def test_the_memory_of_a_lost_resource_is_kept_lost_too() -> None:
+    """data-memory (--memory-unit) follows data's device: it goes Unhealthy with it."""
+    memory = replace(near_on(1), name=f"{NAME}-memory")
+    served = {NAME: near_on(1), memory.name: memory}
+    found = Discovery(plans=(), resources={}, near=(plan("gone"),))
+    kept = keep_lost(served, found).resources
+    assert {name: r.lost for name, r in kept.items()} == {NAME: "gone", memory.name: "gone"}
