@@ -39,13 +39,23 @@ def keep_lost(served: Mapping[str, Resource], found: Discovery) -> Discovery:
     return replace(found, resources={**found.resources, **kept})
 
 
+# Held ids of a node a resource left that are listed again (a hostile kubelet could name
+# any number).
+MAX_LEFT_BEHIND = 1024
+
+
 def with_left_behind(
-    resource: Resource, devices: tuple[Device, ...], view: KubeletView | None
+    resource: Resource,
+    devices: tuple[Device, ...],
+    view: KubeletView | None,
+    nodes: frozenset[int] = frozenset(),
 ) -> tuple[Device, ...]:
     """The list to advertise for a resource that follows a device, from ``devices``
     (its live list): every device Unhealthy when :attr:`Resource.lost`; then, Unhealthy
     on the NUMA node its id names, each id of the resource that a container holds and
-    the list lacks (the device moved: the id names the node it left), in id order."""
+    the list lacks (the device moved: the id names the node it left), in id order: only
+    ids of this plugin's form on one of ``nodes`` (the machine's NUMA nodes), at most
+    :data:`MAX_LEFT_BEHIND`, so a kubelet's answer never names a node that is not here."""
     if resource.near is None:
         return devices
     if resource.lost is not None:
@@ -56,9 +66,9 @@ def with_left_behind(
         for holder in view.holders
         for device_id in holder.devices.get(resource.name, ())
     }  # fmt: skip
-    left = []
+    left: list[Device] = []
     for device_id in sorted(held - listed):
         where = device_node(device_id)
-        if where is not None:
+        if where is not None and where[0] in nodes and len(left) < MAX_LEFT_BEHIND:
             left.append(Device(device_id, where[0], where[1], UNHEALTHY))
     return (*devices, *left)

@@ -327,6 +327,8 @@ def plan(
     """Pure (thread-safe): each resource's device list and foreign held ids, and the
     figures the recorder takes, for ``view``."""
     lists: dict[str, tuple[tuple[Device, ...], set[str]]] = {}
+    known = catalog.discovery.plans if catalog.discovery is not None else ()
+    nodes = frozenset(p.node.id for p in known)  # ids held elsewhere are listed on these only
     for name, resource in resources.items():
         ours = {
             node_id: admissible(config.capacity, resource, node_id, catalog.node_cpus(node_id))
@@ -339,7 +341,7 @@ def plan(
             view,
             reserved_cpus=config.reserved_cpus,
             allow_unaligned=config.allow_unaligned,
-        ), view)  # fmt: skip
+        ), view, nodes)  # fmt: skip
         listed = {device.id for device in devices}
         lists[name] = (devices, foreign_devices(view, name, resource.node_ids, ours) - listed)
     return Planned(

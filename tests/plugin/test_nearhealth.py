@@ -80,7 +80,8 @@ def test_ids_held_on_the_node_a_resource_left_stay_listed_unhealthy_on_that_node
     """The disk moved from node 1 to node 0: a pod still holds numa1-slot0001; the
     kubelet would report an id missing from the list as Healthy."""
     moved = near_on(0)
-    devices = with_left_behind(moved, moved.devices, holding("numa1-slot0001", "junk"))
+    view = holding("numa1-slot0001", "junk", "numa7-slot0001")  # node 7: not on this machine
+    devices = with_left_behind(moved, moved.devices, view, frozenset({0, 1}))
     assert devices[: len(moved.devices)] == moved.devices
     assert devices[len(moved.devices) :] == (Device("numa1-slot0001", 1, 1, UNHEALTHY),)
     assert {d.health for d in moved.devices} == {HEALTHY}
@@ -102,3 +103,12 @@ def test_the_memory_of_a_lost_resource_is_kept_lost_too() -> None:
     found = Discovery(plans=(), resources={}, near=(plan("gone"),))
     kept = keep_lost(served, found).resources
     assert {name: r.lost for name, r in kept.items()} == {NAME: "gone", memory.name: "gone"}
+
+
+def test_a_hostile_kubelet_naming_many_held_ids_gets_a_bounded_list() -> None:
+    from numa_device_plugin.plugin.nearhealth import MAX_LEFT_BEHIND
+
+    moved = near_on(0)
+    many = holding(*(f"numa1-slot{i:05d}" for i in range(MAX_LEFT_BEHIND * 3)))
+    devices = with_left_behind(moved, moved.devices, many, frozenset({0, 1}))
+    assert len(devices) == len(moved.devices) + MAX_LEFT_BEHIND
