@@ -267,6 +267,45 @@ def test_kubectl_numa_devices_lists_both_workers_disks_with_their_numa_nodes(
         assert f"net:{fleet.nic}" in selectors
 
 
+def test_memory_follows_a_disk_as_its_own_resource_on_the_disks_numa_node(
+    fleet: Fleet, namespace: str
+) -> None:
+    """With ``--memory-unit 256Mi`` (the Memory Manager Static on both kubelets):
+    numa-align/disk-a-memory is the memory of disk a's NUMA node, the same count as
+    numa-N-memory there (worker A: node 1, B: node 0); a pod on each worker asking
+    disk-a and 2 units of disk-a-memory gets its CPUs and memory on that node."""
+    pair, platform = fleet.two, fleet.two.platform
+    if not platform.memory_manager_static:
+        pytest.skip("needs the kubelets' Memory Manager policy Static")
+    unit_mib, units = 256, 2
+    saved = platform.plugin_settings()
+    pair.configure({"memory-unit": f"{unit_mib}Mi",
+                    "reserved-memory": platform.description["reserved_memory"]})  # fmt: skip
+    try:
+        memory = f"{PREFIX}/disk-a-memory"
+        for node, disk_node in ((pair.a, "1"), (pair.b, "0")):
+            base = f"{PREFIX}/numa-{disk_node}-memory"
+            found = platform.eventually(
+                lambda n=node: int(pair.ours(n).get(memory, "0")) > 0 and pair.ours(n), 120,
+                f"{node}: {memory} > 0",
+            )  # fmt: skip
+            print(f"{node}: {memory}={found[memory]}, {base}={found.get(base)} "
+                  f"(units of {unit_mib}Mi)")  # fmt: skip
+            assert found[memory] == found.get(base)
+            assert f"{PREFIX}/numa-{1 - int(disk_node)}-memory" in found
+            name = f"mem-{node[-1].lower()}"
+            create(platform, namespace, on(platform, node, name, DISKS + WHERE, 1,
+                                           f"{PREFIX}/disk-a", memory=f"{units * unit_mib}Mi",
+                                           more={memory: str(units)}))  # fmt: skip
+            wait_phase(platform, name, namespace, "Succeeded")
+            seen = seen_in_pod(platform, name, namespace)
+            print(describe(name, node, seen))
+            assert_on(seen, disk_node)
+            assert seen["disks"][fleet.serial("a", node)][1] == disk_node
+    finally:
+        pair.restore(saved)
+
+
 class Monitor:
     """A qemu monitor (QMP) over TCP: one JSON command per line, events collected."""
 
