@@ -40,6 +40,14 @@ SERVICE_IP = "10.96.0.1"  # the ``kubernetes`` Service's ClusterIP: first of the
 STANDIN_IMAGE = "localhost/python-standin:3.11-bookworm"
 STANDIN_PACKAGES = ("python3", "python3-venv", "python3-pip", "python-is-python3",
                     "ca-certificates")  # fmt: skip
+# What Debian's slim images leave out and the image never reads: apt's package lists (no
+# apt-get runs in the Dockerfile), translations, documentation. Without them the base
+# layer the workers pull is ~100 MB smaller (it was 249 MB, 93 MB compressed).
+STANDIN_DROPPED = ("var/lib/apt/lists", "var/cache/apt", "usr/share/locale", "usr/share/doc",
+                   "usr/share/man", "usr/share/info")  # fmt: skip
+# Bumped whenever the stand-in's content changes: a cached archive of an older one is
+# made again instead of being used.
+STANDIN_REVISION = 2
 DEBIAN_MIRROR = "http://deb.debian.org/debian"
 CNI_BIN_DIR = Path("/usr/lib/cni")
 HOST_CA_BUNDLE = Path("/etc/ssl/certs/ca-certificates.crt")
@@ -191,8 +199,7 @@ def python_standin(cache: Path, arch: str = "amd64") -> Path:
     ``EXTERNALLY-MANAGED``, as a tar in ``cache`` (made once: ~3 min; a foreign arch
     runs its second stage under qemu user emulation, ~20 min). Raises
     subprocess.CalledProcessError."""
-    archive = cache / ("python-standin-bookworm.tar" if arch == "amd64"
-                       else f"python-standin-bookworm-{arch}.tar")  # fmt: skip
+    archive = cache / f"python-standin-bookworm-{arch}-r{STANDIN_REVISION}.tar"
     if archive.is_file():
         return archive
     cache.mkdir(parents=True, exist_ok=True)
@@ -210,12 +217,17 @@ def python_standin(cache: Path, arch: str = "amd64") -> Path:
 def standin_archive(root: Path, archive: Path) -> Path:
     """``root`` (a debootstrapped bookworm) made the stand-in and packed as ``archive``;
     ``root`` removed. The build's pip trusts what this host trusts (a network whose proxy
-    re-signs TLS has its authority only in the host's bundle)."""
+    re-signs TLS has its authority only in the host's bundle); :data:`STANDIN_DROPPED`
+    are emptied (the folders stay, as in Debian's slim images)."""
     shutil.copyfile(HOST_CA_BUNDLE, root / "etc/ssl/certs/ca-certificates.crt")
     for marker in root.glob("usr/lib/python3*/EXTERNALLY-MANAGED"):
         marker.unlink()
-    for package in root.glob("var/cache/apt/archives/*.deb"):
-        package.unlink()
+    for folder in STANDIN_DROPPED:
+        for entry in (root / folder).glob("*"):
+            if entry.is_dir() and not entry.is_symlink():
+                shutil.rmtree(entry)
+            else:
+                entry.unlink()
     partial = archive.with_suffix(".partial")
     with tarfile.open(partial, "w") as tar:
         tar.add(root, arcname=".")

@@ -244,3 +244,63 @@ def test_the_e2e_rollout_reads_tag_and_digest_apart(
     from tests.e2e.test_shipped import image_parts
 
     assert image_parts(image) == parts
+
+
+def test_the_python_stand_in_leaves_out_apt_lists_translations_and_docs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The base layer every worker pulls: what Debian's slim images drop is emptied
+    (the folders stay), Python, its packages and the C.UTF-8 locale stay, the host's CA
+    bundle replaces the root's and pip may install (no EXTERNALLY-MANAGED)."""
+    import tarfile
+
+    bundle = tmp_path / "host-ca.crt"
+    bundle.write_text("HOST CA\n")
+    monkeypatch.setattr(shipped, "HOST_CA_BUNDLE", bundle)
+    root = tmp_path / "root"
+    kept = ["usr/bin/python3.11", "usr/lib/python3.11/os.py",
+            "usr/lib/python3.11/__pycache__/os.cpython-311.pyc",
+            "usr/lib/locale/C.utf8/LC_CTYPE", "usr/share/zoneinfo/UTC",
+            "var/lib/dpkg/status", "etc/ssl/certs/ca-certificates.crt"]  # fmt: skip
+    dropped = ["var/lib/apt/lists/deb.debian.org_debian_dists_bookworm_main_binary-amd64_Packages",
+               "var/lib/apt/lists/partial/x", "var/cache/apt/archives/python3_3.11.deb",
+               "var/cache/apt/pkgcache.bin", "usr/share/locale/de/LC_MESSAGES/apt.mo",
+               "usr/share/doc/python3/copyright", "usr/share/man/man1/python3.1.gz",
+               "usr/share/info/dir", "usr/lib/python3.11/EXTERNALLY-MANAGED"]  # fmt: skip
+    for name in kept + dropped:
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text(name)
+    (root / "usr/share/doc/python3.11").symlink_to("python3")
+    archive = shipped.standin_archive(root, tmp_path / "standin.tar")
+    with tarfile.open(archive) as tar:
+        names = {n.removeprefix("./") for n in tar.getnames()}
+        ca = tar.extractfile("./etc/ssl/certs/ca-certificates.crt")
+        assert ca is not None
+        assert ca.read() == b"HOST CA\n"
+    assert set(kept) <= names
+    assert not set(dropped) & names
+    for folder in shipped.STANDIN_DROPPED:
+        assert folder in names
+        assert not [n for n in names if n.startswith(folder + "/")], folder
+    assert not root.exists()
+
+
+def test_a_cached_stand_in_of_another_revision_is_not_used(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An archive cached by a harness whose stand-in held more (apt lists, docs) has
+    another name: the harness makes its own instead of pushing the old one."""
+    old = tmp_path / "python-standin-bookworm.tar"
+    old.write_text("an older stand-in")
+    made: list[list[str]] = []
+    monkeypatch.setattr(subprocess, "run", lambda argv, **_: made.append(argv))
+    monkeypatch.setattr(shipped, "standin_archive", lambda root, archive: archive)
+    found = shipped.python_standin(tmp_path)
+    assert found != old
+    assert f"-r{shipped.STANDIN_REVISION}" in found.name
+    assert made
+    assert made[0][0] == "debootstrap"
+    found.write_text("this revision's")
+    made.clear()
+    assert shipped.python_standin(tmp_path) == found
+    assert not made
