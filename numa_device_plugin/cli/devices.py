@@ -177,16 +177,30 @@ def _cell(value: object) -> str:
     return str(value)
 
 
+def disk_size(size: object) -> str:
+    """A disk's size (bytes, from 512-byte sectors of ``/sys/class/block/<disk>/size``) as ``lsblk``
+    shows it, in binary units with at most one decimal: 16777216 -> ``16M``,
+    1000204886016 -> ``931.5G``, 512 -> ``512B``; anything but a non-negative integer
+    (a hostile or missing field) -> ``-``."""
+    if not isinstance(size, int) or isinstance(size, bool) or size < 0:
+        return "-"
+    value, unit = float(size), "B"
+    for bigger in "KMGTPE":
+        if value < 1024:
+            break
+        value, unit = value / 1024, bigger
+    return f"{value:.1f}".removesuffix(".0") + unit
+
+
 def render_devices(document: dict[str, Any]) -> str:
     """The table (NODE, NUMA, KIND, NAME, ID, MODEL, SIZE, PCI, DRIVER) and, below it,
     the ``config.named`` map as YAML."""
     rows = [("NODE", "NUMA", "KIND", "NAME", "ID", "MODEL", "SIZE", "PCI", "DRIVER")]
     for node in document["nodes"]:
         for disk in node["disks"]:
-            size = disk.get("size_bytes")
             rows.append((node["name"], _cell(disk.get("nodes")), "disk", _cell(disk.get("name")),
                          _cell(disk.get("serial") or disk.get("wwid")), _cell(disk.get("model")),
-                         "-" if not isinstance(size, int) else f"{size / 1e9:.1f}G",
+                         disk_size(disk.get("size_bytes")),
                          _cell(disk.get("pci")), "-"))  # fmt: skip
         for nic in node["nics"]:
             rows.append((node["name"], _cell(nic.get("nodes")), "nic", _cell(nic.get("name")), "-",

@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from numa_device_plugin.cli import main
-from numa_device_plugin.cli.devices import devices_document
+from numa_device_plugin.cli.devices import devices_document, disk_size
 from tests.apiserver_stub import cluster_api
 from tests.cluster.test_fit import pod
 
@@ -66,7 +66,7 @@ def test_devices_reads_each_running_plugin_pod_through_the_proxy_and_prints_a_ma
     table, _, named = out.partition("\n\n")
     rows = [line.split() for line in table.splitlines()]
     assert rows[0] == ["NODE", "NUMA", "KIND", "NAME", "ID", "MODEL", "SIZE", "PCI", "DRIVER"]
-    assert ["a", "1", "disk", "vda", "DISK-A", "QEMU", "0.0G", "0000:41:00.0", "-"] in rows
+    assert ["a", "1", "disk", "vda", "DISK-A", "QEMU", "16M", "0000:41:00.0", "-"] in rows
     assert rows[2][:5] == ["a", "0", "disk", "vdb", "eui.vdb"]
     assert ["a", "1", "nic", "eth0", "-", "-", "-", "0000:81:00.0", "virtio_net"] in rows
     assert yaml.safe_load(named) == {"config": {"named": {
@@ -103,6 +103,17 @@ def test_no_readable_pod_exits_1_saying_so(
     assert code == 1
     assert out == ""
     assert message in err
+
+
+@pytest.mark.parametrize(
+    ("size", "shown"),
+    [(0, "0B"), (512, "512B"), (1023, "1023B"), (1024, "1K"), (16 << 20, "16M"),
+     (64 << 20, "64M"), (1000204886016, "931.5G"), (3840755982336, "3.5T"),
+     (None, "-"), (-1, "-"), ("16M", "-"), (True, "-"), (1.5e9, "-")],
+)  # fmt: skip
+def test_a_disk_size_is_shown_in_binary_units_as_lsblk_does(size: object, shown: str) -> None:
+    """The test cluster's 16 MiB disks once showed as ``0.0G`` (decimal gigabytes)."""
+    assert disk_size(size) == shown
 
 
 def test_a_hostile_inventory_is_shown_without_a_crash() -> None:
