@@ -566,6 +566,8 @@ def progress_summary(text: str, limit: int = 60) -> str:
         lines.append(f"  {outcome:7} {record.get('test')} ({record.get('seconds')} s)")
         if record.get("why"):
             lines.append("          why: " + " ".join(str(record["why"]).split())[:400])
+        if record.get("where") and isinstance(record["where"], list):
+            lines.append("          at: " + " > ".join(map(str, record["where"]))[:400])
         observed = record.get("observed") or []
         if observed:
             lines.append("          saw: " + str(observed[-1])[:300])

@@ -525,7 +525,8 @@ def test_each_e2e_test_lands_in_the_progress_file_as_it_ends(tmp_path: Path) -> 
     (tmp_path / "test_sample.py").write_text(
         "import pytest\n"
         "def test_passes():\n    print('pod on NUMA node 1: Cpus_allowed_list=3')\n"
-        "def test_fails():\n    print('status took 41 s')\n    assert 1 == 2, 'too slow'\n"
+        "def slow():\n    assert 1 == 2, 'too slow'\n"
+        "def test_fails():\n    print('status took 41 s')\n    slow()\n"
         "def test_skips():\n    pytest.skip('needs two workers')\n"
         "@pytest.fixture\ndef broken():\n    raise RuntimeError('no cluster')\n"
         "def test_errors(broken):\n    pass\n"
@@ -546,6 +547,8 @@ def test_each_e2e_test_lands_in_the_progress_file_as_it_ends(tmp_path: Path) -> 
     assert by_test["test_fails"]["outcome"] == "failed"
     assert "too slow" in by_test["test_fails"]["why"]
     assert by_test["test_fails"]["observed"] == ["status took 41 s"]
+    assert by_test["test_fails"]["where"] == ["test_sample.py:8", "test_sample.py:5"]
+    assert by_test["test_skips"]["where"] == []
     assert (by_test["test_skips"]["outcome"], by_test["test_skips"]["why"]) == (
         "skipped",
         "Skipped: needs two workers",
@@ -560,7 +563,24 @@ def test_each_e2e_test_lands_in_the_progress_file_as_it_ends(tmp_path: Path) -> 
     )
     assert "  FAILED  test_sample.py::test_fails" in summary
     assert "why: AssertionError: too slow" in summary
+    assert "at: test_sample.py:8 > test_sample.py:5" in summary
     assert "saw: pod on NUMA node 1: Cpus_allowed_list=3" in summary
+
+
+def test_a_long_failure_chain_keeps_the_tests_line_and_the_raising_frames() -> None:
+    from types import SimpleNamespace
+
+    from tests.e2e.conftest import failure_chain
+
+    def entry(line: int | None) -> SimpleNamespace:
+        loc = None if line is None else SimpleNamespace(path=f"f{line}.py", lineno=line)
+        return SimpleNamespace(reprfileloc=loc)
+
+    longrepr = SimpleNamespace(reprtraceback=SimpleNamespace(
+        reprentries=[entry(n) for n in (1, 2, None, 3, 4, 5, 6)]))  # fmt: skip
+    assert failure_chain(longrepr) == ["f1.py:1", "...", "f4.py:4", "f5.py:5", "f6.py:6"]
+    assert failure_chain(longrepr, keep=6) == [f"f{n}.py:{n}" for n in range(1, 7)]
+    assert failure_chain(("file.py", 3, "Skipped: why")) == []
 
 
 def test_the_harness_prints_the_progress_summary_on_any_exit(

@@ -55,11 +55,22 @@ PROGRESS = "NUMA_E2E_PROGRESS"
 OBSERVED_LINES, OBSERVED_CHARS = 6, 300
 
 
+def failure_chain(longrepr: object, keep: int = 4) -> list[str]:
+    """``path:line`` of each frame of a failure's traceback, the test's own first and the
+    raising frame last (a bare ``TimeoutError: timed out`` says nothing of which call
+    timed out); at most ``keep``: the first and the last ``keep - 1`` with ``...``
+    between. Empty for a skip or a traceback without locations (``--tb=native``)."""
+    entries = getattr(getattr(longrepr, "reprtraceback", None), "reprentries", None) or []
+    found = [f"{loc.path}:{loc.lineno}" for entry in entries
+             if (loc := getattr(entry, "reprfileloc", None)) is not None]  # fmt: skip
+    return found if len(found) <= keep else [found[0], "...", *found[1 - keep :]]
+
+
 def progress_record(report: pytest.TestReport) -> dict[str, Any] | None:
     """The line :envvar:`NUMA_E2E_PROGRESS` gets for ``report``: one per test (its call,
     or a setup that failed or skipped, or a teardown that failed): ``{"test", "when",
-    "outcome", "seconds", "observed": [its last printed lines], "why"}``; None for the
-    other phases."""
+    "outcome", "seconds", "observed": [its last printed lines], "why", "where":
+    [:func:`failure_chain`]}``; None for the other phases."""
     if (
         report.when == "call"
         or (report.when == "setup" and not report.passed)
@@ -79,6 +90,7 @@ def progress_record(report: pytest.TestReport) -> dict[str, Any] | None:
             "seconds": round(report.duration, 1),
             "observed": [line[:OBSERVED_CHARS] for line in printed[-OBSERVED_LINES:]],
             "why": None if why is None else why[:2000],
+            "where": [] if report.passed else failure_chain(report.longrepr),
         }
     return None
 
