@@ -499,8 +499,8 @@ def test_a_kubelet_sigkill_on_worker_a_leaves_worker_b_untouched(
     (before,) = workload.status.container_statuses
     b_pod = two.plugin_pod(two.b)
     assert b_pod is not None
-    b_before = two.metrics(two.b)
-    a_before = two.metrics(two.a)
+    b_before = platform.eventually(lambda: two.metrics(two.b), 60, "B's metrics")
+    a_before = platform.eventually(lambda: two.metrics(two.a), 60, "A's metrics")
     platform.restart_kubelet()
     platform.eventually(
         lambda: two.metrics(two.a).get("numa_device_plugin_kubelet_restarts_total", 0)
@@ -509,7 +509,7 @@ def test_a_kubelet_sigkill_on_worker_a_leaves_worker_b_untouched(
     )  # fmt: skip
     platform.eventually(lambda: platform.registered(resources), 120, "A registered again")
     platform.eventually(lambda: set(two.ours(two.a)) >= set(resources), 120, "A's allocatable")
-    b_after = two.metrics(two.b)
+    b_after = platform.eventually(lambda: two.metrics(two.b), 60, "B's metrics")
     after_pod = two.plugin_pod(two.b)
     assert after_pod is not None
     assert after_pod.metadata.uid == b_pod.metadata.uid
