@@ -568,6 +568,8 @@ def progress_summary(text: str, limit: int = 60) -> str:
             lines.append("          why: " + " ".join(str(record["why"]).split())[:400])
         if record.get("where") and isinstance(record["where"], list):
             lines.append("          at: " + " > ".join(map(str, record["where"]))[:400])
+        if record.get("plugin_log") and isinstance(record["plugin_log"], list):
+            lines += ["          plugin: " + str(line)[:300] for line in record["plugin_log"][-3:]]
         observed = record.get("observed") or []
         if observed:
             lines.append("          saw: " + str(observed[-1])[:300])

@@ -567,6 +567,39 @@ def test_each_e2e_test_lands_in_the_progress_file_as_it_ends(tmp_path: Path) -> 
     assert "saw: pod on NUMA node 1: Cpus_allowed_list=3" in summary
 
 
+def test_a_failed_e2e_test_carries_the_plugins_last_log_lines(tmp_path: Path) -> None:
+    """A /metrics read that timed out on a 1.28.7 guest left no trace of what the plugin
+    was doing: a failure's report (and progress line) now has the plugin's log tail,
+    from a platform fixture or one held by another fixture; a passing test has none."""
+    (tmp_path / "test_sample.py").write_text(
+        "import pytest, types\n"
+        "class Platform:\n"
+        "    def plugin_log(self):\n"
+        "        return '\\n'.join(f'plugin line {i}' for i in range(100))\n"
+        "@pytest.fixture\ndef two():\n    return types.SimpleNamespace(platform=Platform())\n"
+        "def test_fails(two):\n    assert False, 'metrics timed out'\n"
+        "def test_passes(two):\n    pass\n"
+    )
+    progress = tmp_path / "progress.jsonl"
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "tests.e2e.conftest",
+         "--rootdir", str(tmp_path), str(tmp_path / "test_sample.py")],
+        cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(REPO),
+                           "NUMA_E2E_PROGRESS": str(progress)},
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert "plugin log (last lines)" in done.stdout
+    assert "plugin line 99" in done.stdout
+    assert "plugin line 59\n" not in done.stdout
+    by_test = {json.loads(line)["test"].rpartition("::")[2]: json.loads(line)
+               for line in progress.read_text().splitlines()}  # fmt: skip
+    assert by_test["test_fails"]["plugin_log"][-1] == "plugin line 99"
+    assert len(by_test["test_fails"]["plugin_log"]) == 6
+    assert by_test["test_passes"]["plugin_log"] == []
+    summary = render.progress_summary(progress.read_text())
+    assert "plugin: plugin line 99" in summary
+
+
 def test_a_long_failure_chain_keeps_the_tests_line_and_the_raising_frames() -> None:
     from types import SimpleNamespace
 

@@ -70,7 +70,8 @@ def progress_record(report: pytest.TestReport) -> dict[str, Any] | None:
     """The line :envvar:`NUMA_E2E_PROGRESS` gets for ``report``: one per test (its call,
     or a setup that failed or skipped, or a teardown that failed): ``{"test", "when",
     "outcome", "seconds", "observed": [its last printed lines], "why", "where":
-    [:func:`failure_chain`]}``; None for the other phases."""
+    [:func:`failure_chain`], "plugin_log": [the plugin's last log lines, a failure's]}``;
+    None for the other phases."""
     if (
         report.when == "call"
         or (report.when == "setup" and not report.passed)
@@ -91,8 +92,45 @@ def progress_record(report: pytest.TestReport) -> dict[str, Any] | None:
             "observed": [line[:OBSERVED_CHARS] for line in printed[-OBSERVED_LINES:]],
             "why": None if why is None else why[:2000],
             "where": [] if report.passed else failure_chain(report.longrepr),
-        }
+            "plugin_log": next((text.splitlines()[-OBSERVED_LINES:] for name, text
+                                in report.sections if name.startswith("plugin log")), []),
+        }  # fmt: skip
     return None
+
+
+# Lines of the plugin's log a failed test's report carries.
+PLUGIN_LOG_LINES = 40
+
+
+def plugin_log_tail(funcargs: dict[str, Any], lines: int = PLUGIN_LOG_LINES) -> str | None:
+    """The last ``lines`` of the plugin's log, from the first of a test's fixtures that is
+    a platform or holds one (``platform``, ``two.platform``, ``fleet.two.platform``);
+    None when none does. A log that cannot be read gives the reason instead."""
+    for value in funcargs.values():
+        holders = (value, getattr(value, "platform", None),
+                   getattr(getattr(value, "two", None), "platform", None))  # fmt: skip
+        for candidate in holders:
+            read = getattr(candidate, "plugin_log", None)
+            if callable(read):
+                try:
+                    text = str(read())
+                except Exception as exc:  # a report must not fail on it
+                    return f"(the plugin's log could not be read: {exc})"
+                return "\n".join(text.splitlines()[-lines:])
+    return None
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    """A failed test's report carries the plugin's last log lines (a section pytest
+    prints with the failure, and the progress file's ``plugin_log``): a probe or
+    ``/metrics`` that timed out once left no trace of what the plugin was doing."""
+    outcome: Any = yield
+    report = outcome.get_result()
+    if report.when == "call" and report.failed:
+        tail = plugin_log_tail(getattr(item, "funcargs", {}))
+        if tail is not None:
+            report.sections.append(("plugin log (last lines)", tail))
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
@@ -350,13 +388,17 @@ class LocalPlatform(Platform):
     def metrics(self) -> dict[str, float]:
         return parse_metrics(self._get(self.description["metrics"], "/metrics")[1])
 
+    def plugin_log(self) -> str:
+        """The plugin process's log file."""
+        return Path(self.processes["plugin"]["log"]).read_text(errors="replace")
+
     def cli(self, *args: str) -> str:
         command = [sys.executable, "-m", "numa_device_plugin", *args]
         if args[0] == "status":
             command += ["--pod-resources-socket", self.description["pod_resources_socket"]]
         return run_checked(
             command, timeout=60 * self.time_scale,
-            plugin_log=lambda: Path(self.processes["plugin"]["log"]).read_text(errors="replace"),
+            plugin_log=self.plugin_log,
         )  # fmt: skip
 
     def _pid(self, name: str) -> int:
