@@ -404,10 +404,20 @@ def test_kubelet_sigkill_and_restart_registers_again_and_spares_the_container(
         "re-registration after the kubelet restart (metrics)",
         1,
     )
-    # The kubelet's own view: the node's allocatable has every resource again.
-    platform.eventually(
-        lambda: allocatable_is(platform, dict.fromkeys(resources, SLOTS)), 60, "allocatable"
-    )
+    # The kubelet's own view: the node's allocatable has every resource again (a v1.28.7
+    # run timed out here once; the message now says what the node reported).
+    wanted = dict.fromkeys(resources, str(SLOTS))
+    seen: dict[str, str] = {}
+
+    def allocatable_again() -> bool:
+        seen.clear()
+        seen.update({r: platform.allocatable().get(r, "absent") for r in wanted})
+        return seen == wanted
+
+    try:
+        platform.eventually(allocatable_again, 60, "allocatable")
+    except pytest.fail.Exception as failure:
+        pytest.fail(f"{failure}\nthe node's allocatable at the end: {seen}")
     _untouched(platform, namespace, before, pids)
     # A fresh pod is admitted (after the survivor leaves room for it on a small machine).
     platform.core.delete_namespaced_pod("survivor", namespace, grace_period_seconds=1)
