@@ -519,6 +519,17 @@ def test_a_failed_command_shows_its_stderr_and_the_plugins_last_log_lines() -> N
     assert run_checked(["sh", "-c", "echo fine"], timeout=30) == "fine\n"
 
 
+def run_with_progress(folder: Path, progress: Path) -> subprocess.CompletedProcess[str]:
+    """pytest on ``folder``'s test_sample.py with the e2e conftest and its progress file."""
+    return subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "tests.e2e.conftest",
+         "--rootdir", str(folder), str(folder / "test_sample.py")],
+        cwd=folder, env={**os.environ, "PYTHONPATH": str(REPO),
+                         "NUMA_E2E_PROGRESS": str(progress)},
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+
+
 def test_each_e2e_test_lands_in_the_progress_file_as_it_ends(tmp_path: Path) -> None:
     """A run cut by its time limit left only dots: the e2e conftest writes a line per
     test as it ends (outcome, why, what it printed), and the harness's summary reads it."""
@@ -532,13 +543,7 @@ def test_each_e2e_test_lands_in_the_progress_file_as_it_ends(tmp_path: Path) -> 
         "def test_errors(broken):\n    pass\n"
     )
     progress = tmp_path / "progress.jsonl"
-    subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "tests.e2e.conftest",
-         "--rootdir", str(tmp_path), str(tmp_path / "test_sample.py")],
-        cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(REPO),
-                           "NUMA_E2E_PROGRESS": str(progress)},
-        capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+    run_with_progress(tmp_path, progress)
     records = [json.loads(line) for line in progress.read_text().splitlines()]
     by_test = {r["test"].rpartition("::")[2]: r for r in records}
     assert sorted(by_test) == ["test_errors", "test_fails", "test_passes", "test_skips"]
@@ -581,13 +586,7 @@ def test_a_failed_e2e_test_carries_the_plugins_last_log_lines(tmp_path: Path) ->
         "def test_passes(two):\n    pass\n"
     )
     progress = tmp_path / "progress.jsonl"
-    done = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "tests.e2e.conftest",
-         "--rootdir", str(tmp_path), str(tmp_path / "test_sample.py")],
-        cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(REPO),
-                           "NUMA_E2E_PROGRESS": str(progress)},
-        capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+    done = run_with_progress(tmp_path, progress)
     assert "plugin log (last lines)" in done.stdout
     assert "plugin line 99" in done.stdout
     assert "plugin line 59\n" not in done.stdout
