@@ -48,7 +48,7 @@ def with_left_behind(
     resource: Resource,
     devices: tuple[Device, ...],
     view: KubeletView | None,
-    nodes: frozenset[int] = frozenset(),
+    nodes: frozenset[int],
 ) -> tuple[Device, ...]:
     """The list to advertise for a resource that follows a device, from ``devices``
     (its live list): every device Unhealthy when :attr:`Resource.lost`; then, Unhealthy

@@ -71,7 +71,7 @@ def test_only_a_served_and_still_configured_resource_missing_now_is_kept(
 
 def test_a_lost_resource_lists_every_device_unhealthy() -> None:
     lost = replace(near_on(1), lost="gone")
-    devices = with_left_behind(lost, lost.devices, None)
+    devices = with_left_behind(lost, lost.devices, None, frozenset({0, 1}))
     assert [d.id for d in devices] == [d.id for d in lost.devices]
     assert {d.health for d in devices} == {UNHEALTHY}
 
@@ -93,7 +93,7 @@ def test_a_resource_of_a_numa_node_is_left_as_it_is() -> None:
         allocatable_cpus=frozenset({1}),
         holders=(Holder("ns", "pod", "main", frozenset({1}), {plain.name: ("numa0-slot0000",)}),),
     )  # fmt: skip
-    assert with_left_behind(plain, plain.devices, view) == plain.devices
+    assert with_left_behind(plain, plain.devices, view, frozenset({0, 1})) == plain.devices
 
 
 def test_the_memory_of_a_lost_resource_is_kept_lost_too() -> None:
