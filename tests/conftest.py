@@ -115,7 +115,7 @@ def venv_tool(name: str) -> str:
 # The tiers that need a tool from outside PyPI: (tool, the tests, how to get it).
 TIERS = (
     ("kubectl", "the kustomize renderings (tests/deployments/test_deployments.py)",
-     "part of the machine: not on PyPI"),
+     "make kubectl"),
     ("helm", "the chart tests (tests/deployments/test_helm.py, test_alerts.py, test_dashboard.py)",
      "make helm"),
     ("promtool", "the alert tests (tests/deployments/test_alerts.py)", "make prometheus"),
@@ -251,6 +251,14 @@ def pci_snapshots(tmp_path_factory: pytest.TempPathFactory) -> Path:
             pytest.fail(message)
         pytest.skip(message)
     return unpacked(PCI_SNAPSHOTS, tmp_path_factory.mktemp("sysfs-pci"))
+
+
+@pytest.fixture(autouse=True)
+def suite_logging() -> None:
+    """Every test starts with the suite's logging (debug, text lines): the level is
+    process-wide, and an in-process CLI test (``discover`` configures ``warning``)
+    would otherwise leave the next test's log lines unwritten."""
+    configure_logging("debug")
 
 
 @pytest.fixture(autouse=True)

@@ -35,6 +35,7 @@ if TYPE_CHECKING:
     from numa_device_plugin.plugin.config import Config
     from numa_device_plugin.plugin.discovery import Discovery
 from numa_device_plugin.plugin.values import (
+    MIN_DEVICE_INTERVAL,
     MIN_INTERVAL,
     address,
     capacity,
@@ -50,6 +51,7 @@ from numa_device_plugin.plugin.values import (
     reserved_memory,
     seconds,
 )
+from numa_device_plugin.plugin.values import device_interval as device_interval_value
 
 ENV_PREFIX = "NUMA_"
 
@@ -216,8 +218,8 @@ device_interval = _option(
     "--device-interval",
     "seconds between re-reads of the devices and NUMA nodes, so that a disk hot-plugged, "
     "replaced or moved is followed without a restart (only what changed registers "
-    "again); 0: never",
-    grace,
+    f"again); at least {MIN_DEVICE_INTERVAL:g}; 0: never",
+    device_interval_value,
     config_default("device_interval"),
     "SECONDS",
 )
@@ -312,12 +314,14 @@ _near = click.option(
     help="a resource <prefix>/NAME on the NUMA node(s) of a device (repeat for more; a "
     "NAME given again adds a selector that must agree: the nodes all of them cover): "
     "SELECTOR is block:NAME, serial:S, wwid:W, net:IFNAME, pci:DOMAIN:BUS:DEV.FN, "
-    "pci-id:VENDOR:DEVICE, pci-class:PREFIX or path:/HOST/PATH, e.g. "
+    "pci-id:VENDOR:DEVICE, pci-class:PREFIX, path:/HOST/PATH (the disk mounted there) or "
+    "path-below:/HOST/PATH (or at a parent other than /), e.g. "
     "data-disk=serial:S3EVNX0K123 or data-a=path:/mnt/disks/a (variable: space-separated)",
 )
 mount_table = _option(
     "--mount-table",
-    "the host's mount table (proc(5) mountinfo) the path: selectors look paths up in",
+    "the host's mount table (proc(5) mountinfo) the path: and path-below: selectors look "
+    "paths up in",
     file_path,
     config_default("mount_table"),
     "PATH",

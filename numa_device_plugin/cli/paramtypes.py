@@ -5,13 +5,16 @@ without its empty-means-false, and an option whose errors name its variable."""
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+import re
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import click
 
 # Characters of a conversion's error message shown in a usage error.
 MAX_ERROR = 400
+# The whitespace a variable of several values is split at (ASCII only).
+_ASCII_SPACE = " \t\n\r\x0b\x0c"
 
 
 class Converted(click.ParamType[Any]):
@@ -31,6 +34,13 @@ class Converted(click.ParamType[Any]):
             if len(message) > MAX_ERROR:  # whatever echoes the value, a usage error stays short
                 message = f"{message[: MAX_ERROR - 20]}... (message cut)"
             self.fail(message, param, ctx)
+
+    def split_envvar_value(self, rv: str) -> Sequence[str]:
+        """A multiple option's variable (``NUMA_NEAR``) split at ASCII whitespace only:
+        ``str.split()`` also splits at U+00A0, U+2028 and the like, which turned a
+        character the plugin refuses into a separator it did not see."""
+        text = (rv or "").strip(_ASCII_SPACE)
+        return re.split(f"[{_ASCII_SPACE}]+", text) if text else []
 
 
 class Option(click.Option):

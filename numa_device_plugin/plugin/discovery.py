@@ -23,7 +23,7 @@ from numa_device_plugin.topology.locality import Inventory, read_inventory
 from numa_device_plugin.topology.memory import format_quantity
 from numa_device_plugin.topology.mounts import MountTable, read_mount_table
 from numa_device_plugin.topology.numa import NodePlan, plan_nodes, read_topology, topology_warnings
-from numa_device_plugin.topology.selectors import Selection, all_of, select
+from numa_device_plugin.topology.selectors import PATH_KINDS, Selection, all_of, select
 
 log = structlog.get_logger(__name__)
 
@@ -112,7 +112,7 @@ def discover(config: Config, *, quiet: bool = False) -> Discovery:
     plans = plan_nodes(topology, include_cpuless=config.include_cpuless_nodes)
     inventory = read_inventory(config.sysfs_root)
     mounts = None  # read only for path: selectors, at every look (a disk may move)
-    if any(one.kind == "path" for entry in config.near for one in entry.selectors):
+    if any(one.kind in PATH_KINDS for entry in config.near for one in entry.selectors):
         mounts = read_mount_table(config.mount_table, config.sysfs_root)
     near = plan_near(config, plans, inventory, mounts)
     resources = build_resources(

@@ -103,6 +103,21 @@ def interval(text: str) -> float:
     return value
 
 
+# The shortest --device-interval (a look at 1,000 PCI devices costs ~0.3 s of CPU; one
+# every microsecond burned half a core idle).
+MIN_DEVICE_INTERVAL = 1.0
+
+
+def device_interval(text: str) -> float:
+    """0 (never) or a finite number of seconds, at least :data:`MIN_DEVICE_INTERVAL`."""
+    value = grace(text)
+    if 0 < value < MIN_DEVICE_INTERVAL:
+        raise ValueError(
+            f"{text!r} is below the floor of {MIN_DEVICE_INTERVAL:g} second (0: never)"
+        )
+    return value
+
+
 def folder(text: str) -> Path:
     """A non-empty path, made absolute against the working folder (gRPC's ``unix:``
     targets take absolute paths only; a relative one never connects)."""

@@ -14,10 +14,19 @@ block device has that device's ``major:minor``, which sysfs links as
 inventory resolves those to their disks); tmpfs, overlay, NFS and other filesystems
 without a block device have major 0.
 
-A path is held by the mount whose mount point is the path or its nearest parent
-(component by component); of several mounts at one point the last listed is the one
-seen (it was mounted over the others). Bind mounts need nothing special: their line
-has the device of the filesystem they show.
+A path is held by the mount *visible* there, as the kernel resolves it: from the root
+mount, component by component, into a child mount (by parent ID) at that component;
+of several mounts stacked at one point, the one mounted over the others (its parent is
+the one below it). A mount at ``/mnt/disks/a`` hidden by a later mount over ``/mnt``
+holds nothing: ``/mnt``'s filesystem is what a process sees there. Bind mounts need
+nothing special: their line has the device of the filesystem they show.
+
+Lines are split on ``\\n`` only (the kernel escapes nothing else: a mount point may
+hold a carriage return, a form feed or U+2028) and the four escapes are decoded once.
+btrfs (and other filesystems on several disks) mount with an anonymous ``0:N``
+device; their block devices come from the mount source (``/dev/nvme1n1p1``,
+``/dev/mapper/NAME``) and, for btrfs, ``fs/btrfs/<fsid>/devices/`` under the sysfs
+root (every disk of a multi-device filesystem).
 """
 
 from __future__ import annotations
@@ -25,7 +34,7 @@ from __future__ import annotations
 import os
 import re
 import stat
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from numa_device_plugin.topology import sysfs
@@ -33,23 +42,36 @@ from numa_device_plugin.topology import sysfs
 # Mounts read (a node with thousands of pods has a few thousand); bytes of the table.
 MAX_MOUNTS = 65536
 MAX_TABLE_BYTES = 16 << 20
+# Devices of one multi-device filesystem read from fs/btrfs/<fsid>/devices.
+MAX_FS_DEVICES = 256
 
 _OCTAL = re.compile(r"\\([0-7]{3})")
 _DEVICE = re.compile(r"(\d{1,10}):(\d{1,10})")
+_ID = re.compile(r"\d{1,10}")
+_KERNEL_NAME = re.compile(r"[A-Za-z0-9][-A-Za-z0-9_.:@!+]{0,63}")
 
 
 @dataclass(frozen=True)
 class Mount:
     """One mount: ``mount_point`` (absolute, unescaped), ``device`` (``(major, minor)``
-    of its filesystem; major 0: no block device), ``fs_type`` and ``source``, and
-    ``block``: the kernel name of the block device ``dev/block/MAJ:MIN`` resolves to
-    under the sysfs root (``sda1``, ``dm-0``), None when there is none."""
+    of its filesystem; major 0: an anonymous device), ``fs_type`` and ``source``
+    (unescaped), ``mount_id`` and ``parent_id`` (mountinfo's first two fields: the
+    mount tree), and ``blocks``: the kernel names of its block devices under the sysfs
+    root (``("sda1",)``, ``("dm-0",)``; a multi-device btrfs names each), empty when
+    there is none."""
 
     mount_point: str
     device: tuple[int, int]
     fs_type: str
     source: str
-    block: str | None = None
+    blocks: tuple[str, ...] = ()
+    mount_id: int = 0
+    parent_id: int = 0
+
+    def __str__(self) -> str:
+        """``TYPE SOURCE at POINT`` as mountinfo writes them (escaped: a reason that
+        shows it is one line of printable text)."""
+        return f"{shown(self.fs_type)} {shown(self.source)} at {shown(self.mount_point)}"
 
 
 @dataclass(frozen=True)
@@ -61,57 +83,125 @@ class MountTable:
     problem: str | None = None
 
     def holding(self, path: str) -> Mount | None:
-        """The mount that holds absolute ``path``: the last listed of those whose mount
-        point is ``path`` or its nearest parent; None when none is (a table without
-        ``/``)."""
-        best: Mount | None = None
+        """The mount visible at absolute, normalised ``path`` (no ``.``, ``..`` or
+        double slashes): from the root mount (a mount at ``/`` whose parent is not
+        listed), into the child mounted at each component of the path and up each
+        stack of mounts at one point. None when the table has no root mount."""
+        children: dict[tuple[int, str], Mount] = {}
+        ids = {mount.mount_id for mount in self.mounts}
+        roots = []
         for mount in self.mounts:
-            point = mount.mount_point
-            above = path == point or point == "/" or path.startswith(point.rstrip("/") + "/")
-            if above and (best is None or len(point) >= len(best.mount_point)):
-                best = mount
-        return best
+            if mount.parent_id in ids and mount.parent_id != mount.mount_id:
+                # the last listed of two at one point under one parent is the later
+                children[(mount.parent_id, mount.mount_point)] = mount
+            elif mount.mount_point == "/":
+                roots.append(mount)
+        if not roots:
+            return None
+        current = _top(roots[-1], "/", children)
+        prefix = ""
+        for part in (part for part in path.split("/") if part):
+            prefix += "/" + part
+            child = children.get((current.mount_id, prefix))
+            if child is not None:
+                current = _top(child, prefix, children)
+        return current
+
+    def at(self, path: str) -> tuple[Mount, ...]:
+        """The mounts whose mount point is ``path``, visible or not."""
+        return tuple(mount for mount in self.mounts if mount.mount_point == path)
+
+
+def _top(mount: Mount, point: str, children: dict[tuple[int, str], Mount]) -> Mount:
+    """The mount on top of the stack at ``point`` that ``mount`` is the bottom of."""
+    seen = {mount.mount_id}
+    while (above := children.get((mount.mount_id, point))) is not None:
+        if above.mount_id in seen:  # a loop in a hostile table
+            break
+        seen.add(above.mount_id)
+        mount = above
+    return mount
 
 
 def unescape(field: str) -> str:
-    """A mountinfo path field with its octal escapes (``\\040``: a space) decoded."""
+    """A mountinfo path field with its octal escapes (``\\040``: a space) decoded,
+    once (``\\134040`` is the text ``\\040``)."""
     return _OCTAL.sub(lambda match: chr(int(match[1], 8)), field)
 
 
-def parse_mountinfo(text: str) -> tuple[Mount, ...]:
-    """The mounts of mountinfo ``text``, in order (at most :data:`MAX_MOUNTS`).
-    Raises ValueError naming the line (1-based) that is not a mountinfo line."""
+def escape(path: str) -> str:
+    """``path`` as mountinfo writes it: space, tab, newline and backslash as octal
+    escapes (the inverse of :func:`unescape` for the kernel's escapes)."""
+    return "".join(f"\\{ord(c):03o}" if c in " \t\n\\" else c for c in path)
+
+
+def shown(text: str) -> str:
+    """``text`` as one line of printable characters: :func:`escape`, then every other
+    non-printable character as ``\\xNN``, ``\\uNNNN`` (a carriage return, U+2028)."""
+    return "".join(
+        c if c.isprintable() else repr(c)[1:-1] if c not in "\t\n" else f"\\{ord(c):03o}"
+        for c in escape(text)
+    )
+
+
+def parse_line(line: str, number: int) -> Mount:
+    """One mountinfo line (without its ``\\n``) -> :class:`Mount`; ``number`` (1-based)
+    names it in the ValueError raised when it is not a mountinfo line."""
+    fields = line.split(" ")
+    try:
+        separator = fields.index("-", 6)
+    except ValueError:
+        raise ValueError(f"line {number} has no ' - ' separator: {line[:120]!r}") from None
+    device = _DEVICE.fullmatch(fields[2])
+    point = unescape(fields[4])
+    if (
+        device is None
+        or not _ID.fullmatch(fields[0])
+        or not _ID.fullmatch(fields[1])
+        or not point.startswith("/")
+        or len(fields) < separator + 3
+    ):
+        raise ValueError(f"line {number} is not a mountinfo line: {line[:120]!r}")
+    return Mount(
+        point,
+        (int(device[1]), int(device[2])),
+        fields[separator + 1],
+        unescape(fields[separator + 2]),
+        mount_id=int(fields[0]),
+        parent_id=int(fields[1]),
+    )
+
+
+def parse_mountinfo(text: str | bytes) -> tuple[Mount, ...]:
+    """The mounts of mountinfo ``text`` (bytes are decoded as UTF-8, an invalid byte
+    replaced), in order, at most :data:`MAX_MOUNTS`; lines are split on ``\\n`` only,
+    one at a time (a table of blank lines costs no list of them). Raises ValueError
+    naming the line (1-based) that is not a mountinfo line."""
+    data = text.encode("utf-8", "surrogateescape") if isinstance(text, str) else text
     mounts: list[Mount] = []
-    for number, line in enumerate(text.splitlines(), 1):
-        if not line.strip():
+    start = 0
+    number = 0
+    while start < len(data):
+        end = data.find(b"\n", start)
+        if end < 0:
+            end = len(data)
+        number += 1
+        raw = data[start:end]
+        start = end + 1
+        if not raw.strip():
             continue
         if len(mounts) >= MAX_MOUNTS:
             raise ValueError(f"more than {MAX_MOUNTS} mounts")
-        fields = line.split(" ")
-        try:
-            separator = fields.index("-", 6)
-        except ValueError:
-            raise ValueError(f"line {number} has no ' - ' separator: {line[:120]!r}") from None
-        device = _DEVICE.fullmatch(fields[2])
-        point = unescape(fields[4])
-        if device is None or not point.startswith("/") or len(fields) < separator + 3:
-            raise ValueError(f"line {number} is not a mountinfo line: {line[:120]!r}")
-        mounts.append(
-            Mount(
-                point,
-                (int(device[1]), int(device[2])),
-                fields[separator + 1],
-                unescape(fields[separator + 2]),
-            )
-        )
+        mounts.append(parse_line(raw.decode("utf-8", "replace"), number))
     return tuple(mounts)
 
 
 def read_mount_table(table: Path, sysfs_root: Path) -> MountTable:
-    """The mounts of the mountinfo file ``table``, each with the block device its
-    ``major:minor`` resolves to under ``sysfs_root`` (``dev/block/MAJ:MIN``, links kept
-    inside the root). Never raises: an unreadable or malformed table is a
-    :class:`MountTable` with a ``problem`` naming the file."""
+    """The mounts of the mountinfo file ``table``, each with its block devices under
+    ``sysfs_root`` (``dev/block/MAJ:MIN``; for an anonymous device, its ``/dev/…``
+    source and ``fs/btrfs/<fsid>/devices``; links kept inside the root). Never raises:
+    an unreadable or malformed table is a :class:`MountTable` with a ``problem``
+    naming the file."""
     try:
         fd = os.open(table, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError as exc:
@@ -128,26 +218,113 @@ def read_mount_table(table: Path, sysfs_root: Path) -> MountTable:
                 return MountTable(
                     problem=f"the mount table {table} is over {MAX_TABLE_BYTES} bytes"
                 )
-        text = b"".join(chunks).decode("utf-8", "replace")
+        data = b"".join(chunks)
+        del chunks
     except OSError as exc:
         return MountTable(problem=f"cannot read the mount table {table}: {exc.strerror or exc}")
     finally:
         os.close(fd)
     try:
-        mounts = parse_mountinfo(text)
+        mounts = parse_mountinfo(data)
     except ValueError as exc:
         return MountTable(problem=f"malformed mount table {table}: {exc}")
-    confined = sysfs.Confined(sysfs_root)
-    names: dict[tuple[int, int], str | None] = {}
-    resolved = []
-    for mount in mounts:
-        if mount.device[0] == 0:
-            resolved.append(mount)
-            continue
-        if mount.device not in names:
-            link = sysfs_root / "dev" / "block" / f"{mount.device[0]}:{mount.device[1]}"
-            real = confined.folder(link)
-            names[mount.device] = None if isinstance(real, str) else real.name
-        resolved.append(Mount(mount.mount_point, mount.device, mount.fs_type, mount.source,
-                              names[mount.device]))  # fmt: skip
+    del data
+    devices = _Devices(sysfs_root)
+    resolved = [replace(m, blocks=devices.of(m)) for m in mounts]
     return MountTable(tuple(resolved))
+
+
+class _Devices:
+    """The block devices of mounts, under one sysfs root (each looked up once)."""
+
+    def __init__(self, sysfs_root: Path) -> None:
+        self.root = sysfs_root
+        self.confined = sysfs.Confined(sysfs_root)
+        self.by_number: dict[tuple[int, int], tuple[str, ...]] = {}
+        self.by_source: dict[str, tuple[str, ...]] = {}
+        self._mapper: dict[str, str] | None = None
+        self._btrfs: list[tuple[str, ...]] | None = None
+
+    def of(self, mount: Mount) -> tuple[str, ...]:
+        """``mount``'s block devices: its ``major:minor``'s, or for an anonymous device
+        (major 0) those its ``/dev/`` source names, with every other device of a btrfs
+        filesystem that holds one of them."""
+        if mount.device[0] != 0:
+            if mount.device not in self.by_number:
+                link = self.root / "dev" / "block" / f"{mount.device[0]}:{mount.device[1]}"
+                real = self.confined.folder(link)
+                self.by_number[mount.device] = () if isinstance(real, str) else (real.name,)
+            return self.by_number[mount.device]
+        if not mount.source.startswith("/dev/"):
+            return ()  # tmpfs, overlay, proc, NFS: no block device
+        if mount.source not in self.by_source:
+            self.by_source[mount.source] = self._from_source(mount.source)
+        return self.by_source[mount.source]
+
+    def _from_source(self, source: str) -> tuple[str, ...]:
+        names: list[str] = []
+        for one in source.split(":"):  # bcachefs lists its devices as /dev/a:/dev/b
+            name = self._named(one)
+            if name is not None and name not in names:
+                names.append(name)
+        for fs in self._btrfs_filesystems():
+            if any(name in fs for name in names):
+                names.extend(name for name in fs if name not in names)
+        return tuple(names)
+
+    def _named(self, device: str) -> str | None:
+        """The kernel name of ``/dev/NAME`` or ``/dev/mapper/DMNAME`` under the root."""
+        if device.startswith("/dev/mapper/"):
+            return self._mappers().get(device.removeprefix("/dev/mapper/"))
+        name = device.removeprefix("/dev/")
+        if not _KERNEL_NAME.fullmatch(name):
+            return None
+        real = self.confined.folder(self.root / "class" / "block" / name)
+        return None if isinstance(real, str) else name
+
+    def _mappers(self) -> dict[str, str]:
+        """Each device-mapper device's ``dm/name`` -> its kernel name (``dm-0``)."""
+        if self._mapper is None:
+            self._mapper = {}
+            for name in _listed(self.root / "class" / "block"):
+                if not name.startswith("dm-"):
+                    continue
+                real = self.confined.folder(self.root / "class" / "block" / name)
+                if isinstance(real, str):
+                    continue
+                try:
+                    text = self.confined.read_text(real / "dm" / "name")
+                except sysfs.SysfsError:
+                    continue
+                if text:
+                    self._mapper.setdefault(text, name)
+        return self._mapper
+
+    def _btrfs_filesystems(self) -> list[tuple[str, ...]]:
+        """The devices of each btrfs filesystem (``fs/btrfs/<fsid>/devices/``)."""
+        if self._btrfs is None:
+            self._btrfs = []
+            folder = self.root / "fs" / "btrfs"
+            for fsid in _listed(folder):
+                names = tuple(
+                    name for name in _listed(folder / fsid / "devices")
+                    if _KERNEL_NAME.fullmatch(name)
+                )[:MAX_FS_DEVICES]  # fmt: skip
+                if names:
+                    self._btrfs.append(names)
+        return self._btrfs
+
+
+def _listed(folder: Path) -> list[str]:
+    """The names in ``folder`` (sorted, at most 16 times :data:`MAX_FS_DEVICES`), or none
+    when it cannot be listed."""
+    try:
+        with os.scandir(folder) as entries:
+            names = []
+            for entry in entries:
+                names.append(entry.name)
+                if len(names) >= MAX_FS_DEVICES * 16:
+                    break
+    except OSError:
+        return []
+    return sorted(names)

@@ -21,11 +21,16 @@ Forms (:func:`parse_selector`):
 ``pci-class:PREFIX``              every PCI device whose class code (6 hex digits)
                                   starts with PREFIX (``0108`` NVMe, ``0200``
                                   Ethernet, ``0302`` a 3D controller)
-``path:/HOST/PATH``               the block device holding that host path (the
-                                  filesystem mounted there or above it, from the
-                                  host's mount table; partitions, dm/LVM and md
+``path:/HOST/PATH``               the block device of the filesystem mounted at that
+                                  host path (from the host's mount table: the mount
+                                  visible there; partitions, dm/LVM, md and btrfs
                                   through their disks): one name for every server
-                                  of a pool (``path:/mnt/disks/a``)
+                                  of a pool (``path:/mnt/disks/a``). Nothing mounted
+                                  there (unmounted, hidden, a symlink) selects
+                                  nothing; ``path:/`` is the root filesystem's disk
+``path-below:/HOST/PATH``         the same, or the filesystem mounted at its nearest
+                                  parent (``/var/lib/elasticsearch`` on a ``/var/lib``
+                                  mount), never the root filesystem ``/``
 ================================  =====================================================
 
 :func:`select` is pure. A selection's NUMA nodes are those of every matched device
@@ -43,10 +48,12 @@ from dataclasses import dataclass, replace
 
 from numa_device_plugin.topology import pci
 from numa_device_plugin.topology.locality import Inventory, Located
-from numa_device_plugin.topology.mounts import MountTable
+from numa_device_plugin.topology.mounts import Mount, MountTable, escape, unescape
 from numa_device_plugin.topology.pci import PciDevice
 
-KINDS = ("block", "serial", "wwid", "net", "pci", "pci-id", "pci-class", "path")
+KINDS = ("block", "serial", "wwid", "net", "pci", "pci-id", "pci-class", "path", "path-below")
+# The kinds that name a host path (looked up in the mount table).
+PATH_KINDS = ("path", "path-below")
 # Characters of a selector's value (a wwid is ~80; anything longer is not a name).
 MAX_VALUE = 256
 # Characters of a path: selector's host path.
@@ -61,6 +68,9 @@ _PCI_ID = re.compile(r"(?:0x)?([0-9a-f]{4}):(?:0x)?([0-9a-f]{4})")
 _PCI_CLASS = re.compile(r"(?:0x)?([0-9a-f]{2,6})")
 # A serial or wwid holding one of these is a shell-style pattern (id_matches).
 _PATTERN = re.compile(r"[*?\[]")
+# What a selector's ends lose (str.strip() would also drop U+00A0, U+2028: the chart's
+# schema refuses those, and so does the plugin).
+_ASCII_SPACE = " \t\n\r\x0b\x0c"
 _KERNEL_NAME = re.compile(r"[A-Za-z0-9][-A-Za-z0-9_.:@!+]{0,63}")
 
 
@@ -73,7 +83,9 @@ class Selector:
     value: str
 
     def __str__(self) -> str:
-        return f"{self.kind}:{self.value}"
+        # a host path as mountinfo writes it: \040 for a space, \134 for a backslash
+        value = escape(self.value) if self.kind in PATH_KINDS else self.value
+        return f"{self.kind}:{value}"
 
 
 @dataclass(frozen=True)
@@ -100,21 +112,30 @@ class Selection:
 
 def parse_selector(text: str) -> Selector:
     """``KIND:VALUE`` -> :class:`Selector`. Raises ValueError naming the forms when the
-    kind is unknown or the value is not of its kind's form."""
-    kind, sep, value = text.strip().partition(":")
+    kind is unknown or the value is not of its kind's form.
+
+    A host path (``path:``, ``path-below:``) is normalised (``//`` and a trailing
+    ``/`` dropped) and its mountinfo escapes decoded once (``\\040`` a space, ``\\011``
+    a tab, ``\\012`` a newline, ``\\134`` a backslash), so a mount point copied from
+    ``/proc/self/mountinfo`` names it, a trailing space included."""
+    kind, sep, value = text.strip(_ASCII_SPACE).partition(":")
     if not sep or kind not in KINDS:
         raise ValueError(
             f"{text[:80]!r} is not a selector (block:NAME, serial:S, wwid:W, net:IFNAME, "
-            "pci:DOMAIN:BUS:DEV.FN, pci-id:VENDOR:DEVICE, pci-class:PREFIX, path:/HOST/PATH)"
+            "pci:DOMAIN:BUS:DEV.FN, pci-id:VENDOR:DEVICE, pci-class:PREFIX, path:/HOST/PATH, "
+            "path-below:/HOST/PATH)"
         )
-    value = value.strip()
-    limit = MAX_PATH if kind == "path" else MAX_VALUE
+    value = value.strip(_ASCII_SPACE)  # U+00A0 and the like stay, and are refused
+    limit = MAX_PATH if kind in PATH_KINDS else MAX_VALUE
     if not value or len(value) > limit or not value.isprintable():
         raise ValueError(f"{kind}: needs a value of 1 to {limit} printable characters")
-    if kind == "path":
-        parts = [part for part in value.split("/") if part]
-        if not value.startswith("/") or any(part in (".", "..") for part in parts):
-            raise ValueError(f"path:{value[:80]!r}: an absolute host path without . or ..")
+    if kind in PATH_KINDS:
+        decoded = unescape(value)
+        parts = [part for part in decoded.split("/") if part]
+        if not decoded.startswith("/") or any(part in (".", "..") for part in parts):
+            raise ValueError(f"{kind}:{value[:80]!r}: an absolute host path without . or ..")
+        if any(not (c.isprintable() or c in "\t\n") for c in decoded):
+            raise ValueError(f"{kind}:{value[:80]!r}: an escape decodes to a control character")
         value = "/" + "/".join(parts)
     elif kind in ("block", "net"):
         if not _KERNEL_NAME.fullmatch(value):
@@ -148,7 +169,7 @@ def select(inventory: Inventory, selector: Selector, mounts: MountTable | None =
     ``path:`` selector looks its path up in ``mounts`` (the host's mount table; None:
     not read). When the inventory was cut (:attr:`Inventory.cut`) the reason says the
     device may be among those left out."""
-    if selector.kind == "path":
+    if selector.kind in PATH_KINDS:
         return _from_path(inventory, selector, mounts or MountTable(problem="not read"))
     selection = _select(inventory, selector)
     kind = _KIND_LISTED[selector.kind]
@@ -171,6 +192,7 @@ _KIND_LISTED = {
     "pci-id": "PCI devices",
     "pci-class": "PCI devices",
     "path": "block devices",
+    "path-below": "block devices",
 }
 
 
@@ -202,23 +224,59 @@ def id_matches(found: str | None, wanted: str) -> bool:
 
 
 def _from_path(inventory: Inventory, selector: Selector, mounts: MountTable) -> Selection:
-    """The block device holding the path (its disk's nodes, through partitions and
-    dm/md), or why there is none: the table unread, no mount, a filesystem without a
-    block device (tmpfs, overlay, NFS)."""
+    """The block devices of the mount visible at the path (their disks' nodes, through
+    partitions, dm/md and btrfs), or why there is none: the table unread, nothing
+    mounted at the path (``path:``) or only the root filesystem above it
+    (``path-below:``), a filesystem without a block device (tmpfs, overlay, NFS)."""
     if mounts.problem is not None:
         return Selection(
             frozenset(), reason=f"{selector}: the host's mount table: {mounts.problem}"
         )
-    mount = mounts.holding(selector.value)
+    path = selector.value
+    mount = mounts.holding(path)
     if mount is None:
         return Selection(frozenset(), reason=f"{selector}: no mount holds it")
-    where = f"{mount.fs_type} {mount.source} at {mount.mount_point}"
-    if mount.block is None:
+    refused = _not_mounted_there(selector, mount, mounts.at(path))
+    if refused is not None:
+        return Selection(frozenset(), count=1, unlocated=(f"{mount}: {refused[0]}",),
+                         reason=f"{selector}: {refused[1]}")  # fmt: skip
+    if not mount.blocks:
         device = f"{mount.device[0]}:{mount.device[1]}"
-        reason = f"{selector}: on {where} ({device}), which is no block device: no locality"
-        return Selection(frozenset(), count=1, unlocated=(f"{where}: no block device",),
+        reason = f"{selector}: on {mount} ({device}), which is no block device: no locality"
+        return Selection(frozenset(), count=1, unlocated=(f"{mount}: no block device",),
                          reason=reason)  # fmt: skip
-    return _from_located([d for d in inventory.block if d.name == mount.block], selector)
+    return _from_located([d for d in inventory.block if d.name in mount.blocks], selector)
+
+
+def _not_mounted_there(
+    selector: Selector, mount: Mount, stacked: tuple[Mount, ...]
+) -> tuple[str, str] | None:
+    """Why ``mount``, the one visible at the selector's path, is not taken: (short,
+    full reason naming what to fix), or None when it is. ``path:`` takes only a mount
+    at the path itself; ``path-below:`` a parent too, but never the root filesystem
+    unless the path is ``/``."""
+    path = selector.value
+    if mount.mount_point == path:
+        return None
+    escaped = escape(path)
+    if stacked:
+        hidden = (
+            f"{stacked[-1]} is hidden by {mount} (mounted over a parent later); "
+            f"unmount {escape(mount.mount_point)} or mount the disk at {escaped} again"
+        )
+        return "hides the mount at the path", f"nothing is visible at the path: {hidden}"
+    if mount.mount_point == "/":
+        return "the root filesystem", (
+            f"nothing is mounted there: it is on the root filesystem ({mount}), which is "
+            f"never taken for a data disk; mount the disk at {escaped} (a symlink is not "
+            "followed: name the mount point itself), or select the root disk with path:/"
+        )
+    if selector.kind == "path-below":
+        return None
+    return "a parent mount", (
+        f"nothing is mounted there: it is below {mount}; mount the disk at {escaped}, "
+        f"or write path-below:{escaped} to take the disk of the mount it is below"
+    )
 
 
 def _pci_matches(device: PciDevice, selector: Selector) -> bool:
@@ -239,6 +297,7 @@ def _what(selector: Selector) -> str:
         "pci-id": "PCI device with that vendor:device id",
         "pci-class": "PCI device of that class",
         "path": "block device of its mount",
+        "path-below": "block device of its mount",
     }[selector.kind]
 
 

@@ -18,7 +18,7 @@ from numa_device_plugin.cluster.fit import node_usage, numa_resources
 from numa_device_plugin.cluster.kubeapi import default_kubeconfig
 from tests.apiserver_stub import cluster_api
 from tests.cluster.test_fit import NODES, PODS, R1, container, node, pod
-from tests.conftest import REPO, require_tool
+from tests.conftest import REPO, venv_tool
 
 # -- the command against a stand-in API server ------------------------------------------------
 
@@ -196,7 +196,7 @@ def test_default_kubeconfig_follows_kubectl(tmp_path: Path) -> None:
 def test_kubectl_runs_it_as_the_numa_plugin(tmp_path: Path) -> None:
     """``kubectl numa`` finds ``kubectl-numa`` on PATH (pip puts it beside
     numa-device-plugin) and passes its arguments on."""
-    kubectl = require_tool("kubectl", "a kubectl binary on PATH")
+    kubectl = venv_tool("kubectl")
     plugin = Path(sys.executable).parent / "kubectl-numa"
     if not plugin.exists():
         pytest.fail(f"{plugin} is missing: `pip install -e .` installs it")

@@ -27,13 +27,13 @@ from numa_device_plugin import __version__
 from numa_device_plugin.cli import options, serve
 from numa_device_plugin.ops.probes import parse_address
 from numa_device_plugin.plugin.config import KNOWN_SOCKET_DIRS, Config
-from tests.conftest import REPO, require_tool, run_in_group
+from tests.conftest import REPO, require_tool, run_in_group, venv_tool
 
 DEPLOYMENTS = REPO / "deployments"
 # Every rendering an operator can apply: the default, the base, each overlay, and each
 # component on top of the base (rendered through a kustomization of its own).
 OVERLAYS = ("nfd", "k0s", "microk8s")
-COMPONENTS = ("nfd", "monitoring")
+COMPONENTS = ("nfd", "monitoring", "host-views")
 RENDERINGS = (
     "deployments",
     "base",
@@ -51,7 +51,7 @@ FOLDERS = {
 
 
 def kubectl() -> str:
-    return require_tool("kubectl", "a kubectl binary on PATH renders the manifests")
+    return venv_tool("kubectl")
 
 
 @functools.cache
@@ -739,3 +739,24 @@ def test_the_documented_digest_overlay_pins_the_image_by_digest(tmp_path: Path) 
     (document,) = [d for d in yaml.safe_load_all(result.stdout) if d and d["kind"] == "DaemonSet"]
     (plugin,) = document["spec"]["template"]["spec"]["containers"]
     assert plugin["image"] == f"registry.example.com:5000/numa-device-plugin@{digest}"
+
+
+def test_the_host_views_component_gives_the_plugin_the_hosts_mount_table_and_sys() -> None:
+    """path: and net: in the kustomize base need the host's mount table and /sys, as the
+    chart's host.mountTable and host.sysfs give them: the same mounts and flags."""
+    args = container("components/host-views")["args"]
+    assert "--sysfs-root=/host/sys" in args
+    assert "--sysfs-root=/sys" not in args
+    assert "--mount-table=/host/proc/1/mountinfo" in args
+    mounts = {m["name"]: m for m in container("components/host-views")["volumeMounts"]}
+    assert mounts["host-sys"] == {"name": "host-sys", "mountPath": "/host/sys", "readOnly": True}
+    assert mounts["host-mounts"] == {
+        "name": "host-mounts", "mountPath": "/host/proc/1/mountinfo", "readOnly": True,
+    }  # fmt: skip
+    volumes = {v["name"]: v for v in pod_spec("components/host-views")["volumes"]}
+    assert volumes["host-sys"]["hostPath"] == {"path": "/sys", "type": "Directory"}
+    assert volumes["host-mounts"]["hostPath"] == {"path": "/proc/1/mountinfo", "type": "File"}
+    spec = pod_spec("components/host-views")
+    base = pod_spec("base")
+    assert len(spec["volumes"]) == len(base["volumes"]) + 2
+    assert "--mount-table=/host/proc/1/mountinfo" not in container("base")["args"]

@@ -107,3 +107,132 @@ async def test_a_look_at_unchanged_devices_logs_nothing_and_reads_no_details(
     assert found.details is not None
     assert "advertising NUMA node" in capsys.readouterr().err
     assert discover(config, quiet=True).details is None
+
+
+def mounted_machine(root: Path) -> tuple[SysfsTree, Path]:
+    """machine() with nvme1n1 (node 1) partitioned, its p1 mounted at /mnt/disks/a, the
+    root filesystem on nvme0n1p1 (node 0); the mountinfo file beside the tree."""
+    tree, devices = machine(root)
+    devices.disk("nvme1n1", "0000:41:00.0", serial="DATA", partitions=1)
+    devices.disk("nvme0n1", "0000:01:00.0", serial="ROOT", partitions=1)
+    for number, name in (("259:1", "nvme1n1p1"), ("259:3", "nvme0n1p1")):
+        link = root / "dev/block" / number
+        link.parent.mkdir(parents=True, exist_ok=True)
+        link.symlink_to(Path("../..") / "class/block" / name)
+    table = root.parent / "mountinfo"
+    table.write_text(MOUNTED)
+    return tree, table
+
+
+ROOT_LINE = "22 1 259:3 / / rw - ext4 /dev/nvme0n1p1 rw\n"
+MOUNTED = ROOT_LINE + "30 22 259:1 / /mnt/disks/a rw - xfs /dev/nvme1n1p1 rw\n"
+
+
+async def test_an_unmounted_data_disk_leaves_its_served_resource_unhealthy_never_on_root(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The data disk's mount goes (a nofail mount that failed, an operator's umount):
+    the resource stays where it was, every device Unhealthy, the reason naming the path,
+    the root filesystem it found and what to fix, logged as a warning; mounted again,
+    it is served again. Never the root disk's node."""
+    from numa_device_plugin.plugin.nearhealth import with_left_behind
+
+    tree, table = mounted_machine(tmp_path / "sys")
+    config = Config(sysfs_root=tree.root, near=(parse_near("data-a=path:/mnt/disks/a"),),
+                    mount_table=table)  # fmt: skip
+    served = [discover(config)]
+    assert served[0].resources["numa-align/data-a"].near_nodes == (1,)
+    watch = DeviceWatch(config, discover, lambda: served[-1], lambda: None)
+    table.write_text(ROOT_LINE)
+    capsys.readouterr()
+    await watch.look()
+    found = watch.take()
+    assert found is not None
+    lost = found.resources["numa-align/data-a"]
+    assert lost.near_nodes == (1,)  # where it was, not the root disk's node 0
+    assert lost.lost is not None
+    assert "path:/mnt/disks/a: nothing is mounted there: it is on the root filesystem" in lost.lost
+    assert "mount the disk at /mnt/disks/a" in lost.lost
+    listed = with_left_behind(lost, lost.devices, None, frozenset({0, 1}))
+    assert listed
+    assert {device.health for device in listed} == {"Unhealthy"}
+    err = capsys.readouterr().err
+    assert "level='warning'" in err
+    assert "not advertising a resource near a device" in err
+    served.append(found)
+    table.write_text(MOUNTED)
+    await watch.look()
+    back = watch.take()
+    assert back is not None
+    assert back.resources["numa-align/data-a"].lost is None
+    assert back.resources["numa-align/data-a"].near_nodes == (1,)
+
+
+async def test_a_lost_resource_whose_reason_text_changes_registers_nothing_again(
+    tmp_path: Path,
+) -> None:
+    """A malformed mount-table line that moves as pods mount volumes changes the
+    reason's text (its line number), not what the kubelet sees."""
+    tree, table = mounted_machine(tmp_path / "sys")
+    config = Config(sysfs_root=tree.root, near=(parse_near("data-a=path:/mnt/disks/a"),),
+                    mount_table=table)  # fmt: skip
+    served = [discover(config)]
+    watch = DeviceWatch(config, discover, lambda: served[-1], lambda: None)
+    registered: list[set[str]] = []
+    for garbage_at in (1, 2, 3):
+        lines = MOUNTED.splitlines(keepends=True)
+        lines.insert(garbage_at, "garbage\n")
+        table.write_text("".join(lines))
+        await watch.look()
+        found = watch.take()
+        if found is not None:
+            registered.append(changed(served[-1].resources, found.resources))
+            served.append(found)
+    assert registered[0] == {"numa-align/data-a"}  # lost: its devices go Unhealthy
+    assert all(names == set() for names in registered[1:]), registered
+    reasons = {s.resources["numa-align/data-a"].lost for s in served[1:]}
+    assert len(reasons) == len(served) - 1  # each reason was shown as it was
+
+
+async def test_a_resource_that_stays_lost_reads_quietly_and_wakes_nobody(tmp_path: Path) -> None:
+    tree, _ = machine(tmp_path / "sys")
+    config = Config(sysfs_root=tree.root, near=(parse_near("d=serial:DATA"),))
+    served = [discover(config)]
+    woken: list[int] = []
+    loud: list[int] = []
+
+    def counted(given: Config) -> Discovery:
+        loud.append(1)
+        return discover(given)
+
+    from functools import partial
+
+    watch = DeviceWatch(config, counted, lambda: served[-1], lambda: woken.append(1),
+                        partial(discover, quiet=True))  # fmt: skip
+    (tree.root / "class/block/nvme1n1").unlink()
+    await watch.look()
+    found = watch.take()
+    assert found is not None
+    assert found.resources["numa-align/d"].lost is not None
+    served.append(found)
+    for _ in range(3):
+        await watch.look()
+    assert (woken, loud, watch.take()) == ([1], [1], None)
+
+
+async def test_a_read_that_keeps_failing_is_logged_once_and_again_when_it_changes(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    tree, _ = machine(tmp_path / "sys")
+    config = Config(sysfs_root=tree.root)
+    errors = ["x", "x", "x", "y", "y"]
+
+    def broken(_: Config) -> Discovery:
+        raise SysfsFormatError(tree.root / "node/node0/cpulist", errors.pop(0), "malformed")
+
+    watch = DeviceWatch(config, broken, lambda: discover(config), lambda: None)
+    capsys.readouterr()
+    for _ in range(5):
+        await watch.look()
+    err = capsys.readouterr().err
+    assert err.count("re-reading the devices failed") == 2, err

@@ -32,8 +32,9 @@ TABLE = """\
 
 def test_mountinfo_lines_become_mounts_with_their_device_and_type() -> None:
     mounts = parse_mountinfo(TABLE)
-    assert mounts[0] == Mount("/", (259, 2), "ext4", "/dev/nvme0n1p2")
-    assert mounts[2] == Mount("/mnt/disks/a", (259, 5), "xfs", "/dev/nvme1n1p1")
+    assert mounts[0] == Mount("/", (259, 2), "ext4", "/dev/nvme0n1p2", mount_id=22, parent_id=1)
+    assert mounts[2] == Mount("/mnt/disks/a", (259, 5), "xfs", "/dev/nvme1n1p1",
+                              mount_id=30, parent_id=22)  # fmt: skip
     assert mounts[6].mount_point == "/mnt/my disk"  # \\040 is a space
     assert [m.fs_type for m in mounts] == [
         "ext4", "proc", "xfs", "xfs", "xfs", "tmpfs", "overlay", "ext4"
@@ -112,10 +113,10 @@ def test_each_mount_names_the_block_device_of_its_major_minor(tmp_path: Path) ->
     (tmp_path / "mountinfo").write_text(TABLE)
     table = read_mount_table(tmp_path / "mountinfo", tmp_path / "sys")
     assert table.problem is None
-    assert {m.mount_point: m.block for m in table.mounts} == {
-        "/": "nvme0n1p2", "/proc": None, "/mnt/disks/a": "nvme1n1p1", "/mnt/disks/b": "dm-0",
-        "/var/lib/elasticsearch": "nvme1n1p1", "/mnt/disks/scratch": None,
-        "/mnt/my disk": None, "/mnt/disks/a/inner": "nvme0n1p3",
+    assert {m.mount_point: m.blocks for m in table.mounts} == {
+        "/": ("nvme0n1p2",), "/proc": (), "/mnt/disks/a": ("nvme1n1p1",),
+        "/mnt/disks/b": ("dm-0",), "/var/lib/elasticsearch": ("nvme1n1p1",),
+        "/mnt/disks/scratch": (), "/mnt/my disk": (), "/mnt/disks/a/inner": ("nvme0n1p3",),
     }  # fmt: skip
 
 
@@ -128,7 +129,7 @@ def test_a_dev_block_link_that_leaves_the_root_names_no_device(
     link.symlink_to(tmp_path_factory.mktemp("outside"))
     (tmp_path / "mountinfo").write_text(TABLE)
     table = read_mount_table(tmp_path / "mountinfo", tmp_path / "sys")
-    assert {m.mount_point: m.block for m in table.mounts}["/mnt/disks/a"] is None
+    assert {m.mount_point: m.blocks for m in table.mounts}["/mnt/disks/a"] == ()
 
 
 @pytest.mark.parametrize("kind", ["missing", "folder", "fifo", "garbage", "huge"])
@@ -171,4 +172,4 @@ def test_a_filesystem_of_major_0_has_no_block_device_whatever_sysfs_links(
                                tree.root / "dev/block"), tree.root / "dev/block/0:40")  # fmt: skip
     (tmp_path / "mountinfo").write_text(TABLE)
     table = read_mount_table(tmp_path / "mountinfo", tmp_path / "sys")
-    assert {m.mount_point: m.block for m in table.mounts}["/mnt/disks/scratch"] is None
+    assert {m.mount_point: m.blocks for m in table.mounts}["/mnt/disks/scratch"] == ()

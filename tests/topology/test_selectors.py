@@ -242,15 +242,29 @@ def mounted(tmp_path: Path) -> tuple[Inventory, MountTable]:
     [
         ("path:/mnt/disks/a", {1}, ["nvme1n1p1"], None),
         ("path:/mnt/disks/a/", {1}, ["nvme1n1p1"], None),
-        ("path:/mnt/disks/a//shard-0/data", {1}, ["nvme1n1p1"], None),  # below it
-        ("path:/var/lib/elasticsearch/nodes", {1}, ["nvme1n1p1"], None),  # a bind mount
+        ("path://mnt//disks/a/", {1}, ["nvme1n1p1"], None),  # normalised
+        ("path:/var/lib/elasticsearch", {1}, ["nvme1n1p1"], None),  # a bind mount
         ("path:/mnt/disks/a/inner", {0}, ["nvme0n1p3"], None),  # a mount below a mount
         ("path:/mnt/disks/b", {0, 1}, ["dm-0"], None),  # LVM over disks on both nodes
-        ("path:/etc", {0}, ["nvme0n1p2"], None),  # the root filesystem
+        ("path:/", {0}, ["nvme0n1p2"], None),  # the root filesystem, asked for
+        ("path-below:/mnt/disks/a//shard-0/data", {1}, ["nvme1n1p1"], None),  # below it
+        ("path-below:/var/lib/elasticsearch/nodes", {1}, ["nvme1n1p1"], None),
+        ("path-below:/mnt/disks/a/inner/x", {0}, ["nvme0n1p3"], None),  # the nearest
+        ("path-below:/mnt/disks/a", {1}, ["nvme1n1p1"], None),  # at it counts too
+        # below a mount, without asking for it: nothing
+        ("path:/mnt/disks/a/shard-0", set(), [],
+         "path:/mnt/disks/a/shard-0: nothing is mounted there: it is below xfs "
+         "/dev/nvme1n1p1 at /mnt/disks/a; mount the disk at /mnt/disks/a/shard-0, or write "
+         "path-below:/mnt/disks/a/shard-0 to take the disk of the mount it is below"),
+        # the root filesystem is never a data disk unless asked for by path:/
+        ("path:/etc", set(), [], "it is on the root filesystem (ext4 /dev/nvme0n1p2 at /)"),
+        ("path-below:/etc", set(), [], "select the root disk with path:/"),
         ("path:/mnt/disks/scratch", set(), [],
          "path:/mnt/disks/scratch: on tmpfs tmpfs at /mnt/disks/scratch (0:40), which is no "
          "block device: no locality"),
-        ("path:/mnt/my disk", set(), [], "on overlay overlay at /mnt/my disk (0:41)"),
+        ("path:/mnt/my disk", set(), [], "on overlay overlay at /mnt/my\\040disk (0:41)"),
+        # mountinfo's escapes name the same mount point, decoded once
+        ("path:/mnt/my\\040disk", set(), [], "path:/mnt/my\\040disk: on overlay overlay"),
     ],
 )  # fmt: skip
 def test_a_path_selects_the_block_device_of_its_mount(

@@ -90,6 +90,7 @@ NUMA_MEMORY_UNIT: {{ $c.memoryUnit | quote }}
 {{- if $c.reservedMemory }}
 NUMA_RESERVED_MEMORY: {{ $c.reservedMemory | quote }}
 {{- end }}
+{{- include "numa-device-plugin.checkNear" (list "config.near" $c.near) -}}
 {{- if $c.near }}
 {{- $near := list -}}
 {{- range $name, $given := $c.near -}}
@@ -130,6 +131,7 @@ come without capacity "cpus". */}}
 {{- if and $reserved (ne (toString $capacity) "cpus") -}}
 {{- fail (printf "config.named.%s: reservedCpus %q need capacity \"cpus\" (it has %v)" $name $reserved $capacity) -}}
 {{- end -}}
+{{- include "numa-device-plugin.checkNear" (list (printf "config.named.%s.near" $name) (get $s "near")) -}}
 {{- $_ := set $configs $name $out -}}
 {{- end -}}
 {{- $file := dict "configs" $configs -}}
@@ -146,5 +148,48 @@ come without capacity "cpus". */}}
 {{- define "numa-device-plugin.perNode" -}}
 {{- if .Values.config.named -}}true{{- else if .Values.config.default -}}
 {{- fail "config.default needs config.named" -}}
+{{- end -}}
+{{- end -}}
+
+{{/* Fails when two names of one near map would set the same NUMA_NEAR_<NAME> variable
+(data-a and data_a), as the plugin refuses them at start. Takes (list WHERE MAP). */}}
+{{- define "numa-device-plugin.checkNear" -}}
+{{- $where := index . 0 -}}
+{{- $seen := dict -}}
+{{- range $name, $_ := (index . 1 | default dict) -}}
+{{- $variable := printf "NUMA_NEAR_%s" (regexReplaceAll "[^A-Z0-9]" (upper $name) "_") -}}
+{{- if hasKey $seen $variable -}}
+{{- fail (printf "%s: near resources %q and %q would both set %s in their containers: rename one" $where (get $seen $variable) $name $variable) -}}
+{{- end -}}
+{{- $_ := set $seen $variable $name -}}
+{{- end -}}
+{{- end -}}
+
+{{/* True (non-empty) when the pods read the host's mount table: host.mountTable true, or
+null and some near selector (config.near, config.named.*.near) names a host path
+(path:, path-below:). Fails for host.mountTable false with such a selector: the plugin
+would read the container's own table and advertise none of them. */}}
+{{- define "numa-device-plugin.mountTable" -}}
+{{- $paths := list -}}
+{{- $maps := list (list "config.near" .Values.config.near) -}}
+{{- range $name, $settings := .Values.config.named -}}
+{{- $maps = append $maps (list (printf "config.named.%s.near" $name) (get ($settings | default dict) "near")) -}}
+{{- end -}}
+{{- range $maps -}}
+{{- $where := index . 0 -}}
+{{- range $name, $given := (index . 1 | default dict) -}}
+{{- range (kindIs "slice" $given | ternary $given (list $given)) -}}
+{{- if hasPrefix "path" (toString .) -}}
+{{- $paths = append $paths (printf "%s.%s" $where $name) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- $set := .Values.host.mountTable -}}
+{{- if kindIs "invalid" $set -}}
+{{- if $paths -}}true{{- end -}}
+{{- else if $set -}}true
+{{- else if $paths -}}
+{{- fail (printf "host.mountTable is false, but %s selects by host path: the plugin would read the container's own mount table and advertise nothing for it (leave host.mountTable unset or true)" (first $paths)) -}}
 {{- end -}}
 {{- end -}}

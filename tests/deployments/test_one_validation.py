@@ -1,0 +1,174 @@
+"""One validation for chart and plugin: a hostile corpus of ``config.near``,
+``config.named`` and interval values, each fed to ``helm template`` and to the plugin as
+the chart feeds it (``NUMA_NEAR`` and the other variables to ``serve``'s command line,
+``config.named`` as the file of named configurations), with the same verdict for every
+entry. A value the plugin refuses at start and the chart let through stopped every node
+at once (each pod exited 2); the chart refusing it stops ``helm install`` instead."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import click
+import pytest
+import yaml
+
+from numa_device_plugin.cli import serve
+from numa_device_plugin.nodeconfig.configs import NodeConfigError, parse_node_configs
+from numa_device_plugin.plugin.config import config_from_params
+from tests.deployments.test_helm import CHART, RELEASE, of_kind, run_helm, serve_args
+
+LONG_NAME = "n" * 63
+
+# (id, config values, whether the plugin and so the chart accept them)
+CORPUS: list[tuple[str, dict[str, Any], bool]] = [
+    ("path", {"near": {"data-a": "path:/mnt/disks/a"}}, True),
+    ("path-below", {"near": {"es": "path-below:/var/lib/elasticsearch"}}, True),
+    ("root", {"near": {"root": "path:/"}}, True),
+    ("all-of", {"near": {"osd": ["path:/var/lib/ceph", "net:ens1"]}}, True),
+    ("two-names-one-variable", {"near": {"data-a": "path:/a", "data_a": "path:/b"}}, False),
+    ("dot-and-dash-one-variable", {"near": {"a.b": "net:x", "a-b": "net:y"}}, False),
+    ("name-63", {"near": {LONG_NAME: "net:x"}}, True),
+    ("name-64", {"near": {LONG_NAME + "n": "net:x"}}, False),
+    ("name-numa-node", {"near": {"numa-1": "net:x"}}, False),
+    ("name-leading-dash", {"near": {"-x": "net:x"}}, False),
+    ("name-space", {"near": {"a b": "net:x"}}, False),
+    ("serial-nbsp", {"near": {"d": "serial:S\u00a01"}}, False),
+    ("serial-zero-width-space", {"near": {"d": "serial:S\u200b1"}}, False),
+    ("serial-line-separator", {"near": {"d": "serial:S\u20281"}}, False),
+    ("serial-soft-hyphen", {"near": {"d": "serial:S\u00ad1"}}, False),
+    ("serial-escape", {"near": {"d": "serial:\x1b[31m"}}, False),
+    ("serial-tab", {"near": {"d": "serial:S\t1"}}, False),
+    ("serial-space", {"near": {"d": "serial:S 1"}}, False),
+    ("serial-pattern", {"near": {"d": "serial:WD-[AB]?"}}, True),
+    ("serial-unicode-letters", {"near": {"d": "serial:Ñandú-Ω1"}}, True),
+    ("wwid-nbsp", {"near": {"d": "wwid:eui.\u00a0"}}, False),
+    ("path-nbsp", {"near": {"d": "path:/mnt/a\u00a0b"}}, False),
+    ("path-line-separator", {"near": {"d": "path:/mnt/a\u2028b"}}, False),
+    ("path-space", {"near": {"d": "path:/mnt/my disk"}}, False),
+    ("path-escaped-space", {"near": {"d": "path:/mnt/my\\040disk"}}, True),
+    ("path-escaped-tab", {"near": {"d": "path:/mnt/my\\011disk"}}, True),
+    ("path-escaped-letter", {"near": {"d": "path:/mnt/\\101"}}, True),
+    ("path-escaped-dots", {"near": {"d": "path:/mnt/\\056\\056/etc"}}, False),
+    ("path-escaped-dot", {"near": {"d": "path:/mnt/\\056"}}, False),
+    ("path-escaped-control", {"near": {"d": "path:/mnt/\\001"}}, False),
+    ("path-escaped-delete", {"near": {"d": "path:/mnt/\\177"}}, False),
+    ("path-escaped-c1", {"near": {"d": "path:/mnt/\\205"}}, False),
+    ("path-escaped-nbsp", {"near": {"d": "path:/mnt/\\240"}}, False),
+    ("path-escaped-soft-hyphen", {"near": {"d": "path:/mnt/\\255"}}, False),
+    ("path-escaped-backslash", {"near": {"d": "path:/mnt/\\134001"}}, True),
+    ("path-dotdot", {"near": {"d": "path:/mnt/../etc"}}, False),
+    ("path-dotdot-name", {"near": {"d": "path:/mnt/..hidden"}}, True),
+    ("path-below-relative", {"near": {"d": "path-below:var/lib"}}, False),
+    ("path-long", {"near": {"d": "path:/" + "a" * 1023}}, True),
+    ("path-too-long", {"near": {"d": "path:/" + "a" * 1024}}, False),
+    ("unknown-kind", {"near": {"d": "disk:sda"}}, False),
+    ("all-of-8", {"near": {"d": [f"net:e{i}" for i in range(8)]}}, True),
+    ("all-of-9", {"near": {"d": [f"net:e{i}" for i in range(9)]}}, False),
+    ("near-64", {"near": {f"d{i}": "net:x" for i in range(64)}}, True),
+    ("near-65", {"near": {f"d{i}": "net:x" for i in range(65)}}, False),
+    ("device-interval-never", {"deviceInterval": 0}, True),
+    ("device-interval-1", {"deviceInterval": 1}, True),
+    ("device-interval-1e-9", {"deviceInterval": 1e-9}, False),
+    ("device-interval-half", {"deviceInterval": 0.5}, False),
+    ("device-interval-negative", {"deviceInterval": -1}, False),
+    ("pod-resources-interval-floor", {"podResourcesInterval": 0.1}, True),
+    ("pod-resources-interval-below", {"podResourcesInterval": 0.05}, False),
+    ("named", {"named": {"a": {"near": {"d": ["net:a", "path-below:/b"]}}}}, True),
+    ("named-two-names-one-variable",
+     {"named": {"a": {"near": {"data-a": "path:/x", "data_a": "path:/y"}}}}, False),
+    ("named-zero-width-space", {"named": {"a": {"near": {"d": "serial:S\u200b1"}}}}, False),
+    ("named-escaped-dots", {"named": {"a": {"near": {"d": "path:/\\056\\056"}}}}, False),
+    ("named-pod-resources-interval", {"named": {"a": {"podResourcesInterval": 0.01}}}, False),
+]  # fmt: skip
+
+
+def plugin_accepts(values: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> bool:
+    """Whether serve starts with ``values`` as the chart hands them over: config.near as
+    NUMA_NEAR (NAME=SELECTOR, space-separated, a list's NAME repeated), intervals as
+    their NUMA_* variables, config.named as the file of named configurations."""
+    for variable in {p.envvar for p in serve.command.params if isinstance(p.envvar, str)}:
+        monkeypatch.delenv(variable, raising=False)
+    near = [
+        f"{name}={selector}"
+        for name, given in values.get("near", {}).items()
+        for selector in (given if isinstance(given, list) else [given])
+    ]
+    if near:
+        monkeypatch.setenv("NUMA_NEAR", " ".join(near))
+    for key, variable in (("deviceInterval", "NUMA_DEVICE_INTERVAL"),
+                          ("podResourcesInterval", "NUMA_POD_RESOURCES_INTERVAL")):  # fmt: skip
+        if key in values:
+            monkeypatch.setenv(variable, str(values[key]))
+    try:
+        with serve.command.make_context("serve", []) as ctx:
+            params = ctx.params
+        config_from_params(params)
+        if "named" in values:
+            keys = {"near": "near", "podResourcesInterval": "pod-resources-interval"}
+            configs = {
+                name: {keys[key]: value for key, value in settings.items()}
+                for name, settings in values["named"].items()
+            }
+            text = yaml.safe_dump({"configs": configs}, allow_unicode=True)
+            parse_node_configs(Path("/etc/numa-device-plugin/configs.yaml"), text, params)
+    except (click.ClickException, ValueError, NodeConfigError):
+        return False
+    return True
+
+
+@pytest.mark.parametrize(
+    ("values", "accepted"), [(v, a) for _, v, a in CORPUS], ids=[i for i, _, _ in CORPUS]
+)
+def test_the_chart_and_the_plugin_give_one_verdict(
+    values: dict[str, Any], accepted: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert plugin_accepts(values, monkeypatch) == accepted, "the plugin's verdict"
+    rendered = run_helm("template", RELEASE, str(CHART), "--namespace", "kube-system",
+                        "--set-json", f"config={json.dumps(values)}")  # fmt: skip
+    assert (rendered.returncode == 0) == accepted, rendered.stderr[-600:]
+    if accepted:  # and what the chart renders is what the plugin was given
+        documents = [d for d in yaml.safe_load_all(rendered.stdout) if d]
+        params = serve_args(documents, monkeypatch)
+        config = config_from_params(params)
+        if "near" in values:
+            assert sorted(n.name for n in config.near) == sorted(values["near"])
+        if "named" in values:
+            text = of_kind(documents, "ConfigMap", f"{RELEASE}-node-configs")["data"]
+            parse_node_configs(Path("/etc/numa-device-plugin/configs.yaml"),
+                               text["configs.yaml"], params)  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("values", "mounted"),
+    [
+        ({}, False),
+        ({"config": {"near": {"d": "net:eth0"}}}, False),
+        ({"config": {"near": {"d": "path:/mnt/disks/a"}}}, True),
+        ({"config": {"near": {"d": ["net:eth0", "path-below:/data"]}}}, True),
+        ({"config": {"named": {"a": {"near": {"d": "path:/x"}}}}}, True),
+        ({"host": {"mountTable": True}}, True),
+        ({"host": {"mountTable": False}, "config": {"near": {"d": "net:eth0"}}}, False),
+    ],
+)
+def test_a_path_selector_mounts_the_hosts_mount_table_unless_refused(
+    values: dict[str, Any], mounted: bool
+) -> None:
+    """path: in the DaemonSet without the host's table read the container's own
+    (overlay at /) and advertised nothing: the chart mounts it when a selector needs it."""
+    args = [f"--set-json={key}={json.dumps(value)}" for key, value in values.items()]
+    rendered = run_helm("template", RELEASE, str(CHART), *args)
+    assert rendered.returncode == 0, rendered.stderr
+    assert ("--mount-table=/host/proc/1/mountinfo" in rendered.stdout) == mounted
+    assert ("path: /proc/1/mountinfo" in rendered.stdout) == mounted
+
+
+def test_a_path_selector_with_the_mount_table_turned_off_fails_naming_both() -> None:
+    rendered = run_helm(
+        "template", RELEASE, str(CHART), "--set", "host.mountTable=false",
+        "--set-json", 'config.named={"rack-a": {"near": {"data-a": "path:/mnt/disks/a"}}}',
+    )  # fmt: skip
+    assert rendered.returncode != 0
+    assert "host.mountTable is false, but config.named.rack-a.near.data-a" in rendered.stderr
