@@ -22,6 +22,7 @@ import click
 import yaml
 
 from numa_device_plugin.cli import options
+from numa_device_plugin.cli.escaped import shown
 
 DEFAULT_SELECTOR = "app.kubernetes.io/name=numa-device-plugin"
 PODS_PER_PAGE = 100
@@ -170,11 +171,13 @@ def _name(kind: str, text: object) -> str:
 
 
 def _cell(value: object) -> str:
+    """A table cell: ``-`` for nothing, a list comma-separated, every character a
+    terminal would act on escaped (:func:`~numa_device_plugin.cli.escaped.shown`)."""
     if value is None or value == "" or value == []:
         return "-"
     if isinstance(value, list):
-        return ",".join(map(str, value))
-    return str(value)
+        return ",".join(map(shown, value))
+    return shown(value)
 
 
 def disk_size(size: object) -> str:
@@ -197,16 +200,17 @@ def render_devices(document: dict[str, Any]) -> str:
     the ``config.named`` map as YAML."""
     rows = [("NODE", "NUMA", "KIND", "NAME", "ID", "MODEL", "SIZE", "PCI", "DRIVER")]
     for node in document["nodes"]:
+        host = _cell(node["name"])
         for disk in node["disks"]:
-            rows.append((node["name"], _cell(disk.get("nodes")), "disk", _cell(disk.get("name")),
+            rows.append((host, _cell(disk.get("nodes")), "disk", _cell(disk.get("name")),
                          _cell(disk.get("serial") or disk.get("wwid")), _cell(disk.get("model")),
                          disk_size(disk.get("size_bytes")),
                          _cell(disk.get("pci")), "-"))  # fmt: skip
         for nic in node["nics"]:
-            rows.append((node["name"], _cell(nic.get("nodes")), "nic", _cell(nic.get("name")), "-",
+            rows.append((host, _cell(nic.get("nodes")), "nic", _cell(nic.get("name")), "-",
                          "-", "-", _cell(nic.get("pci")), _cell(nic.get("driver"))))  # fmt: skip
         for device in node["accelerators"]:
-            rows.append((node["name"], _cell(device.get("node")), "pci", _cell(device.get("pci")),
+            rows.append((host, _cell(device.get("node")), "pci", _cell(device.get("pci")),
                          _cell(device.get("id")), _cell(device.get("class_name")), "-",
                          _cell(device.get("pci")), "-"))  # fmt: skip
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]

@@ -10,12 +10,13 @@ from typing import Any
 import click
 
 from numa_device_plugin.cli import options
+from numa_device_plugin.cli.escaped import shown
 from numa_device_plugin.ops.logs import configure_logging
 from numa_device_plugin.plugin.config import Config
 from numa_device_plugin.plugin.discovery import Discovery, near_document
 from numa_device_plugin.topology import sysfs
+from numa_device_plugin.topology.bynode import NO_DEVICES, devices_by_node, unlocated_pci
 from numa_device_plugin.topology.details import details
-from numa_device_plugin.topology.locality import NO_DEVICES, devices_by_node, unlocated_pci
 from numa_device_plugin.topology.memory import format_quantity
 
 
@@ -117,8 +118,8 @@ def table(document: dict[str, Any]) -> str:
         "  ".join([*(c.ljust(w) for c, w in zip(row, widths, strict=False)), row[-1]]).rstrip()
         for row in rows
     ]
-    shown = [f"{name} ({document['devices'][name]})" for name in document["resources"]]
-    lines.append("resources (devices): " + (", ".join(shown) or "(none)"))
+    listed = [f"{name} ({document['devices'][name]})" for name in document["resources"]]
+    lines.append("resources (devices): " + (", ".join(listed) or "(none)"))
     found_any = document["unlocated_pci"] or any(
         node["devices"]["pci"] or node["devices"]["disks"] or node["devices"]["nics"]
         for node in document["nodes"]
@@ -143,11 +144,11 @@ def table(document: dict[str, Any]) -> str:
             nodes = ",".join(map(str, entry["nodes"]))
             more = entry["matched_count"] - len(entry["matched"])
             lines.append(
-                f"near {entry['resource']} ({entry['selector']}): NUMA node(s) {nodes}, "
-                f"from {', '.join(entry['matched'])}" + (f" and {more} more" if more else "")
+                f"near {entry['resource']} ({shown(entry['selector'])}): NUMA node(s) {nodes}, "
+                f"from {shown(', '.join(entry['matched']))}" + (f" and {more} more" if more else "")
             )
         else:
-            lines.append(f"near {entry['resource']}: not advertised: {entry['reason']}")
+            lines.append(f"near {entry['resource']}: not advertised: {shown(entry['reason'])}")
     return "\n".join(lines)
 
 
@@ -163,14 +164,14 @@ def inventory_lines(inventory: dict[str, list[dict[str, Any]]] | None) -> list[s
     for disk in inventory["disks"]:
         size = "-" if disk["size_bytes"] is None else f"{disk['size_bytes']} bytes"
         lines.append(
-            f"  disk {disk['name']}: NUMA node(s) {nodes(disk['nodes'])}; serial "
-            f"{disk['serial'] or '-'}, wwid {disk['wwid'] or '-'}, model {disk['model'] or '-'}, "
-            f"{size}, PCI {','.join(disk['pci']) or '-'}"
+            f"  disk {shown(disk['name'])}: NUMA node(s) {nodes(disk['nodes'])}; serial "
+            f"{shown(disk['serial'] or '-')}, wwid {shown(disk['wwid'] or '-')}, model "
+            f"{shown(disk['model'] or '-')}, {size}, PCI {shown(','.join(disk['pci']) or '-')}"
         )
     for nic in inventory["nics"]:
         lines.append(
-            f"  NIC {nic['name']}: NUMA node(s) {nodes(nic['nodes'])}; PCI "
-            f"{','.join(nic['pci'])}, driver {nic['driver'] or '-'}"
+            f"  NIC {shown(nic['name'])}: NUMA node(s) {nodes(nic['nodes'])}; PCI "
+            f"{shown(','.join(nic['pci']))}, driver {shown(nic['driver'] or '-')}"
         )
     for accelerator in inventory["accelerators"]:
         node = "none" if accelerator["node"] is None else accelerator["node"]

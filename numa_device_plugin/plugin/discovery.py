@@ -23,7 +23,13 @@ from numa_device_plugin.topology.locality import Inventory, read_inventory
 from numa_device_plugin.topology.memory import format_quantity
 from numa_device_plugin.topology.mounts import MountTable, read_mount_table
 from numa_device_plugin.topology.numa import NodePlan, plan_nodes, read_topology, topology_warnings
-from numa_device_plugin.topology.selectors import PATH_KINDS, Selection, all_of, select
+from numa_device_plugin.topology.selectors import (
+    MAX_NAMED,
+    PATH_KINDS,
+    Selection,
+    all_of,
+    select,
+)
 
 log = structlog.get_logger(__name__)
 
@@ -152,6 +158,15 @@ def discover(config: Config, *, quiet: bool = False) -> Discovery:
         else:
             log.warning("not advertising NUMA node", **fields)
     for entry in near:
+        cut = [node for node, names in entry.selection.by_node if len(names) >= MAX_NAMED]
+        if entry.reason is None and cut and entry.selection.count > MAX_NAMED:
+            log.warning(
+                "a resource near a device matches more devices than its variable lists",
+                resource=entry.resource,
+                matched=entry.selection.count,
+                listed_per_node=MAX_NAMED,
+                nodes=cut,
+            )
         if entry.reason is None:
             log.info(
                 "advertising a resource near a device",

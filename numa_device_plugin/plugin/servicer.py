@@ -22,6 +22,7 @@ import structlog
 from numa_device_plugin.api.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
 from numa_device_plugin.plugin.devices import Device, Resource, near_env
 from numa_device_plugin.plugin.recorder import NullRecorder, Recorder
+from numa_device_plugin.topology import sysfs
 
 log = structlog.get_logger(__name__)
 
@@ -237,11 +238,16 @@ class NumaDevicePluginServicer(api_pb2_grpc.DevicePluginServicer):  # type: igno
         """The container's variables for ``ids`` (known devices): ``NUMA_NODE``, and for
         a resource that follows a device its :func:`near_env` variable: the devices of
         its selection on the NUMA node(s) allocated, comma-separated (kernel names of
-        disks and interfaces, addresses of PCI devices)."""
+        disks and interfaces, addresses of PCI devices), each once, at most
+        :data:`~numa_device_plugin.topology.selectors.MAX_NAMED` a NUMA node (the log
+        says when a node has more); a name not of a kernel name's form (a comma, a
+        control character: a hostile sysfs) is never written (discovery already leaves
+        such a device without locality)."""
         envs = {NUMA_NODE_ENV: self._numa_node(ids)}
         if self._near is not None:
             nodes = sorted({self._by_id[device_id].node_id for device_id in ids})
-            names = [name for node in nodes for name in self._near_devices.get(node, ())]
+            names = [name for node in nodes for name in self._near_devices.get(node, ())
+                     if sysfs.is_kernel_name(name)]  # fmt: skip
             envs[near_env(self._near.name)] = ",".join(dict.fromkeys(names))
         return envs
 

@@ -19,7 +19,8 @@ from numa_device_plugin.plugin.config import Config
 from numa_device_plugin.plugin.devices import HEALTHY, Device, Resource
 from numa_device_plugin.plugin.discovery import NearPlan, near_document
 from numa_device_plugin.topology import sysfs
-from numa_device_plugin.topology.locality import NO_DEVICES, Inventory, devices_by_node
+from numa_device_plugin.topology.bynode import NO_DEVICES, devices_by_node
+from numa_device_plugin.topology.locality import Inventory
 from numa_device_plugin.topology.numa import NodePlan
 
 if TYPE_CHECKING:

@@ -96,10 +96,19 @@ def _text(confined: sysfs.Confined, path: Path) -> str | None:
         return None
 
 
+def _inside(confined: sysfs.Confined, link: Path) -> Path | None:
+    """The real folder ``link`` resolves to inside the sysfs root, or None."""
+    real = confined.folder(link)
+    return None if isinstance(real, str) else real
+
+
 def _disk(confined: sysfs.Confined, root: Path, disk: Located) -> DiskDetails:
-    folder = root / "class" / "block" / disk.name
-    sectors = _text(confined, folder / "size")
-    model = _text(confined, folder / "device" / "model")
+    """A disk's details, every file read in a folder resolved inside the root first
+    (``class/block/<name>``, then its ``device``): a link out of the root gives None."""
+    folder = _inside(confined, root / "class" / "block" / disk.name)
+    device = None if folder is None else _inside(confined, folder / "device")
+    sectors = None if folder is None else _text(confined, folder / "size")
+    model = None if device is None else _text(confined, device / "model")
     # A 64-bit sector count has at most 20 digits; anything else is no size.
     valid = sectors is not None and sectors.isascii() and sectors.isdigit() and len(sectors) <= 20
     size = int(sectors) * SECTOR_BYTES if valid and sectors is not None else None

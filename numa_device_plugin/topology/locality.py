@@ -51,7 +51,6 @@ from numa_device_plugin.topology.parts import Located as Located
 from numa_device_plugin.topology.pci import (
     MAX_DEVICES,
     PciDevice,
-    is_accelerator,
     list_entries,
     natural_key,
     parse_numa_node,
@@ -115,11 +114,18 @@ class _Reader:
         folder = self.root / "class" / kind
         what = "block devices" if kind == "block" else "network interfaces"
         self._done = {}
-        return tuple(
-            self._locate(kind, name)[0]
-            for name in list_entries(folder, what, self.warnings, natural=True, cut=cut)
-            if name.isprintable() and "/" not in name
-        )
+        found = []
+        for name in list_entries(folder, what, self.warnings, natural=True, cut=cut):
+            if not name.isprintable() or "/" in name:
+                self._warn_once(f"{folder} lists a name that is not printable ({name[:40]!r}); "
+                                "it is left out")  # fmt: skip
+                continue
+            if not sysfs.is_kernel_name(name):
+                why = f"no locality: its name is not a kernel device name ({name[:64]!r})"
+                found.append(Located(name, frozenset(), reason=why))
+                continue
+            found.append(self._locate(kind, name)[0])
+        return tuple(found)
 
     # -- one device ------------------------------------------------------------------------
 
@@ -185,6 +191,9 @@ class _Reader:
         )
         if kind == "block":
             disk, serial, wwid = self._disk_ids(target, name)
+            if not sysfs.is_kernel_name(disk):  # a partition's disk is the folder above it
+                why = f"no locality: its disk's folder is not a kernel device name ({disk[:64]!r})"
+                return replace(base, reason=why), 0
             base = replace(base, disk=disk, serial=serial, wwid=wwid)
             head = (target, name) if disk == name else (target.parent, disk)
             if base.virtual and NVME_HEAD.fullmatch(head[1]):
@@ -335,66 +344,3 @@ class _Reader:
             if text:
                 return text[:MAX_ID_CHARS]
         return None
-
-
-@dataclass(frozen=True)
-class NodeDevices:
-    """What sits on one NUMA node: ``disks`` (whole, non-virtual disks by name),
-    ``nics`` (interfaces on a PCI device, not bonds or VLANs), ``accelerators``
-    (``address class-in-words``) and ``pci`` (how many PCI devices in all)."""
-
-    disks: tuple[str, ...]
-    nics: tuple[str, ...]
-    accelerators: tuple[str, ...]
-    pci: int
-
-    def document(self) -> dict[str, list[str] | int]:
-        """As JSON: ``{"disks": [...], "nics": [...], "accelerators": [...], "pci": N}``."""
-        return {
-            "disks": list(self.disks),
-            "nics": list(self.nics),
-            "accelerators": list(self.accelerators),
-            "pci": self.pci,
-        }
-
-
-NO_DEVICES = NodeDevices((), (), (), 0)
-
-
-def devices_by_node(inventory: Inventory) -> dict[int, NodeDevices]:
-    """What sits on each NUMA node, in one pass over ``inventory`` (time linear in the
-    devices, whatever the number of NUMA nodes); a node with nothing is absent: use
-    :data:`NO_DEVICES`."""
-    disks: dict[int, list[str]] = {}
-    nics: dict[int, list[str]] = {}
-    accelerators: dict[int, list[str]] = {}
-    pci: dict[int, int] = {}
-    for block in inventory.block:
-        if block.disk == block.name and not block.virtual:
-            for node in sorted(block.nodes):
-                disks.setdefault(node, []).append(block.name)
-    for interface in inventory.net:
-        if not interface.parts:
-            for node in sorted(interface.nodes):
-                nics.setdefault(node, []).append(interface.name)
-    for device in inventory.pci:
-        if device.numa_node is not None:
-            pci[device.numa_node] = pci.get(device.numa_node, 0) + 1
-            if is_accelerator(device.pci_class):
-                accelerators.setdefault(device.numa_node, []).append(
-                    f"{device.address} {device.class_name}"
-                )
-    return {
-        node: NodeDevices(
-            tuple(disks.get(node, ())),
-            tuple(nics.get(node, ())),
-            tuple(accelerators.get(node, ())),
-            pci.get(node, 0),
-        )
-        for node in sorted({*disks, *nics, *pci})
-    }
-
-
-def unlocated_pci(inventory: Inventory) -> int:
-    """How many PCI devices have ``numa_node`` -1 (no locality)."""
-    return sum(1 for d in inventory.pci if d.numa_node is None)

@@ -48,7 +48,6 @@ MAX_FS_DEVICES = 256
 _OCTAL = re.compile(r"\\([0-7]{3})")
 _DEVICE = re.compile(r"(\d{1,10}):(\d{1,10})")
 _ID = re.compile(r"\d{1,10}")
-_KERNEL_NAME = re.compile(r"[A-Za-z0-9][-A-Za-z0-9_.:@!+]{0,63}")
 
 
 @dataclass(frozen=True)
@@ -277,7 +276,7 @@ class _Devices:
         if device.startswith("/dev/mapper/"):
             return self._mappers().get(device.removeprefix("/dev/mapper/"))
         name = device.removeprefix("/dev/")
-        if not _KERNEL_NAME.fullmatch(name):
+        if not sysfs.KERNEL_NAME.fullmatch(name):
             return None
         real = self.confined.folder(self.root / "class" / "block" / name)
         return None if isinstance(real, str) else name
@@ -308,7 +307,7 @@ class _Devices:
             for fsid in _listed(folder):
                 names = tuple(
                     name for name in _listed(folder / fsid / "devices")
-                    if _KERNEL_NAME.fullmatch(name)
+                    if sysfs.KERNEL_NAME.fullmatch(name)
                 )[:MAX_FS_DEVICES]  # fmt: skip
                 if names:
                     self._btrfs.append(names)

@@ -46,7 +46,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
-from numa_device_plugin.topology import pci
+from numa_device_plugin.topology import pci, sysfs
 from numa_device_plugin.topology.locality import Inventory, Located
 from numa_device_plugin.topology.mounts import Mount, MountTable, escape, unescape
 from numa_device_plugin.topology.pci import PciDevice
@@ -71,7 +71,6 @@ _PATTERN = re.compile(r"[*?\[]")
 # What a selector's ends lose (str.strip() would also drop U+00A0, U+2028: the chart's
 # schema refuses those, and so does the plugin).
 _ASCII_SPACE = " \t\n\r\x0b\x0c"
-_KERNEL_NAME = re.compile(r"[A-Za-z0-9][-A-Za-z0-9_.:@!+]{0,63}")
 
 
 @dataclass(frozen=True)
@@ -138,7 +137,7 @@ def parse_selector(text: str) -> Selector:
             raise ValueError(f"{kind}:{value[:80]!r}: an escape decodes to a control character")
         value = "/" + "/".join(parts)
     elif kind in ("block", "net"):
-        if not _KERNEL_NAME.fullmatch(value):
+        if not sysfs.KERNEL_NAME.fullmatch(value):
             raise ValueError(f"{kind}:{value[:80]!r}: not a kernel device name")
     elif kind == "pci":
         if not _PCI.fullmatch(value.lower()):

@@ -42,6 +42,18 @@ MAX_CPU_ID = 65535
 MAX_FILE_BYTES = 1 << 20
 
 
+# A kernel device name as a selector, a pod's NUMA_NEAR_* value and a table may carry
+# it: block devices (nvme0n1p1, dm-0, cciss!c0d0), interfaces (eth0, bond0.100), PCI
+# addresses (0000:41:00.0). Never a comma (the variable's separator), a space, a
+# control character or anything not ASCII.
+KERNEL_NAME = re.compile(r"[A-Za-z0-9][-A-Za-z0-9_.:@!+]{0,63}")
+
+
+def is_kernel_name(name: str) -> bool:
+    """Whether ``name`` is of :data:`KERNEL_NAME`'s form."""
+    return KERNEL_NAME.fullmatch(name) is not None
+
+
 # Characters of a malformed file's content quoted in the error (the rest is cut).
 _MAX_QUOTED = 256
 

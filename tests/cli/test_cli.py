@@ -888,3 +888,33 @@ def test_discover_takes_a_name_twice_as_selectors_that_must_agree(
     assert near["numa-align/split"]["reason"] == (
         "its devices are on no common NUMA node: serial:S1 on 1; net:ens0 on 0"
     )
+
+
+@pytest.mark.parametrize("text", ["\x1b]0;owned\x07", "\x1b[2J", "S1\nforged line", "S\u2028x"])
+def test_discovers_inventory_lines_show_every_terminal_control_escaped(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], text: str
+) -> None:
+    """A serial, wwid, model or driver from a hostile sysfs printed raw would clear the
+    screen or forge a line; JSON keeps it exact."""
+    from numa_device_plugin.topology.fake import DeviceTree, build_machine
+
+    tree = build_machine(tmp_path / "sys", nodes=2)
+    devices = DeviceTree(tree.root)
+    devices.pci("0000:41:00.0", 1, "0x010802")
+    devices.pci("0000:17:00.0", 0, "0x020000")
+    disk = devices.disk("nvme0n1", "0000:41:00.0", serial=text, wwid=text)
+    (disk / "model").write_text(text)
+    nic = devices.nic("ens1f0", "0000:17:00.0")
+    drivers = tree.root / "bus/pci/drivers" / "d"
+    drivers.mkdir(parents=True)
+    (nic / "device").symlink_to(".")
+    (nic / "driver").symlink_to(os.path.relpath(drivers, nic))
+    code, out, _ = run_main(["discover", "--sysfs-root", str(tree.root)], capsys)
+    assert code == 0
+    inventory = out[out.index("inventory (select by these):") :]
+    assert all(line.isprintable() for line in inventory.splitlines()), inventory
+    assert repr(text.strip())[1:-1] in inventory
+    code, out, _ = run_main(["discover", "--sysfs-root", str(tree.root), "--output", "json"],
+                            capsys)  # fmt: skip
+    (shown,) = json.loads(out)["inventory"]["disks"]
+    assert shown["serial"] == text.strip()

@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from numa_device_plugin.cli import main
-from numa_device_plugin.cli.devices import devices_document, disk_size
+from numa_device_plugin.cli.devices import devices_document, disk_size, render_devices
 from tests.apiserver_stub import cluster_api
 from tests.cluster.test_fit import pod
 
@@ -136,3 +136,22 @@ def test_kubectl_numa_devices_runs_devices_and_anything_else_runs_top(
         monkeypatch.setattr("sys.argv", ["kubectl-numa", *argv])
         assert kubectl_main() == 0
         assert usage in capsys.readouterr().out
+
+
+HOSTILE_TEXT = ["\x1b]0;owned\x07", "\x1b[2J\x1b[H", "A\nforged line", "\u2028x", "\x9b31m"]
+
+
+@pytest.mark.parametrize("text", HOSTILE_TEXT)
+def test_the_devices_table_shows_every_terminal_control_escaped(text: str) -> None:
+    """An OSC or CSI sequence in a serial, model, driver or node name would act on the
+    terminal; the table shows it escaped, one line per device."""
+    document = devices_document({text: {"inventory": {
+        "disks": [{"name": "sda", "nodes": [0], "serial": text, "model": text,
+                   "size_bytes": 512, "pci": [text]}],
+        "nics": [{"name": "eth0", "nodes": [1], "pci": ["0000:01:00.0"], "driver": text}],
+        "accelerators": [],
+    }}})  # fmt: skip
+    table = render_devices(document).split("\n\n")[0]
+    assert all(c.isprintable() for line in table.splitlines() for c in line), table
+    assert len(table.splitlines()) == 3
+    assert repr(text)[1:-1] in table  # shown as Python writes it in a string

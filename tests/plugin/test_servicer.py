@@ -285,6 +285,26 @@ def test_servicer_keeps_resource_identity() -> None:
     assert servicer.devices == resource.devices
 
 
+async def allocated_over_grpc(
+    servicer: NumaDevicePluginServicer, sock_dir: Path, request: api_pb2.AllocateRequest
+) -> api_pb2.AllocateResponse:
+    """``servicer``'s answer to ``request`` over a real unix-socket gRPC server; the
+    servicer is closed after."""
+    server = UnixSocketServer(
+        sock_dir / "near.sock",
+        lambda s: api_pb2_grpc.add_DevicePluginServicer_to_server(servicer, s),
+    )
+    await server.start()
+    try:
+        async with grpc.aio.insecure_channel(f"unix://{server.path}") as channel:
+            stub = api_pb2_grpc.DevicePluginStub(channel)
+            response: api_pb2.AllocateResponse = await stub.Allocate(request)
+            return response
+    finally:
+        servicer.close()
+        await server.stop(0)
+
+
 async def test_allocate_of_a_near_resource_names_the_node_of_the_devices_given(
     sock_dir: Path,
 ) -> None:
@@ -297,23 +317,13 @@ async def test_allocate_of_a_near_resource_names_the_node_of_the_devices_given(
 
     plans = [NodePlan(NumaNode(id=i, cpus=frozenset({i})), advertised=True) for i in (0, 1)]
     resource = near_resource("numa-align", Near("md", parse_selector("block:md0")), plans, 2)
-    servicer = NumaDevicePluginServicer(resource)
-    server = UnixSocketServer(
-        sock_dir / "near.sock",
-        lambda s: api_pb2_grpc.add_DevicePluginServicer_to_server(servicer, s),
+    response = await allocated_over_grpc(
+        NumaDevicePluginServicer(resource),
+        sock_dir,
+        allocate_request(
+            ["numa1-slot0000"], ["numa0-slot0001"], ["numa1-slot0001", "numa0-slot0000"]
+        ),
     )
-    await server.start()
-    try:
-        async with grpc.aio.insecure_channel(f"unix://{server.path}") as channel:
-            stub = api_pb2_grpc.DevicePluginStub(channel)
-            response = await stub.Allocate(
-                allocate_request(
-                    ["numa1-slot0000"], ["numa0-slot0001"], ["numa1-slot0001", "numa0-slot0000"]
-                )
-            )
-    finally:
-        servicer.close()
-        await server.stop(0)
     assert [dict(c.envs)["NUMA_NODE"] for c in response.container_responses] == ["1", "0", "0,1"]
 
 
@@ -452,3 +462,24 @@ def test_allocate_tells_the_container_the_devices_on_the_nodes_it_got(
         assert "NUMA_NEAR_DATA_DISK" not in NumaDevicePluginServicer(resource)._envs(ids)
     finally:
         servicer.close()
+
+
+async def test_allocate_never_writes_nor_fails_on_a_hostile_device_name(sock_dir: Path) -> None:
+    """Names from a hostile sysfs (a newline and a variable, an escape, a comma, a
+    non-UTF-8 byte as Python holds it) never reach the container's environment, and
+    Allocate answers; a device listed on two nodes (a dual-port drive) is named once."""
+    from numa_device_plugin.plugin.devices import Near, near_resource
+    from numa_device_plugin.topology.numa import NodePlan, NumaNode
+    from numa_device_plugin.topology.selectors import parse_selector
+
+    plans = [NodePlan(NumaNode(id=i, cpus=frozenset({i})), advertised=True) for i in (0, 1)]
+    resource = near_resource("numa-align", Near("nl", parse_selector("block:md0")), plans, 2)
+    hostile = ("evil\nINJECTED=1", "x\x1b]0;t\x07", "d,sda", "d\udcff", "")
+    served = replace(resource, near_devices=((0, ("nvme0n1", *hostile)), (1, ("nvme0n1", "sdb"))))
+    response = await allocated_over_grpc(
+        NumaDevicePluginServicer(served),
+        sock_dir,
+        allocate_request(["numa0-slot0000"], ["numa0-slot0001", "numa1-slot0000"]),
+    )
+    values = [dict(c.envs)["NUMA_NEAR_NL"] for c in response.container_responses]
+    assert values == ["nvme0n1", "nvme0n1,sdb"]

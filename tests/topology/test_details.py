@@ -65,3 +65,51 @@ def test_an_odd_size_is_left_out_never_an_error(tmp_path: Path, size: str) -> No
     (disk / "size").write_text(size)
     (found,) = details(tmp_path, read_inventory(tmp_path))["disks"]
     assert found["size_bytes"] is None
+
+
+@pytest.mark.parametrize("field", ["model", "size", "serial", "wwid", "driver", "device"])
+def test_no_inventory_field_is_read_through_a_link_out_of_the_sysfs_root(
+    tmp_path: Path, field: str
+) -> None:
+    """A hostile node plants a link out of the root for each field the inventory reads:
+    the field is left unknown (None), the rest as usual; nothing outside is read."""
+    root = tmp_path / "sys"
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    for name in ("model", "size", "serial", "wwid"):
+        (outside / name).write_text("PLANTED\n" if name != "size" else "4242\n")
+    (outside / "driver").mkdir()
+    tree = DeviceTree(root)
+    tree.pci("0000:41:00.0", 1, "0x010802")
+    tree.pci("0000:17:00.0", 0, "0x020000")
+    disk = tree.disk("nvme0n1", "0000:41:00.0", serial="S1", wwid="eui.1")
+    (disk / "size").write_text("8\n")
+    (disk.parent / "model").write_text("REAL\n")
+    os.symlink("..", disk / "device")
+    nic = tree.nic("ens1f0", "0000:17:00.0")
+    drivers = root / "bus" / "pci" / "drivers" / "mlx5_core"
+    drivers.mkdir(parents=True)
+    os.symlink(os.path.relpath(drivers, nic), nic / "driver")
+    (nic / "device").symlink_to(".")
+    if field == "device":  # the folder model, serial and wwid may sit in
+        (disk / "device").unlink()
+        (disk / "device").symlink_to(outside)
+    elif field == "driver":
+        (nic / "driver").unlink()
+        (nic / "driver").symlink_to(outside / "driver")
+    elif field == "model":
+        (disk.parent / "model").unlink()
+        (disk.parent / "model").symlink_to(outside / "model")
+    else:
+        (disk / field).unlink()
+        (disk / field).symlink_to(outside / field)
+    found = details(root, read_inventory(root))
+    (shown,) = found["disks"]
+    (interface,) = found["nics"]
+    assert "PLANTED" not in repr(found)
+    assert shown["size_bytes"] != 4242 * 512
+    expected = {"model": "REAL", "size_bytes": 8 * 512, "serial": "S1", "wwid": "eui.1"}
+    left_unknown = {"device": "model", "size": "size_bytes"}.get(field, field)
+    for key, value in expected.items():
+        assert shown[key] == (None if key == left_unknown else value), key
+    assert interface["driver"] == (None if field == "driver" else "mlx5_core")

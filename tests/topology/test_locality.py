@@ -8,15 +8,13 @@ from pathlib import Path
 
 import pytest
 
+from numa_device_plugin.topology.bynode import NO_DEVICES, devices_by_node, unlocated_pci
 from numa_device_plugin.topology.fake import DeviceTree
 from numa_device_plugin.topology.locality import (
     MAX_DEPTH,
-    NO_DEVICES,
     Inventory,
     Located,
-    devices_by_node,
     read_inventory,
-    unlocated_pci,
 )
 from numa_device_plugin.topology.parts import PartsWalk
 
@@ -545,3 +543,49 @@ def test_a_composite_names_the_first_part_without_locality(tree: DeviceTree) -> 
         "no locality: its part sda has none: PCI device 0000:00:1f.2 has numa_node -1 "
         "(the firmware gave no proximity)"
     )
+
+
+@pytest.mark.parametrize(
+    "folder",
+    [b"evil\nINJECTED=1", b"x\x1b]0;title\x07", b"d\xff", b"d,sda", b"has space"],
+    ids=["newline", "escape", "non-utf-8", "comma", "space"],
+)
+def test_a_partition_whose_disk_folder_is_no_kernel_name_has_no_locality(
+    tmp_path: Path, folder: bytes
+) -> None:
+    """A partition's disk is the folder above it, which class/block never lists: a
+    hostile name there is never taken as the disk a pod is told about."""
+    from numa_device_plugin.topology.selectors import parse_selector, select
+
+    tree = DeviceTree(tmp_path)
+    pci = tree.pci("0000:41:00.0", 1, "0x010802")
+    disk = os.path.join(bytes(pci / "nvme" / "nvme0"), folder)
+    os.makedirs(os.path.join(disk, b"nvme9n1p1"))
+    with open(os.path.join(disk, b"nvme9n1p1", b"partition"), "w") as f:
+        f.write("1\n")
+    link = tmp_path / "class" / "block" / "nvme9n1p1"
+    os.symlink(os.path.relpath(os.path.join(disk, b"nvme9n1p1"), bytes(link.parent)), bytes(link))
+    inventory = read_inventory(tmp_path)
+    part = by_name(inventory.block)["nvme9n1p1"]
+    assert part.nodes == frozenset()
+    assert part.reason is not None
+    assert "its disk's folder is not a kernel device name" in part.reason
+    selection = select(inventory, parse_selector("block:nvme9n1p1"))
+    assert selection.by_node == ()
+    assert selection.reason is not None
+
+
+@pytest.mark.parametrize("name", ["d,sda", "a b", "ünï"])
+def test_a_listed_block_device_whose_name_is_no_kernel_name_has_no_locality(
+    tmp_path: Path, name: str
+) -> None:
+    tree = DeviceTree(tmp_path)
+    tree.pci("0000:41:00.0", 1, "0x010802")
+    tree.disk(name, "0000:41:00.0", serial="S1")
+    inventory = read_inventory(tmp_path)
+    found = by_name(inventory.block)[name]
+    assert found.nodes == frozenset()
+    assert found.reason == f"no locality: its name is not a kernel device name ({name!r})"
+    from numa_device_plugin.topology.selectors import parse_selector, select
+
+    assert select(inventory, parse_selector("serial:S1")).by_node == ()

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 from numa_device_plugin.plugin.snapshot import PluginState
 from numa_device_plugin.topology import sysfs
-from numa_device_plugin.topology.locality import NO_DEVICES, NodeDevices, devices_by_node
+from numa_device_plugin.topology.bynode import NO_DEVICES, NodeDevices, devices_by_node
 from numa_device_plugin.topology.memory import MEMORY, hugepages_type
 from numa_device_plugin.topology.numa import NodePlan
 
