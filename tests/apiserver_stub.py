@@ -220,11 +220,14 @@ class ClusterApi:
         self.paths: list[str] = []
         self.tokens: list[str] = []
         # Pod name -> what GET .../pods/<name>:<port>/proxy/debug/state answers: a JSON
-        # object (200), or a status code (a Status).
+        # object (200), or a status code (a Status); and seconds to wait before it.
         self.proxied: dict[str, dict[str, Any] | int] = {}
+        self.delays: dict[str, float] = {}
+        self._paths_lock = threading.Lock()
 
     def answer(self, path: str) -> tuple[int, dict[str, object]]:
-        self.paths.append(path)
+        with self._paths_lock:
+            self.paths.append(path)
         if self.status != 200:
             return self.status, {"kind": "Status", "apiVersion": "v1", "status": "Failure",
                                  "message": "stubbed refusal", "code": self.status}  # fmt: skip
@@ -245,7 +248,9 @@ class ClusterApi:
             ]  # fmt: skip
             return 200, self._page("PodList", listed, params)
         if len(parts) == 10 and parts[7:] == ["proxy", "debug", "state"]:
-            found = self.proxied.get(parts[6].rpartition(":")[0], 404)
+            name = parts[6].rpartition(":")[0]
+            time.sleep(self.delays.get(name, 0.0))
+            found = self.proxied.get(name, 404)
             if isinstance(found, dict):
                 return 200, found
             return found, {"kind": "Status", "apiVersion": "v1", "status": "Failure",

@@ -213,10 +213,13 @@ def unpacked(source: Path, root: Path) -> Path:
 
 def extract_all(tar: tarfile.TarFile, target: Path) -> None:
     """Unpack ``tar`` into ``target`` with the ``tar`` extraction filter (no member
-    outside ``target``, no device files, no set-id bits). ``extractall(filter=...)``
-    exists from Python 3.11.4 (and 3.12); on older 3.11 releases (Debian 12's 3.11.2)
-    every member is checked here first, then unpacked without a filter. Raises
-    tarfile.TarError naming the first refused member."""
+    outside ``target``, through a symlink unpacked before it included; no set-id bits,
+    no group or other write). ``extractall(filter=...)`` exists from Python 3.11.4 (and
+    3.12); on older 3.11 releases (Debian 12's 3.11.2) each member is checked as the
+    filter checks it, just before it is unpacked (so a symlink member is on disk when a
+    later member names a path through it), and is refused also when it is a device
+    file, a FIFO or a hard link to an absolute path. Raises tarfile.TarError naming the
+    first refused member (members before it are unpacked, as with the filter)."""
     if hasattr(tarfile, "tar_filter"):
         tar.extractall(target, filter="tar")
         return
@@ -229,8 +232,8 @@ def extract_all(tar: tarfile.TarFile, target: Path) -> None:
             raise tarfile.TarError(f"{member.name!r} is a device file or a FIFO")
         if member.islnk() and os.path.isabs(member.linkname):
             raise tarfile.TarError(f"{member.name!r} is a hard link to {member.linkname!r}")
-        member.mode &= 0o777
-    tar.extractall(target)  # every member checked above
+        member.mode &= 0o755
+        tar.extract(member, target)  # checked just above, links unpacked before included
 
 
 @pytest.fixture(scope="session")

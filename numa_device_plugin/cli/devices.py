@@ -1,32 +1,31 @@
-"""``numa-device-plugin devices`` (also ``kubectl numa devices``): every node's disks,
-NICs and accelerators with their NUMA nodes, gathered from the plugin's pods, and a
-``config.named`` map of ``near:`` selectors ready to paste into the chart's values.
+"""``numa-device-plugin devices`` (also ``kubectl numa devices``): every node's disks
+(with their mount points), NICs and accelerators with their NUMA nodes, gathered from
+the plugin's pods, then a pool configuration (``config.near`` by ``path:``, for the
+mount points every node shares) and a ``config.named`` map of per-node ``near:``
+selectors, ready to paste into the chart's values (:mod:`.proposal`).
 
 It lists the plugin's pods (``GET /api/v1/namespaces/<namespace>/pods`` with a label
 selector) and reads each running one's ``/debug/state`` through the API server's pod
-proxy (``GET …/pods/<name>:<port>/proxy/debug/state``), with the kubeconfig kubectl
-would use, all within one deadline (:mod:`numa_device_plugin.cluster.kubeapi`). The
-user needs ``list pods`` and ``get pods/proxy`` in that namespace, and the plugin its
-debug endpoints on (``config.debugEndpoints``, the chart's default).
+proxy, concurrently and each within the one deadline (:mod:`.cluster.fleet`), with
+the kubeconfig kubectl would use. The user needs ``list pods`` and ``get pods/proxy``
+in that namespace, and the plugin its debug endpoints on (``config.debugEndpoints``,
+the chart's default).
 """
 
 from __future__ import annotations
 
 import json
-import re
 import sys
 from typing import Any
-from urllib.parse import quote
 
 import click
 import yaml
 
 from numa_device_plugin.cli import options
 from numa_device_plugin.cli.escaped import shown
+from numa_device_plugin.cli.proposal import clean, propose
 
 DEFAULT_SELECTOR = "app.kubernetes.io/name=numa-device-plugin"
-PODS_PER_PAGE = 100
-KINDS = ("disks", "nics", "accelerators")
 
 
 @click.command(
@@ -68,6 +67,7 @@ KINDS = ("disks", "nics", "accelerators")
 def command(**params: Any) -> int:
     """0 after printing (a pod that could not be read is named on stderr); 1 when the
     pods cannot be listed or none could be read."""
+    from numa_device_plugin.cluster.fleet import plugin_pods, read_fleet
     from numa_device_plugin.cluster.kubeapi import (
         ApiError,
         DeadlinePassed,
@@ -76,30 +76,13 @@ def command(**params: Any) -> int:
         total_deadline,
     )
 
-    namespace = quote(params["namespace"], safe="")
-    states: dict[str, dict[str, Any]] = {}
-    problems: list[str] = []
     try:
         load_client()
         with total_deadline(params["timeout"]) as deadline:
             api = KubeApi(params["kubeconfig"], deadline)
             try:
-                pods = api.list(
-                    f"/api/v1/namespaces/{namespace}/pods?limit={PODS_PER_PAGE}"
-                    f"&labelSelector={quote(params['selector'], safe='')}",
-                    "Pod",
-                )
-                for pod in pods:
-                    name = str(pod.get("metadata", {}).get("name", ""))
-                    node = str(pod.get("spec", {}).get("nodeName") or "")
-                    if pod.get("status", {}).get("phase") != "Running" or not node:
-                        continue
-                    path = (f"/api/v1/namespaces/{namespace}/pods/{quote(name, safe='')}:"
-                            f"{params['port']}/proxy/debug/state")  # fmt: skip
-                    try:
-                        states[node] = api.get(path, None)
-                    except ApiError as exc:
-                        problems.append(f"{node} ({name}): {exc}")
+                pods = plugin_pods(api, params["namespace"], params["selector"])
+                fleet = read_fleet(api, params["namespace"], pods, params["port"])
             finally:
                 api.close()
     except DeadlinePassed:
@@ -109,14 +92,19 @@ def command(**params: Any) -> int:
     except (ApiError, ValueError) as exc:
         print(f"numa-device-plugin devices: {exc}", file=sys.stderr)
         return 1
-    for problem in problems:
-        print(f"numa-device-plugin devices: {problem}", file=sys.stderr)
-    if not states:
+    for problem in fleet.problems:
+        print(f"numa-device-plugin devices: {shown(problem)}", file=sys.stderr)
+    for node, names in sorted(fleet.doubled.items()):
+        print(f"numa-device-plugin devices: node {shown(node)} has {len(names)} plugin pods "
+              f"({shown(', '.join(names))}); shown: "
+              f"{shown(fleet.states[node].pod) if node in fleet.states else 'none'}",
+              file=sys.stderr)  # fmt: skip
+    if not fleet.states:
         print(f"numa-device-plugin devices: no running plugin pod could be read "
               f"(namespace {params['namespace']}, selector {params['selector']})",
               file=sys.stderr)  # fmt: skip
         return 1
-    document = devices_document(states)
+    document = devices_document({node: ps.state for node, ps in fleet.states.items()})
     if params["output"] == "json":
         print(json.dumps(document, indent=2))
     else:
@@ -125,49 +113,14 @@ def command(**params: Any) -> int:
 
 
 def devices_document(states: dict[str, dict[str, Any]]) -> dict[str, Any]:
-    """``{"nodes": [{"name", "disks", "nics", "accelerators"}], "named": {node: {"near":
-    {NAME: SELECTOR}}}}`` from each node's ``/debug/state`` document (its ``inventory``);
-    pure. A node's ``named`` entry has a selector for each device on exactly one NUMA
-    node: ``serial:`` (else ``wwid:``) for a disk, ``net:`` for a NIC, ``pci:`` for an
-    accelerator, named by kind and kernel name or address."""
-    nodes = []
-    named: dict[str, dict[str, Any]] = {}
-    for node in sorted(states):
-        inventory = states[node].get("inventory") or {}
-        found = {kind: [d for d in inventory.get(kind) or [] if isinstance(d, dict)]
-                 for kind in KINDS}  # fmt: skip
-        nodes.append({"name": node, **found})
-        near: dict[str, str] = {}
-        for name, selector in near_entries(found):
-            near.setdefault(name, selector)
-        if near:
-            named[node] = {"near": near}
-    return {"nodes": nodes, "named": named}
-
-
-def near_entries(found: dict[str, list[dict[str, Any]]]) -> list[tuple[str, str]]:
-    """(name, selector) of each device of one NUMA node in ``found`` (see
-    :func:`devices_document`)."""
-    entries = []
-    for disk in found["disks"]:
-        ids = [f"serial:{disk['serial']}" if disk.get("serial") else None,
-               f"wwid:{disk['wwid']}" if disk.get("wwid") else None]  # fmt: skip
-        selector = next((i for i in ids if i and " " not in i), None)
-        if len(disk.get("nodes") or []) == 1 and selector:
-            entries.append((_name("disk", disk.get("name")), selector))
-    for nic in found["nics"]:
-        if len(nic.get("nodes") or []) == 1 and nic.get("name"):
-            entries.append((_name("nic", nic["name"]), f"net:{nic['name']}"))
-    for device in found["accelerators"]:
-        if isinstance(device.get("node"), int) and device["node"] >= 0 and device.get("pci"):
-            entries.append((_name("pci", device["pci"]), f"pci:{device['pci']}"))
-    return entries
-
-
-def _name(kind: str, text: object) -> str:
-    """A near name: ``<kind>-`` and the device's name in lower case, each run of
-    characters other than letters and digits one dash (``nic-ens1f0``, ``pci-0000-41-00-0``)."""
-    return f"{kind}-" + re.sub(r"[^a-z0-9]+", "-", str(text).lower()).strip("-")[:40]
+    """``{"nodes": [{"name", "disks", "nics", "accelerators"}], "pool": {"near": {NAME:
+    "path:…"}}, "named": {config: {"near": {NAME: SELECTOR}}}, "config_names": {config:
+    node}, "left_out": [why…]}`` from each node's ``/debug/state`` (its ``inventory``),
+    every field of its type (:func:`~numa_device_plugin.cli.proposal.clean`); pure.
+    The proposal is :func:`~numa_device_plugin.cli.proposal.propose`'s."""
+    nodes = {node: clean(states[node].get("inventory")) for node in sorted(states)}
+    return {"nodes": [{"name": node, **found} for node, found in nodes.items()],
+            **propose(nodes)}  # fmt: skip
 
 
 def _cell(value: object) -> str:
@@ -196,34 +149,47 @@ def disk_size(size: object) -> str:
 
 
 def render_devices(document: dict[str, Any]) -> str:
-    """The table (NODE, NUMA, KIND, NAME, ID, MODEL, SIZE, PCI, DRIVER) and, below it,
-    the ``config.named`` map as YAML."""
-    rows = [("NODE", "NUMA", "KIND", "NAME", "ID", "MODEL", "SIZE", "PCI", "DRIVER")]
+    """The table (NODE, NUMA, KIND, NAME, ID, MODEL, SIZE, PCI, DRIVER, MOUNTPOINTS),
+    then the pool configuration (``config.near``) and the per-node one
+    (``config.named``) as YAML, with what was left out as comments."""
+    rows = [("NODE", "NUMA", "KIND", "NAME", "ID", "MODEL", "SIZE", "PCI", "DRIVER",
+             "MOUNTPOINTS")]  # fmt: skip
     for node in document["nodes"]:
         host = _cell(node["name"])
         for disk in node["disks"]:
-            rows.append((host, _cell(disk.get("nodes")), "disk", _cell(disk.get("name")),
-                         _cell(disk.get("serial") or disk.get("wwid")), _cell(disk.get("model")),
-                         disk_size(disk.get("size_bytes")),
-                         _cell(disk.get("pci")), "-"))  # fmt: skip
+            rows.append((host, _cell(disk["nodes"]), "disk", _cell(disk["name"]),
+                         _cell(disk["serial"] or disk["wwid"]), _cell(disk["model"]),
+                         disk_size(disk["size_bytes"]), _cell(disk["pci"]), "-",
+                         _cell(disk["mountpoints"])))  # fmt: skip
         for nic in node["nics"]:
-            rows.append((host, _cell(nic.get("nodes")), "nic", _cell(nic.get("name")), "-",
-                         "-", "-", _cell(nic.get("pci")), _cell(nic.get("driver"))))  # fmt: skip
+            rows.append((host, _cell(nic["nodes"]), "nic", _cell(nic["name"]), "-", "-", "-",
+                         _cell(nic["pci"]), _cell(nic["driver"]), "-"))  # fmt: skip
         for device in node["accelerators"]:
-            rows.append((host, _cell(device.get("node")), "pci", _cell(device.get("pci")),
-                         _cell(device.get("id")), _cell(device.get("class_name")), "-",
-                         _cell(device.get("pci")), "-"))  # fmt: skip
+            rows.append((host, _cell(device["node"]), "pci", _cell(device["pci"]),
+                         _cell(device["id"]), _cell(device["class_name"]), "-",
+                         _cell(device["pci"]), "-", "-"))  # fmt: skip
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     text = "".join(
         "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
         + "\n"
         for row in rows
     )
+    if document["pool"]:
+        text += (
+            "\n# One configuration for every node: the disk mounted at each of these paths "
+            "on all of them\n# (the align page's recipe; the chart mounts the host's mount "
+            "table for path:).\n"
+        )
+        text += yaml.safe_dump({"config": document["pool"]}, sort_keys=False)
     if document["named"]:
         text += (
             "\n# Per node, a configuration of its devices (label each node "
             "numa-align/config=<its name>);\n# keep the entries you need, or give a pool "
             "one name with path: or a serial pattern.\n"
         )
+        for config, node in document["config_names"].items():
+            text += f"# {shown(config)} is node {shown(node)} (its name is no label value)\n"
         text += yaml.safe_dump({"config": {"named": document["named"]}}, sort_keys=False)
+    for why in document["left_out"]:
+        text += f"# left out: {shown(why)}\n"
     return text

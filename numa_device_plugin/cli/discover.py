@@ -163,10 +163,13 @@ def inventory_lines(inventory: dict[str, list[dict[str, Any]]] | None) -> list[s
     lines = ["inventory (select by these):"]
     for disk in inventory["disks"]:
         size = "-" if disk["size_bytes"] is None else f"{disk['size_bytes']} bytes"
+        points = disk.get("mountpoints")
+        mounted = "" if not points else f", mounted at {shown(','.join(points))}"
         lines.append(
             f"  disk {shown(disk['name'])}: NUMA node(s) {nodes(disk['nodes'])}; serial "
             f"{shown(disk['serial'] or '-')}, wwid {shown(disk['wwid'] or '-')}, model "
             f"{shown(disk['model'] or '-')}, {size}, PCI {shown(','.join(disk['pci']) or '-')}"
+            + mounted
         )
     for nic in inventory["nics"]:
         lines.append(

@@ -26,6 +26,7 @@ import contextlib
 import json
 import os
 import signal
+import threading
 import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -134,6 +135,7 @@ class KubeApi:
 
         self.deadline = deadline
         self.total = 0
+        self._lock = threading.Lock()
         configuration = kubernetes.client.Configuration()
         path = kubeconfig or default_kubeconfig(os.environ)
         try:
@@ -164,16 +166,20 @@ class KubeApi:
         """Release the client's connections."""
         self._client.close()  # type: ignore[no-untyped-call]
 
-    def _answer(self, path: str) -> tuple[int, str, bytes]:
-        """Status, reason and body (at most :data:`MAX_ANSWER` bytes) of GET ``path``."""
+    def _answer(self, path: str, deadline: Deadline | None = None) -> tuple[int, str, bytes]:
+        """Status, reason and body (at most :data:`MAX_ANSWER` bytes) of GET ``path``
+        within ``deadline`` (default: the command's). Thread-safe: several threads may
+        read at once (the byte count of all answers is kept under a lock)."""
         import urllib3
+
+        deadline = deadline or self.deadline
 
         headers: dict[str, str] = {
             "Accept": "application/json",
             "User-Agent": "numa-device-plugin top",
         }
         self._client.update_params_for_auth(headers, [], ["BearerToken"], path, "GET", None)
-        left = self.deadline.left()
+        left = deadline.left()
         try:
             response = self._client.rest_client.pool_manager.request(
                 "GET", self.host + path, headers=headers, preload_content=False,
@@ -184,6 +190,7 @@ class KubeApi:
                 chunks: list[bytes] = []
                 size = 0
                 while chunk := response.read(65536):
+                    deadline.left()
                     self.deadline.left()
                     size += len(chunk)
                     if size > MAX_ANSWER:
@@ -196,16 +203,19 @@ class KubeApi:
                 f"GET {path}: cannot reach the API server at {self.host}: "
                 f"{type(exc).__name__}: {one_line(str(exc))}"
             ) from None
-        self.total += size
-        if self.total > MAX_TOTAL:
+        with self._lock:
+            self.total += size
+            total = self.total
+        if total > MAX_TOTAL:
             raise ApiError(f"GET {path}: the answers are over {MAX_TOTAL} bytes in all")
         return response.status, one_line(response.reason or "", 80), b"".join(chunks)
 
-    def get(self, path: str, kind: str | None) -> dict[str, Any]:
+    def get(self, path: str, kind: str | None, deadline: Deadline | None = None) -> dict[str, Any]:
         """The object at ``path``, which must be of ``kind`` (``Pod``, ``NodeList``); a
         JSON object of any kind when ``kind`` is None (a pod's page through
-        ``pods/proxy``)."""
-        status, reason, body = self._answer(path)
+        ``pods/proxy``); within ``deadline`` when given (it ends no later than the
+        command's)."""
+        status, reason, body = self._answer(path, deadline)
         try:
             document = json.loads(body)
         except (ValueError, RecursionError):

@@ -187,5 +187,7 @@ def discover(config: Config, *, quiet: bool = False) -> Discovery:
         log.warning(f"... and {len(inventory.warnings) - 20} more warnings about devices")
     if not resources:
         log.error("no NUMA node can be advertised; serving nothing until the next reload")
+    if mounts is None:  # each disk's mount points, in the inventory
+        mounts = read_mount_table(config.mount_table, config.sysfs_root)
     return Discovery(plans=plans, resources=resources, inventory=inventory, near=near,
-                     details=details(config.sysfs_root, inventory))  # fmt: skip
+                     details=details(config.sysfs_root, inventory, mounts))  # fmt: skip

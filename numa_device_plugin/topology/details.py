@@ -1,6 +1,9 @@
 """What an operator needs to write a selector, per NUMA node: each disk's serial, wwid,
 model, size and PCI address, each NIC's PCI address and driver, each accelerator's
-class and ids (``discover``'s inventory).
+class and ids (``discover``'s inventory). Disks are whole disks on a PCI device and
+native NVMe multipath heads (on their paths' nodes); not partitions, dm, md, loop or
+ram devices. NICs are interfaces on a PCI device; not bonds or VLANs (their lower
+interfaces are listed).
 
 Read from sysfs (Documentation/ABI/stable/sysfs-block, sysfs-class-net): a disk's
 ``size`` is in 512-byte sectors whatever its logical block size; ``model`` sits on the
@@ -18,9 +21,13 @@ from typing import Any
 
 from numa_device_plugin.topology import sysfs
 from numa_device_plugin.topology.locality import Inventory, Located
+from numa_device_plugin.topology.mounts import MountTable
+from numa_device_plugin.topology.parts import NVME_HEAD, NVME_PATH
 from numa_device_plugin.topology.pci import MAX_DEVICES, is_accelerator
 
 SECTOR_BYTES = 512
+# Mount points listed per disk (a disk under a node's pod volumes has one per volume).
+MAX_MOUNT_POINTS = 32
 # Characters of a model kept (SCSI models are 16, NVMe 40).
 MAX_MODEL_CHARS = 64
 
@@ -60,18 +67,25 @@ class NicDetails:
                 "driver": self.driver}  # fmt: skip
 
 
-def details(root: Path, inventory: Inventory) -> dict[str, list[dict[str, Any]]]:
+def details(
+    root: Path, inventory: Inventory, mounts: MountTable | None = None
+) -> dict[str, list[dict[str, Any]]]:
     """``{"disks": [...], "nics": [...], "accelerators": [...]}`` of ``inventory`` (read
     under sysfs root ``root``): whole disks and interfaces on a PCI device (not ram,
     loop or virtual ones),
     each once, with their NUMA nodes (empty: no locality); accelerators as ``{"pci",
-    "node", "class", "class_name", "id"}``. At most :data:`MAX_DEVICES` of each."""
+    "node", "class", "class_name", "id"}``. At most :data:`MAX_DEVICES` of each. Each
+    disk's ``mountpoints`` (as lsblk's MOUNTPOINTS, of the disk, its partitions and the
+    dm/md devices over them, from ``mounts``, the host's mount table): None when the
+    table is unread or is a container's own (its ``/`` is overlay or tmpfs)."""
     confined = sysfs.Confined(root)
+    points = mount_points(inventory, mounts)
     disks = [
-        _disk(confined, root, d).document()
+        {**_disk(confined, root, d).document(),
+         "mountpoints": None if points is None else points.get(d.name, [])}
         for d in inventory.block
-        if d.disk == d.name and not d.virtual and d.pci
-    ][:MAX_DEVICES]
+        if d.disk == d.name and d.pci and (not d.virtual or is_multipath_head(d))
+    ][:MAX_DEVICES]  # fmt: skip
     nics = [_nic(confined, root, n).document() for n in inventory.net if n.pci and not n.parts][
         :MAX_DEVICES
     ]
@@ -87,6 +101,50 @@ def details(root: Path, inventory: Inventory) -> dict[str, list[dict[str, Any]]]
         if is_accelerator(d.pci_class)
     ][:MAX_DEVICES]
     return {"disks": disks, "nics": nics, "accelerators": accelerators}
+
+
+def mount_points(inventory: Inventory, mounts: MountTable | None) -> dict[str, list[str]] | None:
+    """Disk name -> the mount points of the disk, its partitions and the devices made of
+    them (sorted, at most :data:`MAX_MOUNT_POINTS` each); None when ``mounts`` is None,
+    unreadable or a container's own table."""
+    if mounts is None or mounts.problem is not None:
+        return None
+    root = mounts.holding("/")
+    if root is None or root.fs_type in ("overlay", "tmpfs"):
+        return None
+    disk_of = {d.name: d.disk or d.name for d in inventory.block}
+    made_of = {d.name: d.parts for d in inventory.block}
+    found: dict[str, set[str]] = {}
+    for mount in mounts.mounts:
+        disks: set[str] = set()
+        pending = list(mount.blocks)
+        seen: set[str] = set()
+        while pending and len(seen) < 64:  # dm over md over partitions: their disks
+            name = pending.pop()
+            if name in seen:
+                continue
+            seen.add(name)
+            parts = made_of.get(name, ())
+            if parts and not NVME_HEAD.fullmatch(name):
+                pending.extend(parts)
+            elif name in disk_of:
+                disks.add(disk_of[name])
+        for disk in disks:
+            found.setdefault(disk, set()).add(mount.mount_point)
+    return {disk: sorted(points)[:MAX_MOUNT_POINTS] for disk, points in found.items()}
+
+
+def is_multipath_head(device: Located) -> bool:
+    """Whether ``device`` is a native NVMe multipath head (``nvme0n1`` under
+    ``devices/virtual/nvme-subsystem``, made of its paths ``nvme0c0n1``, ``nvme0c1n1``):
+    virtual in sysfs, yet the disk a server mounts and ``lsblk`` lists, so the
+    inventory lists it (on its paths' NUMA nodes); a dm or md device is not."""
+    return (
+        device.virtual
+        and NVME_HEAD.fullmatch(device.name) is not None
+        and bool(device.parts)
+        and all(NVME_PATH.fullmatch(part) for part in device.parts)
+    )
 
 
 def _text(confined: sysfs.Confined, path: Path) -> str | None:

@@ -92,6 +92,8 @@ class PartsWalk:
 
 # A native NVMe multipath head: nvme<subsystem>n<namespace> (its paths: nvme<S>c<C>n<N>).
 NVME_HEAD = re.compile(r"nvme(\d+)n(\d+)")
+# A path of one (nvme0c1n1: subsystem 0, controller 1, namespace 1), a hidden disk.
+NVME_PATH = re.compile(r"nvme(\d+)c(\d+)n(\d+)")
 
 
 def _links(folder: Path, *, folders: bool = False) -> list[str]:

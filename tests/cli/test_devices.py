@@ -65,10 +65,11 @@ def test_devices_reads_each_running_plugin_pod_through_the_proxy_and_prints_a_ma
     assert not any("p-c" in p or "other" in p for p in paths)  # not Running / not ours
     table, _, named = out.partition("\n\n")
     rows = [line.split() for line in table.splitlines()]
-    assert rows[0] == ["NODE", "NUMA", "KIND", "NAME", "ID", "MODEL", "SIZE", "PCI", "DRIVER"]
-    assert ["a", "1", "disk", "vda", "DISK-A", "QEMU", "16M", "0000:41:00.0", "-"] in rows
+    assert rows[0] == ["NODE", "NUMA", "KIND", "NAME", "ID", "MODEL", "SIZE", "PCI", "DRIVER",
+                       "MOUNTPOINTS"]  # fmt: skip
+    assert ["a", "1", "disk", "vda", "DISK-A", "QEMU", "16M", "0000:41:00.0", "-", "-"] in rows
     assert rows[2][:5] == ["a", "0", "disk", "vdb", "eui.vdb"]
-    assert ["a", "1", "nic", "eth0", "-", "-", "-", "0000:81:00.0", "virtio_net"] in rows
+    assert ["a", "1", "nic", "eth0", "-", "-", "-", "0000:81:00.0", "virtio_net", "-"] in rows
     assert yaml.safe_load(named) == {"config": {"named": {
         "a": {"near": {"disk-vda": "serial:DISK-A", "disk-vdb": "wwid:eui.vdb",
                        "nic-eth0": "net:eth0"}},
@@ -116,14 +117,28 @@ def test_a_disk_size_is_shown_in_binary_units_as_lsblk_does(size: object, shown:
     assert disk_size(size) == shown
 
 
-def test_a_hostile_inventory_is_shown_without_a_crash() -> None:
-    """Fields of the wrong type or missing: cells show '-', no selector is made."""
-    document = devices_document({"a": {"inventory": {
-        "disks": [{"name": "x y", "nodes": "1", "serial": "with space"}, "junk", {}],
-        "nics": [{"nodes": [0]}], "accelerators": [{"node": "0", "pci": "0000:00:01.0"}],
-    }}})  # fmt: skip
+@pytest.mark.parametrize(
+    "inventory",
+    [
+        {"disks": [{"name": "sda", "nodes": "1", "serial": "S1"}]},  # nodes a text
+        {"disks": [{"name": "sda", "nodes": [True], "serial": "S1"}]},  # a bool, not 1
+        {"disks": [{"name": "sda", "nodes": [1], "serial": "with space"}]},
+        {"disks": [{"name": "sda", "nodes": [1], "serial": 7}]},
+        {"disks": [{"name": 5, "nodes": [1], "serial": "S1"}]},
+        {"nics": [{"nodes": [0]}]},  # no name
+        {"nics": [{"name": "eth0: x", "nodes": [0]}]},  # no kernel name: refused
+        {"accelerators": [{"node": True, "pci": "0000:00:01.0"}]},
+        {"accelerators": [{"node": "0", "pci": "0000:00:01.0"}]},
+        {"accelerators": [{"node": -1, "pci": "0000:00:01.0"}]},
+        {"disks": ["junk", {}], "nics": {"eth0": 1}, "accelerators": "x"},
+    ],
+)
+def test_wrong_types_make_no_selector_and_show_a_dash(inventory: dict[str, Any]) -> None:
+    document = devices_document({"a": {"inventory": inventory}})
     assert document["named"] == {}
-    assert len(document["nodes"][0]["disks"]) == 2
+    table = render_devices(document)
+    assert "True" not in table
+    assert "-1" not in table
 
 
 def test_kubectl_numa_devices_runs_devices_and_anything_else_runs_top(
@@ -155,3 +170,159 @@ def test_the_devices_table_shows_every_terminal_control_escaped(text: str) -> No
     assert all(c.isprintable() for line in table.splitlines() for c in line), table
     assert len(table.splitlines()) == 3
     assert repr(text)[1:-1] in table  # shown as Python writes it in a string
+
+
+def test_accelerators_on_numa_node_0_are_proposed() -> None:
+    document = devices_document({"a": {"inventory": {"accelerators": [
+        {"pci": "0000:17:00.0", "node": 0, "class": "030200", "class_name": "3D controller",
+         "id": "10de:20b0"},
+        {"pci": "0000:a1:00.0", "node": 1, "class": "030200", "class_name": "3D controller",
+         "id": "10de:20b0"},
+    ]}}})  # fmt: skip
+    assert document["named"] == {
+        "a": {
+            "near": {"pci-0000-17-00-0": "pci:0000:17:00.0", "pci-0000-a1-00-0": "pci:0000:a1:00.0"}
+        }
+    }
+    rows = [line.split() for line in render_devices(document).splitlines()[1:3]]
+    assert [row[1] for row in rows] == ["0", "1"]
+
+
+def test_a_pod_list_refused_exits_1_naming_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with cluster_api(tmp_path, [], [plugin_pod("p-a", "a")]) as (api, kubeconfig):
+        api.status = 403
+        code = main(["devices", "--kubeconfig", str(kubeconfig)])
+    out, err = capsys.readouterr()
+    assert (code, out) == (1, "")
+    assert "403" in err
+    assert "/api/v1/namespaces/kube-system/pods" in err
+
+
+def test_a_slow_pod_is_named_and_holds_up_neither_the_others_nor_the_deadline(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Of 40 plugin pods one answers after 30 s: read concurrently, each within the one
+    deadline (3 s), the 39 print and the slow one is named."""
+    import time
+
+    pods = [plugin_pod(f"p-{i:02}", f"n{i:02}") for i in range(40)]
+    proxied = {f"p-{i:02}": state(disk("vda", f"S{i}", [i % 2])) for i in range(40)}
+    with cluster_api(tmp_path, [], pods) as (api, kubeconfig):
+        api.proxied.update(proxied)
+        api.delays["p-07"] = 30.0
+        started = time.monotonic()
+        code = main(["devices", "--kubeconfig", str(kubeconfig), "--timeout", "3",
+                     "--output", "json"])  # fmt: skip
+        took = time.monotonic() - started
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    assert took < 10
+    assert "n07 (p-07): not read within the deadline" in err
+    names = [n["name"] for n in json.loads(out)["nodes"]]
+    assert len(names) == 39
+    assert "n07" not in names
+
+
+def test_two_plugin_pods_on_one_node_are_both_named(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    pods = [plugin_pod("p-a", "a"), plugin_pod("p-a2", "a")]
+    proxied = {"p-a": state(disk("vda", "S1", [0])), "p-a2": state(disk("vda", "S1", [0]))}
+    code, out, err, _ = run(tmp_path, capsys, pods, proxied, "--output", "json")
+    assert code == 0
+    assert "node a has 2 plugin pods (p-a, p-a2); shown: p-a" in err
+    assert [n["name"] for n in json.loads(out)["nodes"]] == ["a"]
+
+
+def mounted_disk(name: str, serial: str, node: int, *points: str) -> dict[str, Any]:
+    return {**disk(name, serial, [node]), "mountpoints": list(points)}
+
+
+def test_the_pool_configuration_names_the_mount_points_every_node_shares(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The align page's recipe from the test cluster's shape: each worker's root disk,
+    and data disks at /mnt/disks/a and /mnt/disks/b on opposite NUMA nodes."""
+    pods = [plugin_pod("p-a", "a"), plugin_pod("p-b", "b")]
+    proxied = {
+        "p-a": state(mounted_disk("vda", "ROOT-A", 0, "/", "/boot"),
+                     mounted_disk("vdb", "DA", 1, "/mnt/disks/a"),
+                     mounted_disk("vdc", "DB", 0, "/mnt/disks/b", "/var/lib/kubelet/pods/x")),
+        "p-b": state(mounted_disk("vda", "ROOT-B", 1, "/"),
+                     mounted_disk("vdb", "DA2", 0, "/mnt/disks/a"),
+                     mounted_disk("vdc", "DB2", 1, "/mnt/disks/b", "/mnt/only-here")),
+    }  # fmt: skip
+    code, out, err, _ = run(tmp_path, capsys, pods, proxied)
+    assert (code, err) == (0, "")
+    assert "/mnt/disks/a" in out.splitlines()[2]  # the MOUNTPOINTS column
+    pool = out[out.index("# One configuration for every node") :]
+    assert yaml.safe_load(pool.partition("\n\n")[0]) == {"config": {"near": {
+        "mnt-disks-a": "path:/mnt/disks/a", "mnt-disks-b": "path:/mnt/disks/b",
+    }}}  # fmt: skip
+
+
+def test_without_the_hosts_mount_table_no_pool_is_proposed_and_it_says_why() -> None:
+    document = devices_document({"a": state(disk("vda", "S1", [0]))})
+    assert document["pool"] == {}
+    assert any("mount points of 1 node(s) are unknown" in why for why in document["left_out"])
+
+
+HOSTILE_INVENTORY: dict[str, Any] = {
+    "disks": [
+        {"name": "sda", "nodes": [0], "serial": "*"},  # a pattern matching every disk
+        {"name": "sdb", "nodes": [0], "serial": "WD-[AB]?"},
+        {"name": "-", "nodes": [1], "serial": "S-DASH"},  # the name would be "disk-"
+        {"name": "a.b", "nodes": [1], "serial": "S-DOT"},  # a.b and a-b: one variable
+        {"name": "a-b", "nodes": [1], "serial": "S-DASHED"},
+        {"name": "numa-1x", "nodes": [1], "serial": "S-NUMA"},
+        {"name": "x" * 80, "nodes": [1], "wwid": "eui." + "f" * 300},  # a wwid too long
+        {"name": "sdz", "nodes": [1], "serial": "S\u200bZ"},  # refused by the plugin
+        {"name": "mnt", "nodes": [1], "serial": "M", "mountpoints": ["/mnt/my disk"]},
+    ],
+    "nics": [{"name": "eth0: x", "nodes": [0]}, {"name": "ens1f0", "nodes": [1]}],
+    "accelerators": [{"pci": "0000:41:00.0", "node": 1}, {"pci": "bogus", "node": 0}],
+}
+
+
+def test_everything_it_proposes_is_accepted_by_the_plugin_and_the_chart(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A serial copied verbatim became a pattern matching every disk; `disk-` from a
+    device named `-`; node names over 63 characters as configuration names: the
+    proposal escapes, renames or leaves out, and says what it left out."""
+    from numa_device_plugin.nodeconfig.configs import parse_node_configs
+    from numa_device_plugin.topology.selectors import id_matches
+    from tests.deployments.test_helm import CHART, RELEASE, of_kind, run_helm, serve_args
+
+    long_node = "worker-" + "7" * 70 + ".example.com"
+    disks: list[dict[str, Any]] = HOSTILE_INVENTORY["disks"]
+    points = {**HOSTILE_INVENTORY, "disks": [{**d, "mountpoints": d.get("mountpoints", [])}
+                                             for d in disks]}  # fmt: skip
+    document = devices_document({long_node: {"inventory": points}, "b": {"inventory": points}})
+    named = document["named"]
+    (short,) = document["config_names"]
+    assert document["config_names"][short] == long_node
+    assert len(short) <= 63
+    assert set(named) == {"b", short}
+    near = named["b"]["near"]
+    assert near["disk-sda"] == "serial:[*]"
+    assert id_matches("*", "[*]")
+    assert not id_matches("S-OTHER", "[*]")
+    assert near["disk-sdb"] == "serial:WD-[[]AB][?]"
+    assert {near["disk-a-b"], near["disk-a-b-2"]} == {"serial:S-DOT", "serial:S-DASHED"}
+    assert "disk-" not in near
+    assert "disk-sdz" not in near
+    assert any("disk 'sdz'" in why for why in document["left_out"])
+    values = {"config": {"named": named, "near": document["pool"].get("near", {})}}
+    rendered = run_helm("template", RELEASE, str(CHART), "--namespace", "kube-system",
+                        "--set-json", f"config={json.dumps(values['config'])}")  # fmt: skip
+    assert rendered.returncode == 0, rendered.stderr
+    documents = [d for d in yaml.safe_load_all(rendered.stdout) if d]
+    params = serve_args(documents, monkeypatch)
+    text = of_kind(documents, "ConfigMap", f"{RELEASE}-node-configs")["data"]["configs.yaml"]
+    configs = parse_node_configs(Path("/etc/numa-device-plugin/configs.yaml"), text, params)
+    assert set(configs.configs) == set(named)
+    pool = document["pool"]["near"]
+    assert pool == {"mnt-my-disk": "path:/mnt/my\\040disk"}

@@ -172,3 +172,17 @@ def test_a_path_selector_with_the_mount_table_turned_off_fails_naming_both() -> 
     )  # fmt: skip
     assert rendered.returncode != 0
     assert "host.mountTable is false, but config.named.rack-a.near.data-a" in rendered.stderr
+
+
+@pytest.mark.parametrize(("value", "rendered"), [(None, None), (0, "0"), (1, "1"), (90.5, "90.5")])
+def test_the_device_interval_reaches_the_plugin_zero_included(
+    value: float | None, rendered: str | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """0 is "never", not "unset": it must not fall back to the default of 60."""
+    result = run_helm("template", RELEASE, str(CHART), "--namespace", "kube-system",
+                      "--set-json", f"config.deviceInterval={json.dumps(value)}")  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    documents = [d for d in yaml.safe_load_all(result.stdout) if d]
+    assert of_kind(documents, "ConfigMap")["data"].get("NUMA_DEVICE_INTERVAL") == rendered
+    config = config_from_params(serve_args(documents, monkeypatch))
+    assert config.device_interval == (60 if value is None else value)

@@ -236,3 +236,17 @@ async def test_a_read_that_keeps_failing_is_logged_once_and_again_when_it_change
         await watch.look()
     err = capsys.readouterr().err
     assert err.count("re-reading the devices failed") == 2, err
+
+
+def test_the_mount_table_is_read_for_a_path_selector_anywhere_in_an_all_of_list(
+    tmp_path: Path,
+) -> None:
+    from numa_device_plugin.plugin.devices import merge_near
+
+    tree, table = mounted_machine(tmp_path / "sys")
+    DeviceTree(tree.root).nic("ens1", "0000:41:00.0")
+    near = merge_near([parse_near("osd=net:ens1"), parse_near("osd=path:/mnt/disks/a")])
+    found = discover(Config(sysfs_root=tree.root, near=near, mount_table=table))
+    (plan,) = found.near
+    assert plan.reason is None, plan.reason
+    assert plan.nodes == (1,)

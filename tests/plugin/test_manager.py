@@ -814,7 +814,18 @@ async def test_a_disk_that_moves_is_followed_without_a_restart_or_other_registra
     async with KubeletStandIn(sock_dir) as kubelet, running(config) as manager:
         await wait_all_live(kubelet, [*NAMES, disk])
         assert {n.ID for d in kubelet.devices(disk) for n in d.topology.nodes} == {1}
-        await asyncio.sleep(1.0)  # five looks at unchanged devices
+        looks: list[int] = []
+        five = asyncio.Event()
+        look = manager.device_watch.look
+
+        async def counted() -> None:
+            await look()
+            looks.append(1)
+            if len(looks) >= 5:
+                five.set()
+
+        manager.device_watch.look = counted  # type: ignore[method-assign]
+        await asyncio.wait_for(five.wait(), 60)  # five looks at unchanged devices, however slow
         registered = [r.resource_name for r in kubelet.registrations]
         assert sorted(registered) == sorted([*NAMES, disk])
         # The disk is replaced by one on NUMA node 0 (same serial: the same data).

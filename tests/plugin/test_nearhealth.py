@@ -112,3 +112,21 @@ def test_a_hostile_kubelet_naming_many_held_ids_gets_a_bounded_list() -> None:
     many = holding(*(f"numa1-slot{i:05d}" for i in range(MAX_LEFT_BEHIND * 3)))
     devices = with_left_behind(moved, moved.devices, many, frozenset({0, 1}))
     assert len(devices) == len(moved.devices) + MAX_LEFT_BEHIND
+
+
+def test_an_id_held_where_the_resource_left_is_listed_unhealthy_and_not_counted_foreign() -> None:
+    """The poller's plan: numa1-slot0001, held by a pod on the node a near resource
+    left, is in its list (Unhealthy) and so is no id the kubelet made up."""
+    from numa_device_plugin.plugin.catalog import Catalog
+    from numa_device_plugin.plugin.config import Config
+    from numa_device_plugin.plugin.poller import plan as poller_plan
+    from numa_device_plugin.topology.numa import NodePlan, NumaNode
+
+    moved = near_on(0)
+    plans = tuple(NodePlan(NumaNode(id=i, cpus=frozenset({i})), advertised=True) for i in (0, 1))
+    catalog = Catalog(lambda resource: None)  # type: ignore[arg-type, return-value]
+    catalog.update(Discovery(plans=plans, resources={NAME: moved}))
+    view = holding("numa1-slot0001", "junk")
+    devices, foreign = poller_plan(Config(), catalog, view, {NAME: moved}).lists[NAME]
+    assert Device("numa1-slot0001", 1, 1, UNHEALTHY) in devices
+    assert foreign == {"junk"}

@@ -20,7 +20,7 @@ def test_a_real_machines_disks_and_nics_with_what_selects_them(pci_snapshots: Pa
     assert sorted(disks) == ["sda", "sr0"]  # no ram or loop devices
     assert disks["sda"] == {
         "name": "sda", "nodes": [0], "serial": None, "wwid": None, "model": "PERC H700",
-        "size_bytes": 1798651772928, "pci": ["0000:01:00.0"],
+        "size_bytes": 1798651772928, "pci": ["0000:01:00.0"], "mountpoints": None,
     }  # fmt: skip
     nics = {n["name"]: n for n in found["nics"]}
     assert nics["ib0"]["nodes"] == [1]
@@ -46,7 +46,7 @@ def test_ids_driver_and_accelerators_of_a_synthetic_tree(tmp_path: Path) -> None
     assert found["disks"] == [{
         "name": "nvme0n1", "nodes": [1], "serial": "S1", "wwid": "eui.1",
         "model": "SAMSUNG MZQL23T8HCLS", "size_bytes": 7501476528 * 512,
-        "pci": ["0000:41:00.0"],
+        "pci": ["0000:41:00.0"], "mountpoints": None,
     }]  # fmt: skip
     assert found["nics"] == [
         {"name": "ens1f0", "nodes": [0], "pci": ["0000:17:00.0"], "driver": "mlx5_core"}
@@ -113,3 +113,65 @@ def test_no_inventory_field_is_read_through_a_link_out_of_the_sysfs_root(
     for key, value in expected.items():
         assert shown[key] == (None if key == left_unknown else value), key
     assert interface["driver"] == (None if field == "driver" else "mlx5_core")
+
+
+def test_a_native_nvme_multipath_head_is_listed_as_a_disk_on_its_paths_nodes(
+    tmp_path: Path,
+) -> None:
+    """The head (nvme0n1, virtual under nvme-subsystem) is the disk a server mounts;
+    its paths are hidden. A dm device over partitions, virtual too, is not a disk."""
+    from tests.topology.test_locality import multipath_head
+
+    tree = DeviceTree(tmp_path)
+    tree.pci("0000:01:00.0", 0)
+    tree.pci("0000:81:00.0", 1)
+    multipath_head(tree, {"nvme0": "0000:01:00.0", "nvme1": "0000:81:00.0"}, links=True)
+    tree.disk("nvme5n1", "0000:01:00.0", serial="S5", partitions=1)
+    tree.mapped("dm-0", ["nvme5n1p1"])
+    found = details(tmp_path, read_inventory(tmp_path))
+    disks = {d["name"]: d for d in found["disks"]}
+    assert sorted(disks) == ["nvme0n1", "nvme5n1"]
+    assert disks["nvme0n1"]["nodes"] == [0, 1]
+    assert disks["nvme0n1"]["serial"] == "DUAL-PORT"
+    assert disks["nvme0n1"]["pci"] == ["0000:01:00.0", "0000:81:00.0"]
+
+
+def test_bonds_and_vlans_are_not_listed_as_nics_their_lower_interfaces_are(
+    tmp_path: Path,
+) -> None:
+    tree = DeviceTree(tmp_path)
+    tree.pci("0000:17:00.0", 0, "0x020000")
+    tree.pci("0000:18:00.0", 0, "0x020000")
+    tree.nic("ens1f0", "0000:17:00.0")
+    tree.nic("ens1f1", "0000:18:00.0")
+    tree.nic("bond0", None, ("ens1f0", "ens1f1"))
+    tree.nic("bond0.100", None, ("bond0",))
+    found = details(tmp_path, read_inventory(tmp_path))
+    assert [n["name"] for n in found["nics"]] == ["ens1f0", "ens1f1"]
+
+
+def test_each_disk_lists_the_mount_points_of_itself_its_partitions_and_lvm_over_them(
+    tmp_path: Path,
+) -> None:
+    """As lsblk's MOUNTPOINTS: nvme1n1 holds /mnt/disks/a (p1) and a bind mount of it,
+    LVM over both disks' p1 holds /mnt/disks/b (on both); a container's own table (its
+    / on overlay) names no host mount point: unknown, not empty."""
+    from numa_device_plugin.topology.mounts import read_mount_table
+    from tests.topology.test_mounts import TABLE, sysfs_with_devices
+
+    root = tmp_path / "sys"
+    sysfs_with_devices(root)
+    (tmp_path / "mountinfo").write_text(TABLE)
+    inventory = read_inventory(root)
+    found = details(root, inventory, read_mount_table(tmp_path / "mountinfo", root))
+    points = {d["name"]: d["mountpoints"] for d in found["disks"]}
+    assert points == {
+        "nvme0n1": ["/", "/mnt/disks/a/inner", "/mnt/disks/b"],
+        "nvme1n1": ["/mnt/disks/a", "/mnt/disks/b", "/var/lib/elasticsearch"],
+    }
+    (tmp_path / "container").write_text(
+        "1 0 0:30 / / rw - overlay overlay rw\n"
+        "2 1 259:2 /x /etc/hosts rw - ext4 /dev/nvme0n1p2 rw\n"
+    )
+    inside = details(root, inventory, read_mount_table(tmp_path / "container", root))
+    assert {d["mountpoints"] for d in inside["disks"]} == {None}

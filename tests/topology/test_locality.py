@@ -589,3 +589,23 @@ def test_a_listed_block_device_whose_name_is_no_kernel_name_has_no_locality(
     from numa_device_plugin.topology.selectors import parse_selector, select
 
     assert select(inventory, parse_selector("serial:S1")).by_node == ()
+
+
+def test_a_virtual_nvme_name_outside_nvme_subsystem_is_no_multipath_head(tmp_path: Path) -> None:
+    """Only a head under devices/virtual/nvme-subsystem is made of paths; another
+    virtual device named like one (a driver's, a hostile tree's) is just virtual."""
+    tree = DeviceTree(tmp_path)
+    tree.disk("nvme9n1", None)
+    found = by_name(read_inventory(tree.root).block)["nvme9n1"]
+    assert (found.nodes, found.parts) == (frozenset(), ())
+    assert found.reason == "no locality: a virtual device"
+
+
+def test_an_nvme_multipath_head_without_a_path_has_no_locality_and_says_so(
+    tmp_path: Path,
+) -> None:
+    tree = DeviceTree(tmp_path)
+    multipath_head(tree, {}, links=True)
+    found = by_name(read_inventory(tree.root).block)["nvme0n1"]
+    assert found.nodes == frozenset()
+    assert found.reason == "no locality: an NVMe multipath head with no path"

@@ -108,3 +108,31 @@ def test_read_text_binary_garbage_is_format_error(tmp_path: Path) -> None:
     path.write_bytes(b"\xff\xfe0-1")
     with pytest.raises(sysfs.SysfsFormatError, match="not UTF-8"):
         sysfs.read_text(path)
+
+
+def test_a_sibling_folder_sharing_the_roots_name_as_a_prefix_is_outside(tmp_path: Path) -> None:
+    """/sys-evil is not under /sys: a link there is refused like any link out."""
+    root = tmp_path / "sys"
+    evil = tmp_path / "sys-evil"
+    (root / "class" / "block").mkdir(parents=True)
+    (evil / "disk").mkdir(parents=True)
+    (evil / "disk" / "serial").write_text("PLANTED\n")
+    (root / "class" / "block" / "sda").symlink_to(evil / "disk")
+    (root / "serial").symlink_to(evil / "disk" / "serial")
+    confined = sysfs.Confined(root)
+    assert confined.folder(root / "class" / "block" / "sda") == (
+        f"{root / 'class' / 'block' / 'sda'} points outside the sysfs root"
+    )
+    assert not confined.inside(str(evil))
+    assert confined.inside(str(root))
+    with pytest.raises(sysfs.SysfsError, match="points outside the sysfs root"):
+        confined.read_text(root / "serial")
+
+
+def test_an_attribute_that_is_a_link_inside_the_root_is_followed(tmp_path: Path) -> None:
+    root = tmp_path / "sys"
+    (root / "devices" / "ctrl").mkdir(parents=True)
+    (root / "devices" / "ctrl" / "serial").write_text("S1\n")
+    (root / "devices" / "disk").mkdir()
+    (root / "devices" / "disk" / "serial").symlink_to("../ctrl/serial")
+    assert sysfs.Confined(root).read_text(root / "devices" / "disk" / "serial") == "S1"

@@ -1,0 +1,150 @@
+"""Every node's plugin, read at fleet scale: the plugin's pods listed by label, each
+running one's ``/debug/state`` read through the API server's pod proxy
+(``GET …/pods/<name>:<port>/proxy/debug/state``) by a bounded pool of threads, all
+within the command's one deadline (:mod:`.kubeapi`).
+
+- **Concurrent, bounded**: at most :data:`READERS` reads at once (1,000 nodes are not
+  read one after another, nor 1,000 at once against the API server).
+- **One slow pod holds up nobody**: each read has its own deadline, what is left of
+  the command's minus a reserve for printing, so a pod that drips its answer or never
+  answers is named on stderr and the others print.
+- **Odd answers are that pod's problem**: an answer that is not a JSON object, or
+  whose ``inventory``, ``near``, ``resources``, ``numa_nodes`` or ``pod_resources``
+  are not of their types, is named with its pod; the others print.
+- **Memory bounded by the byte caps**: each answer is at most
+  :data:`~.kubeapi.MAX_ANSWER` bytes and all of them :data:`~.kubeapi.MAX_TOTAL`; of
+  each state only the parts the commands use are kept (:data:`KEPT`).
+
+Two plugin pods on one node (a second DaemonSet, an overlapping rollout) are both read
+and named: :attr:`FleetRead.doubled`.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import quote
+
+from numa_device_plugin.cluster.kubeapi import ApiError, Deadline, DeadlinePassed, KubeApi
+
+# Reads of /debug/state under way at once.
+READERS = 16
+# Pods listed per page.
+PODS_PER_PAGE = 100
+# Seconds of the command's deadline kept for what comes after the reads (printing).
+RESERVE = 0.5
+# The parts of a /debug/state document the commands read, with their JSON types.
+KEPT: dict[str, type] = {
+    "inventory": dict,
+    "near": list,
+    "resources": dict,
+    "numa_nodes": list,
+    "pod_resources": dict,
+    "config": dict,
+}
+
+
+@dataclass(frozen=True)
+class PluginState:
+    """One plugin pod's state: ``pod`` (its name), ``node`` (``spec.nodeName``) and
+    ``state`` (the :data:`KEPT` parts of its ``/debug/state``, each of its type or
+    absent)."""
+
+    pod: str
+    node: str
+    state: dict[str, Any]
+
+
+@dataclass
+class FleetRead:
+    """What a fleet read found: ``states`` (one per node, by node name, sorted),
+    ``problems`` (one line per pod that could not be read, naming node and pod) and
+    ``doubled`` (node -> the names of its plugin pods, where there are several)."""
+
+    states: dict[str, PluginState] = field(default_factory=dict)
+    problems: list[str] = field(default_factory=list)
+    doubled: dict[str, list[str]] = field(default_factory=dict)
+
+
+def kept(document: dict[str, Any]) -> dict[str, Any]:
+    """The :data:`KEPT` parts of a ``/debug/state`` document. Raises ValueError naming
+    the first part that is present but not of its type (``inventory`` is a list)."""
+    found: dict[str, Any] = {}
+    for key, kind in KEPT.items():
+        value = document.get(key)
+        if value is None:
+            continue
+        if not isinstance(value, kind):
+            raise ValueError(f"its /debug/state has {key} of type {type(value).__name__}, "
+                             f"not {kind.__name__}")  # fmt: skip
+        found[key] = value
+    return found
+
+
+def plugin_pods(api: KubeApi, namespace: str, selector: str) -> list[tuple[str, str]]:
+    """(pod name, node name) of each running pod of ``selector`` in ``namespace``."""
+    pods = api.list(
+        f"/api/v1/namespaces/{quote(namespace, safe='')}/pods?limit={PODS_PER_PAGE}"
+        f"&labelSelector={quote(selector, safe='')}",
+        "Pod",
+    )
+    found = []
+    for pod in pods:
+        metadata, spec, status = (pod.get(key) for key in ("metadata", "spec", "status"))
+        name = metadata.get("name") if isinstance(metadata, dict) else None
+        node = spec.get("nodeName") if isinstance(spec, dict) else None
+        phase = status.get("phase") if isinstance(status, dict) else None
+        if isinstance(name, str) and isinstance(node, str) and node and phase == "Running":
+            found.append((name, node))
+    return found
+
+
+def read_fleet(
+    api: KubeApi, namespace: str, pods: Iterable[tuple[str, str]], port: int,
+    readers: int = READERS,
+) -> FleetRead:  # fmt: skip
+    """Each pod's ``/debug/state`` (:func:`plugin_pods`' pairs), at most ``readers`` at
+    once, each within what is left of ``api.deadline`` minus :data:`RESERVE`. Never
+    raises for one pod; :class:`~.kubeapi.DeadlinePassed` when the command's deadline
+    passes before the reads were started."""
+    read = FleetRead()
+    listed = sorted(pods, key=lambda pair: (pair[1], pair[0]))
+    by_node: dict[str, list[str]] = {}
+    for name, node in listed:
+        by_node.setdefault(node, []).append(name)
+    read.doubled = {node: names for node, names in by_node.items() if len(names) > 1}
+    if not listed:
+        return read
+    reads = Deadline(max(0.05, api.deadline.left() - RESERVE))
+
+    def one(name: str) -> dict[str, Any]:
+        path = (f"/api/v1/namespaces/{quote(namespace, safe='')}/pods/{quote(name, safe='')}"
+                f":{port}/proxy/debug/state")  # fmt: skip
+        return kept(api.get(path, None, reads))
+
+    pool = concurrent.futures.ThreadPoolExecutor(max(1, min(readers, len(listed))))
+    try:
+        futures = {pool.submit(one, name): (name, node) for name, node in listed}
+        done, pending = concurrent.futures.wait(futures, timeout=reads.end - time.monotonic())
+        answers: dict[tuple[str, str], dict[str, Any]] = {}
+        for future in done:
+            name, node = futures[future]
+            try:
+                answers[(name, node)] = future.result()
+            except (ApiError, ValueError) as exc:
+                read.problems.append(f"{node} ({name}): {exc}")
+            except DeadlinePassed:
+                read.problems.append(f"{node} ({name}): not read within the deadline (--timeout)")
+        for future in pending:
+            name, node = futures[future]
+            read.problems.append(f"{node} ({name}): not read within the deadline (--timeout)")
+    finally:
+        pool.shutdown(wait=False, cancel_futures=True)
+    for name, node in listed:  # the first readable pod of each node, in name order
+        if (name, node) in answers and node not in read.states:
+            read.states[node] = PluginState(name, node, answers[(name, node)])
+    read.problems.sort()
+    return read
