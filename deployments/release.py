@@ -16,7 +16,14 @@ machine without a registry that has ``python:3.11-slim-bookworm``).
 
 The chart: the chart folder copied, its ``image.repository`` and ``image.digest``
 defaults set to what was pushed, packaged with ``version`` = ``appVersion`` = X.Y.Z
-and pushed as an OCI artifact (``helm push … oci://REGISTRY/charts``)."""
+and pushed as an OCI artifact (``helm push … oci://REGISTRY/charts``).
+
+The kubectl plugin: the package's wheel (``numa_device_plugin-X.Y.Z-py3-none-any.whl``,
+which installs ``kubectl-numa``; ``pip install '<wheel>[top]'`` or ``pipx install``),
+built from the checked commit, and the packaged chart, both in ``dist/vX.Y.Z/`` with
+``SHA256SUMS``, to publish beside the image and chart (the tag's message lists the
+checksums). A single-file zipapp is not made: the ``kubernetes`` client it needs
+brings compiled packages (pydantic-core, aiohttp) no zip can load."""
 
 from __future__ import annotations
 
@@ -167,10 +174,12 @@ def chart_for(folder: Path, repository: str, digest: str) -> None:
 
 
 def package_and_push_chart(
-    helm: str, version: str, repository: str, digest: str, target: str, plain_http: bool
-) -> str:
+    helm: str, version: str, repository: str, digest: str, target: str, plain_http: bool,
+    keep: Path | None = None,
+) -> str:  # fmt: skip
     """The chart for ``repository@digest``, packaged as ``version`` and pushed to the OCI
-    ``target`` (``oci://REGISTRY/charts``); the chart's digest."""
+    ``target`` (``oci://REGISTRY/charts``), the package copied into ``keep`` when given;
+    the chart's digest."""
     with tempfile.TemporaryDirectory() as scratch:
         folder = Path(scratch) / NAME
         shutil.copytree(CHART, folder)
@@ -179,6 +188,8 @@ def package_and_push_chart(
         run([helm, "package", str(folder), "--version", version, "--app-version", version,
              "--destination", scratch], stdout=subprocess.DEVNULL)  # fmt: skip
         package = Path(scratch) / f"{NAME}-{version}.tgz"
+        if keep is not None:
+            shutil.copy2(package, keep / package.name)
         pushed = run([helm, "push", str(package), target,
                       *(["--plain-http"] if plain_http else [])],
                      capture_output=True)  # fmt: skip
@@ -187,6 +198,30 @@ def package_and_push_chart(
     if found is None:
         raise ReleaseError(f"helm push did not report a digest: {said.strip()}")
     return found[1]
+
+
+def build_wheel(python: str, version: str, dist: Path) -> Path:
+    """The package's wheel, built by ``python -m pip wheel`` from the repository into
+    ``dist``. Raises ReleaseError when it is not there after."""
+    run([python, "-m", "pip", "wheel", "--quiet", "--no-deps", "--wheel-dir", str(dist),
+         str(REPO)], stdout=subprocess.DEVNULL)  # fmt: skip
+    wheel = dist / f"{NAME.replace('-', '_')}-{version}-py3-none-any.whl"
+    if not wheel.is_file():
+        raise ReleaseError(f"pip wheel made no {wheel.name} in {dist}")
+    return wheel
+
+
+def checksums(dist: Path) -> str:
+    """``SHA256SUMS`` of every file in ``dist`` (``sha256sum`` format), written there too."""
+    import hashlib
+
+    lines = [
+        f"{hashlib.sha256(path.read_bytes()).hexdigest()}  {path.name}\n"
+        for path in sorted(dist.iterdir())
+        if path.is_file() and path.name != "SHA256SUMS"
+    ]
+    (dist / "SHA256SUMS").write_text("".join(lines))
+    return "".join(lines)
 
 
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
@@ -203,6 +238,8 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     parser.add_argument("--plain-http", action="store_true",
                         help="the registry speaks plain HTTP (helm push --plain-http)")  # fmt: skip
     parser.add_argument("--helm", default="helm", help="the helm program")
+    parser.add_argument("--python", default=sys.executable,
+                        help="the Python that builds the wheel (default: this one)")  # fmt: skip
     parser.add_argument("--source", default="", help="the image's source label")
     parser.add_argument("--tagged", action="store_true",
                         help="CI on a pushed tag vX.Y.Z: build it, tag nothing")  # fmt: skip
@@ -235,18 +272,25 @@ def main(argv: Sequence[str] | None = None) -> int:
     revision = git("rev-parse", "HEAD").strip()
     labels = {"VERSION": version, "REVISION": revision, "SOURCE": args.source}
     target = f"oci://{args.registry}/charts"
+    dist = REPO / "dist" / f"v{version}"
     try:
+        if dist.exists():
+            shutil.rmtree(dist)
+        dist.mkdir(parents=True)
+        wheel = build_wheel(args.python, version, dist)
         digest = build_and_push_image(
             args.tool, image, platforms, args.bases,
             args.build_flags.split(), args.push_flags.split(), labels,
         )  # fmt: skip
         chart_digest = package_and_push_chart(
-            args.helm, version, repository, digest, target, args.plain_http
+            args.helm, version, repository, digest, target, args.plain_http, dist
         )
+        sums = checksums(dist)
         message = (
             f"{NAME} {version}\n\n{entry}\n\n"
             f"image: {image}@{digest} ({', '.join(platforms)})\n"
             f"chart: {target}/{NAME} {version} ({chart_digest})\n"
+            f"files (SHA256SUMS):\n{sums}"
         )
         if not args.tagged:  # CI on a pushed tag: the tag is there already
             run(["git", "tag", "--annotate", "--cleanup=whitespace", f"v{version}",
@@ -259,9 +303,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"chart:   {target}/{NAME} --version {version} ({chart_digest})")
     if not args.tagged:
         print(f"tag:     v{version} (publish it: git push origin v{version})")
+    print(f"files:   {dist.relative_to(REPO)}/ ({wheel.name}, the chart, SHA256SUMS):"
+          " publish them beside the image and chart")  # fmt: skip
     print("install:")
     print(f"  helm install {NAME} {target}/{NAME} --version {version} --namespace kube-system \\")
     print(f"    --set image.digest={digest}{' --plain-http' if args.plain_http else ''}")
+    print(f"  pip install '{wheel.name}[top]'   # kubectl numa, from the published file")
     return 0
 
 

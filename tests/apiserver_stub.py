@@ -223,6 +223,8 @@ class ClusterApi:
         # object (200), or a status code (a Status); and seconds to wait before it.
         self.proxied: dict[str, dict[str, Any] | int] = {}
         self.delays: dict[str, float] = {}
+        self.volumes: list[dict[str, Any]] = []  # PersistentVolumes
+        self.claims: list[dict[str, Any]] = []  # PersistentVolumeClaims
         self._paths_lock = threading.Lock()
 
     def answer(self, path: str) -> tuple[int, dict[str, object]]:
@@ -239,7 +241,14 @@ class ClusterApi:
             phases = ("Succeeded", "Failed") if "fieldSelector" in params else ()
             listed = [p for p in self.pods if p.get("status", {}).get("phase") not in phases]
             return 200, self._page("PodList", listed, params)
+        if route == "/api/v1/persistentvolumes":
+            return 200, self._page("PersistentVolumeList", self.volumes, params)
+        if route == "/api/v1/persistentvolumeclaims":
+            return 200, self._page("PersistentVolumeClaimList", self.claims, params)
         parts = route.split("/")
+        if parts[:4] == ["", "api", "v1", "namespaces"] and parts[5:] == ["persistentvolumeclaims"]:
+            listed = [c for c in self.claims if c["metadata"].get("namespace") == parts[4]]
+            return 200, self._page("PersistentVolumeClaimList", listed, params)
         if len(parts) == 6 and parts[:4] == ["", "api", "v1", "namespaces"] and parts[5] == "pods":
             key, _, value = params.get("labelSelector", "").partition("=")
             listed = [

@@ -96,3 +96,21 @@ def test_the_pace_is_back_after_a_benchmark(capsys: pytest.CaptureFixture[str]) 
     """The soak test after a paced benchmark test (same worker) settles at full length."""
     assert bench.main(["reregistration", "--restarts", "1", "--json", "--pace", "0.1"]) == 0
     assert PACE == [1.0]
+
+
+def test_the_fleet_benchmark_names_its_slow_pod_and_prints_the_others(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`python -m benchmarks.fleet` at a small size: devices and check run as processes
+    against the stand-in, every node but the slow one shown, the slow one named."""
+    from benchmarks import fleet
+
+    assert fleet.main(["--nodes", "12", "--slow", "20", "--timeout", "3", "--latency", "0"]) == 0
+    figures = json.loads(capsys.readouterr().out)
+    for command in ("devices", "check"):
+        assert figures[command]["nodes_shown"] == 11, figures
+        assert figures[command]["slow_pod_named"] is True
+        assert figures[command]["wall_seconds"] > 0
+        assert figures[command]["peak_rss_mb"] > 0
+    assert figures["devices"]["exit"] == 0
+    assert figures["check"]["exit"] == 1  # the slow node's pods are unknown

@@ -21,22 +21,21 @@ from typing import Any
 import click
 import yaml
 
-from numa_device_plugin.cli import options
+from numa_device_plugin.cli import apireads, options
 from numa_device_plugin.cli.escaped import shown
 from numa_device_plugin.cli.proposal import clean, propose
-
-DEFAULT_SELECTOR = "app.kubernetes.io/name=numa-device-plugin"
 
 
 @click.command(
     "devices",
-    help="List every node's disks, NICs and accelerators with their NUMA nodes, read from "
-    "each plugin pod's /debug/state through the API server's pod proxy (needs list pods "
-    "and get pods/proxy in --namespace), then a config.named map of near: selectors to "
-    "paste into the chart's values. Runs the kubeconfig's exec credential plugin, as "
-    "kubectl does.",
+    help="List every node's disks (with mount points), NICs and accelerators with their "
+    "NUMA nodes, read from each plugin pod's /debug/state through the API server's pod "
+    "proxy (needs list pods and get pods/proxy in --namespace), then a pool configuration "
+    "(path: selectors for the mount points every node shares) and a config.named map of "
+    "per-node near: selectors to paste into the chart's values. Runs the kubeconfig's "
+    "exec credential plugin, as kubectl does.",
 )
-@options.api_kubeconfig
+@apireads.api_kubeconfig
 @click.option(
     "--namespace",
     default="kube-system",
@@ -45,52 +44,19 @@ DEFAULT_SELECTOR = "app.kubernetes.io/name=numa-device-plugin"
     show_envvar=True,
     help="the plugin's namespace",
 )
-@click.option(
-    "--selector",
-    default=DEFAULT_SELECTOR,
-    show_default=True,
-    envvar="NUMA_SELECTOR",
-    show_envvar=True,
-    help="the label selector of the plugin's pods",
-)
-@click.option(
-    "--port",
-    type=click.IntRange(1, 65535),
-    default=9201,
-    show_default=True,
-    envvar="NUMA_PORT",
-    show_envvar=True,
-    help="the plugin's metrics port (config.metricsPort), where /debug/state is",
-)
-@options.api_timeout
+@apireads.plugin_selector
+@apireads.plugin_port
+@apireads.api_timeout
 @options.apply(options.output)
 def command(**params: Any) -> int:
     """0 after printing (a pod that could not be read is named on stderr); 1 when the
     pods cannot be listed or none could be read."""
     from numa_device_plugin.cluster.fleet import plugin_pods, read_fleet
-    from numa_device_plugin.cluster.kubeapi import (
-        ApiError,
-        DeadlinePassed,
-        KubeApi,
-        load_client,
-        total_deadline,
-    )
 
-    try:
-        load_client()
-        with total_deadline(params["timeout"]) as deadline:
-            api = KubeApi(params["kubeconfig"], deadline)
-            try:
-                pods = plugin_pods(api, params["namespace"], params["selector"])
-                fleet = read_fleet(api, params["namespace"], pods, params["port"])
-            finally:
-                api.close()
-    except DeadlinePassed:
-        print(f"numa-device-plugin devices: not done within {params['timeout']:g} s "
-              "(--timeout)", file=sys.stderr)  # fmt: skip
-        return 1
-    except (ApiError, ValueError) as exc:
-        print(f"numa-device-plugin devices: {exc}", file=sys.stderr)
+    fleet = apireads.read_within_deadline("devices", params, lambda api: read_fleet(
+        api, params["namespace"], plugin_pods(api, params["namespace"], params["selector"]),
+        params["port"]))  # fmt: skip
+    if fleet is None:
         return 1
     for problem in fleet.problems:
         print(f"numa-device-plugin devices: {shown(problem)}", file=sys.stderr)

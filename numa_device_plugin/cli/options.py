@@ -11,7 +11,6 @@ the listener addresses, where empty means off as documented.
 from __future__ import annotations
 
 from collections.abc import Callable
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import click
@@ -371,22 +370,3 @@ def apply(*options: Callable[[Callable[..., Any]], Callable[..., Any]]) -> Calla
 
 
 # The API server commands' own options (top, devices).
-api_kubeconfig = click.option(
-    "--kubeconfig",
-    type=click.Path(dir_okay=False, path_type=Path),
-    default=None,
-    envvar="NUMA_KUBECONFIG",
-    show_envvar=True,
-    help="the kubeconfig (default: $KUBECONFIG's first file, else ~/.kube/config, else "
-    "the pod's service account)",
-)
-api_timeout = click.option(
-    "--timeout",
-    type=click.FloatRange(min=0.1, max=3600),
-    default=30.0,
-    show_default=True,
-    envvar="NUMA_TIMEOUT",
-    show_envvar=True,
-    help="seconds the whole command may take: the kubeconfig, its exec credential plugin "
-    "and every request to the API server",
-)

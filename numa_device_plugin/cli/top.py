@@ -19,7 +19,7 @@ from urllib.parse import quote
 
 import click
 
-from numa_device_plugin.cli import options
+from numa_device_plugin.cli import apireads, options
 from numa_device_plugin.cluster.fit import (
     Amounts,
     NodeUse,
@@ -47,7 +47,7 @@ NOT_ENDED = "status.phase!=Succeeded,status.phase!=Failed"
     "lacks which resource for that Pending pod, and by how much. Runs the kubeconfig's "
     "exec credential plugin, as kubectl does.",
 )
-@options.api_kubeconfig
+@apireads.api_kubeconfig
 @click.option(
     "--explain",
     "explain_pod",
@@ -57,7 +57,7 @@ NOT_ENDED = "status.phase!=Succeeded,status.phase!=Failed"
     show_envvar=True,
     help="explain why this pod is Pending",
 )
-@options.api_timeout
+@apireads.api_timeout
 @options.apply(options.resource_prefix, options.output)
 @click.pass_context
 def command(ctx: click.Context, /, **params: Any) -> int:
@@ -65,31 +65,25 @@ def command(ctx: click.Context, /, **params: Any) -> int:
     pod_ref = params["explain_pod"]
     if pod_ref is not None and (pod_ref.count("/") != 1 or "" in pod_ref.split("/")):
         raise click.BadParameter("give NAMESPACE/POD", ctx, param=options.param(ctx, "explain_pod"))
-    from numa_device_plugin.cluster.kubeapi import (
-        ApiError,
-        DeadlinePassed,
-        KubeApi,
-        load_client,
-        total_deadline,
-    )
 
+    def reads(api: Any) -> tuple[list[dict[str, Any]], list[dict[str, Any]], Any]:
+        nodes = api.list(f"/api/v1/nodes?limit={NODES_PER_PAGE}", "Node")
+        pods = api.list(f"/api/v1/pods?limit={PODS_PER_PAGE}&fieldSelector={quote(NOT_ENDED)}",
+                        "Pod")  # fmt: skip
+        pod = None
+        if pod_ref is not None:
+            namespace, name = pod_ref.split("/")
+            pod = api.get(f"/api/v1/namespaces/{quote(namespace)}/pods/{quote(name)}", "Pod")
+        return nodes, pods, pod
+
+    found = apireads.read_within_deadline(
+        "top", params, reads,
+        slow="the API server, or the kubeconfig's exec credential plugin, is too slow",
+    )  # fmt: skip
+    if found is None:
+        return 1
+    nodes, pods, pod = found
     try:
-        load_client()
-        with total_deadline(params["timeout"]) as deadline:
-            api = KubeApi(params["kubeconfig"], deadline)
-            try:
-                nodes = api.list(f"/api/v1/nodes?limit={NODES_PER_PAGE}", "Node")
-                pods = api.list(
-                    f"/api/v1/pods?limit={PODS_PER_PAGE}&fieldSelector={quote(NOT_ENDED)}", "Pod"
-                )
-                pod = None
-                if pod_ref is not None:
-                    namespace, name = pod_ref.split("/")
-                    pod = api.get(
-                        f"/api/v1/namespaces/{quote(namespace)}/pods/{quote(name)}", "Pod"
-                    )
-            finally:
-                api.close()
         usage = node_usage(nodes, pods)
         if pod is None:
             document = top_document(usage, params["resource_prefix"])
@@ -97,16 +91,6 @@ def command(ctx: click.Context, /, **params: Any) -> int:
         else:
             document = explain_document(pod, usage)
             text = render_explain(document)
-    except DeadlinePassed:
-        print(
-            f"numa-device-plugin top: not done within {params['timeout']:g} s (--timeout): "
-            "the API server, or the kubeconfig's exec credential plugin, is too slow",
-            file=sys.stderr,
-        )
-        return 1
-    except (ApiError, ValueError) as exc:
-        print(f"numa-device-plugin top: {exc}", file=sys.stderr)
-        return 1
     except (AttributeError, TypeError) as exc:  # a field of the wrong JSON type
         print(f"numa-device-plugin top: the API server's objects are not usable: {exc}",
               file=sys.stderr)  # fmt: skip
@@ -120,13 +104,30 @@ def command(ctx: click.Context, /, **params: Any) -> int:
 
 def kubectl_main() -> int:
     """Entry point of ``kubectl-numa``: kubectl runs it for ``kubectl numa ARGS``
-    (``top``), and ``kubectl numa devices ARGS`` (``devices``)."""
+    (``top``), ``kubectl numa devices ARGS`` (``devices``) and ``kubectl numa check
+    ARGS`` (``check``); its ``--help`` names all three, then shows ``top``'s options."""
     from numa_device_plugin.cli import main
 
     args = sys.argv[1:]
-    if args[:1] == ["devices"]:
+    if args[:1] in (["devices"], ["check"]):
         return main(args)
+    if args[:1] in (["--help"], ["-h"], ["help"]):
+        print(KUBECTL_HELP)
     return main(["top", *args])
+
+
+KUBECTL_HELP = """kubectl numa: the numa-align resources of a cluster.
+
+  kubectl numa [--explain POD] [OPTIONS]  each node's NUMA resources: capacity, free,
+                                          and why a Pending pod fits nowhere (top)
+  kubectl numa devices [OPTIONS]          every node's disks, NICs and accelerators
+                                          with their NUMA nodes, and a configuration
+  kubectl numa check [POD] [OPTIONS]      whether each pod holding a resource sits on
+                                          its device's NUMA node (exit 1 if one does not)
+
+kubectl numa devices --help and kubectl numa check --help list their options; those of
+the first follow.
+"""
 
 
 def _number(resource: str, value: Fraction) -> int | str:

@@ -5,9 +5,9 @@ within the command's one deadline (:mod:`.kubeapi`).
 
 - **Concurrent, bounded**: at most :data:`READERS` reads at once (1,000 nodes are not
   read one after another, nor 1,000 at once against the API server).
-- **One slow pod holds up nobody**: each read has its own deadline, what is left of
-  the command's minus a reserve for printing, so a pod that drips its answer or never
-  answers is named on stderr and the others print.
+- **One slow pod holds up nobody**: each read has its own deadline, at most
+  :data:`POD_SECONDS` and never past the command's (minus a reserve for printing), so a
+  pod that drips its answer or never answers is named on stderr and the others print.
 - **Odd answers are that pod's problem**: an answer that is not a JSON object, or
   whose ``inventory``, ``near``, ``resources``, ``numa_nodes`` or ``pod_resources``
   are not of their types, is named with its pod; the others print.
@@ -36,6 +36,9 @@ READERS = 16
 PODS_PER_PAGE = 100
 # Seconds of the command's deadline kept for what comes after the reads (printing).
 RESERVE = 0.5
+# Seconds one pod's read may take at most (a plugin answers in milliseconds; a pod that
+# does not answer within this is named, and waits for it end here, not at --timeout).
+POD_SECONDS = 5.0
 # The parts of a /debug/state document the commands read, with their JSON types.
 KEPT: dict[str, type] = {
     "inventory": dict,
@@ -123,7 +126,13 @@ def read_fleet(
     def one(name: str) -> dict[str, Any]:
         path = (f"/api/v1/namespaces/{quote(namespace, safe='')}/pods/{quote(name, safe='')}"
                 f":{port}/proxy/debug/state")  # fmt: skip
-        return kept(api.get(path, None, reads))
+        deadline = Deadline(min(reads.left(), POD_SECONDS))
+        try:
+            return kept(api.get(path, None, deadline))
+        except ApiError:
+            if time.monotonic() >= deadline.end - 0.05:  # the socket's timeout: its deadline
+                raise DeadlinePassed from None
+            raise
 
     pool = concurrent.futures.ThreadPoolExecutor(max(1, min(readers, len(listed))))
     try:
@@ -137,12 +146,17 @@ def read_fleet(
             except (ApiError, ValueError) as exc:
                 read.problems.append(f"{node} ({name}): {exc}")
             except DeadlinePassed:
-                read.problems.append(f"{node} ({name}): not read within the deadline (--timeout)")
+                read.problems.append(f"{node} ({name}): not read within the deadline "
+                                     f"({POD_SECONDS:g} s a pod, --timeout in all)")  # fmt: skip
         for future in pending:
             name, node = futures[future]
-            read.problems.append(f"{node} ({name}): not read within the deadline (--timeout)")
+            read.problems.append(f"{node} ({name}): not read within the deadline "
+                                 f"({POD_SECONDS:g} s a pod, --timeout in all)")  # fmt: skip
     finally:
-        pool.shutdown(wait=False, cancel_futures=True)
+        # Each read ends by its own deadline (its socket timeouts are what was left of
+        # it): waiting for the stragglers costs at most a moment past it, and leaves no
+        # thread behind to use the client after it is closed.
+        pool.shutdown(wait=True, cancel_futures=True)
     for name, node in listed:  # the first readable pod of each node, in name order
         if (name, node) in answers and node not in read.states:
             read.states[node] = PluginState(name, node, answers[(name, node)])

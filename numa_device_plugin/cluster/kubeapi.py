@@ -118,7 +118,9 @@ def load_client() -> None:
         import kubernetes.config.kube_config  # noqa: F401
     except ImportError:
         raise ApiError(
-            "top needs the kubernetes client: pip install 'numa-device-plugin[top]'"
+            "top, devices and check need the kubernetes client: pip install the release's "
+            "wheel with the top extra ('numa_device_plugin-X.Y.Z-py3-none-any.whl[top]'), or "
+            "'.[top]' in a clone"
         ) from None
 
 
@@ -138,6 +140,11 @@ class KubeApi:
         self._lock = threading.Lock()
         configuration = kubernetes.client.Configuration()
         path = kubeconfig or default_kubeconfig(os.environ)
+        if path is None and not os.environ.get("KUBERNETES_SERVICE_HOST"):
+            raise ApiError(
+                "no kubeconfig: $KUBECONFIG names no file, ~/.kube/config does not exist, "
+                "and this is not a pod with a service account (give --kubeconfig)"
+            )
         try:
             if path is None:
                 kubernetes.config.load_incluster_config(  # type: ignore[no-untyped-call]
@@ -153,6 +160,8 @@ class KubeApi:
             where = "the service account" if path is None else f"kubeconfig {path}"
             raise ApiError(f"{where}: {one_line(str(exc))}") from None
         configuration.retries = False
+        # Connections kept for reads at once (devices and check read 16 pods at a time).
+        configuration.connection_pool_maxsize = max(configuration.connection_pool_maxsize, 16)
         if not configuration.verify_ssl:
             # The kubeconfig asked for insecure-skip-tls-verify: kubectl says nothing
             # more, and urllib3's warning at every request would bury the table.

@@ -66,7 +66,9 @@ class Discovery:
 
 def near_document(entry: NearPlan) -> dict[str, object]:
     """One near resource as JSON (``discover``, ``/debug/state``): ``{"resource",
-    "selector", "matched", "matched_count", "unlocated", "nodes", "reason"}``."""
+    "selector", "matched", "matched_count", "unlocated", "nodes", "by_node": {node:
+    [device…]}, "reason"}``; ``by_node``: what a pod allocated on that NUMA node is told
+    (``NUMA_NEAR_<NAME>``), keys as text (JSON)."""
     return {
         "resource": entry.resource,
         "selector": " & ".join(map(str, entry.near.selectors)),
@@ -74,6 +76,7 @@ def near_document(entry: NearPlan) -> dict[str, object]:
         "matched_count": entry.selection.count,
         "unlocated": list(entry.selection.unlocated),
         "nodes": list(entry.nodes),
+        "by_node": {str(node): list(names) for node, names in entry.selection.by_node},
         "reason": entry.reason,
     }
 

@@ -195,7 +195,8 @@ MAX_LISTED_IDS = 32
 
 
 def _holder(holder: Holder, *, devices: bool = False) -> dict[str, Any]:
-    """One holder: ``{"pod", "container", "cpus"}``, and with ``devices`` its device ids
+    """One holder: ``{"pod", "container", "cpus"}``, and with ``devices`` its memory
+    blocks (``[{"numa_node", "type", "bytes"}]``, Memory Manager Static), its device ids
     per resource (at most :data:`MAX_LISTED_IDS` each), ``"device_counts"`` (all of
     them) and ``"devices_cut"`` (the resources whose list was cut)."""
     document: dict[str, Any] = {
@@ -204,6 +205,10 @@ def _holder(holder: Holder, *, devices: bool = False) -> dict[str, Any]:
         "cpus": sysfs.format_cpulist(holder.cpus),
     }
     if devices:
+        document["memory"] = [
+            {"numa_node": node, "type": kind, "bytes": size}
+            for (node, kind), size in sorted(holder.memory.items())
+        ]
         document["devices"] = {
             name: list(ids[:MAX_LISTED_IDS]) for name, ids in holder.devices.items()
         }

@@ -12,6 +12,7 @@ import os
 import shutil
 import stat
 import subprocess
+import sys
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -58,6 +59,13 @@ def project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[ModuleType
     release = load_release()
     monkeypatch.setattr(release, "REPO", folder)
     monkeypatch.setattr(release, "CHART", chart)
+
+    def wheel(python: str, version: str, dist: Path) -> Path:  # the real one: its own test
+        made = dist / f"numa_device_plugin-{version}-py3-none-any.whl"
+        made.write_bytes(b"PK stand-in wheel")
+        return made
+
+    monkeypatch.setattr(release, "build_wheel", wheel)
     monkeypatch.setenv("GIT_AUTHOR_NAME", "t")
     monkeypatch.setenv("GIT_AUTHOR_EMAIL", "t@example.com")
     monkeypatch.setenv("GIT_COMMITTER_NAME", "t")
@@ -199,6 +207,31 @@ def test_a_release_builds_each_platform_pushes_image_and_chart_and_tags(
         "helm install numa-device-plugin oci://registry.test:5000/charts/numa-device-plugin" in out
     )
     assert f"--set image.digest={DIGEST}" in out
+    dist = folder / "dist" / "v0.2.0"
+    files = sorted(path.name for path in dist.iterdir())
+    assert files == ["SHA256SUMS", "numa-device-plugin-0.2.0.tgz",
+                     "numa_device_plugin-0.2.0-py3-none-any.whl"]  # fmt: skip
+    sums = (dist / "SHA256SUMS").read_text()
+    check = subprocess.run(["sha256sum", "--check", "--strict", "SHA256SUMS"], cwd=dist,
+                           capture_output=True, text=True)  # fmt: skip
+    assert check.returncode == 0, check.stdout + check.stderr
+    assert sums in message
+    assert "pip install 'numa_device_plugin-0.2.0-py3-none-any.whl[top]'" in out
+
+
+def test_the_release_wheel_installs_kubectl_numa(tmp_path: Path) -> None:
+    """The wheel make release ships is this package, with the kubectl-numa command."""
+    import zipfile
+
+    from numa_device_plugin import __version__
+
+    wheel = load_release().build_wheel(sys.executable, __version__, tmp_path)
+    with zipfile.ZipFile(wheel) as archive:
+        names = archive.namelist()
+        entry_points = next(n for n in names if n.endswith(".dist-info/entry_points.txt"))
+        text = archive.read(entry_points).decode()
+    assert "kubectl-numa = numa_device_plugin.cli.top:kubectl_main" in text
+    assert "numa_device_plugin/cli/check.py" in names
 
 
 def test_the_tag_names_the_commit_that_was_built_not_a_later_head(

@@ -1,0 +1,228 @@
+"""``check`` and ``kubectl numa check`` against a stand-in API server: the fleet recipe's
+pods aligned, and each way one is not (a PV on the other disk, CPUs off the device's
+node, memory elsewhere, the device lost, no exclusive CPUs, the node unread)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from numa_device_plugin.cli import main
+from numa_device_plugin.cluster.alignment import check_pod, disk_under, local_path
+from tests.apiserver_stub import cluster_api
+from tests.cli.test_devices import plugin_pod
+from tests.cluster.test_fit import container, pod
+
+
+def holder(
+    name: str, cpus: str, resource: str, ids: list[str], memory: int | None = None
+) -> dict[str, Any]:
+    """A /debug/state holder of pod ``search/<name>``."""
+    return {"pod": f"search/{name}", "container": "es", "cpus": cpus,
+            "devices": {f"numa-align/{resource}": ids},
+            "memory": [] if memory is None else [{"numa_node": memory, "type": "memory",
+                                                  "bytes": 1 << 30}]}  # fmt: skip
+
+
+def node_state(holders: list[dict[str, Any]], lost: str | None = None) -> dict[str, Any]:
+    """Worker a of the test cluster: disk a (vdb) on NUMA node 1 at /mnt/disks/a, disk b
+    (vdc) on node 0 at /mnt/disks/b, the root disk vda."""
+    return {
+        "numa_nodes": [{"id": 0, "cpus": "0-1"}, {"id": 1, "cpus": "2-3"}],
+        "resources": {"numa-align/data-a": {"lost": lost}, "numa-align/data-b": {"lost": None},
+                      "numa-align/numa-1": {"lost": None}},
+        "near": [
+            {"resource": "numa-align/data-a", "nodes": [1], "by_node": {"1": ["vdb"]},
+             "reason": lost},
+            {"resource": "numa-align/data-b", "nodes": [0], "by_node": {"0": ["vdc"]},
+             "reason": None},
+        ],
+        "inventory": {"disks": [
+            {"name": "vda", "nodes": [0], "mountpoints": ["/", "/boot"]},
+            {"name": "vdb", "nodes": [1], "mountpoints": ["/mnt/disks/a"]},
+            {"name": "vdc", "nodes": [0], "mountpoints": ["/mnt/disks/b"]},
+        ], "nics": [], "accelerators": []},
+        "pod_resources": {"holders": holders},
+    }  # fmt: skip
+
+
+def search_pod(name: str, resource: str, claim: str | None = None) -> dict[str, Any]:
+    requests = {"cpu": "1", "memory": "1Gi", f"numa-align/{resource}": "1"}
+    volumes = [] if claim is None else [{"name": "data", "persistentVolumeClaim": {
+        "claimName": claim}}]  # fmt: skip
+    return pod(name, [container("es", requests, limits=requests)], node="a",
+               namespace="search", volumes=volumes)  # fmt: skip
+
+
+def claim(name: str, volume: str) -> dict[str, Any]:
+    return {"metadata": {"name": name, "namespace": "search"}, "spec": {"volumeName": volume}}
+
+
+def local_pv(name: str, path: str) -> dict[str, Any]:
+    return {"metadata": {"name": name}, "spec": {"local": {"path": path}}}
+
+
+def run(tmp_path: Path, capsys: pytest.CaptureFixture[str], pods: list[dict[str, Any]],
+        state: dict[str, Any] | int, *args: str) -> tuple[int, str, str]:  # fmt: skip
+    with cluster_api(tmp_path, [], [plugin_pod("p-a", "a"), *pods]) as (api, kubeconfig):
+        api.proxied["p-a"] = state
+        api.claims = [claim("data-a-0", "pv-a"), claim("data-b-0", "pv-b"),
+                      claim("mixed", "pv-b"), claim("elsewhere", "pv-nfs")]  # fmt: skip
+        nfs = {"metadata": {"name": "pv-nfs"}, "spec": {"nfs": {"path": "/x"}}}
+        api.volumes = [local_pv("pv-a", "/mnt/disks/a"), local_pv("pv-b", "/mnt/disks/b/"), nfs]
+        code = main(["check", "--kubeconfig", str(kubeconfig), *args])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+RECIPE = [search_pod("search-a-0", "data-a", "data-a-0"),
+          search_pod("search-b-0", "data-b", "data-b-0")]  # fmt: skip
+RECIPE_HOLDERS = [holder("search-a-0", "3", "data-a", ["numa1-slot0000"], memory=1),
+                  holder("search-b-0", "1", "data-b", ["numa0-slot0003"], memory=0)]  # fmt: skip
+
+
+def test_the_recipes_pods_are_all_aligned_and_it_exits_0(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out, err = run(tmp_path, capsys, RECIPE, node_state(RECIPE_HOLDERS))
+    assert (code, err) == (0, "")
+    rows = [line.split() for line in out.splitlines()]
+    assert rows[0] == ["POD", "NODE", "RESOURCE", "DEVICE", "NUMA", "CPUS", "MEMORY",
+                       "VOLUMES", "VERDICT"]  # fmt: skip
+    assert rows[1] == ["search/search-a-0", "a", "data-a", "vdb", "1", "1", "1",
+                       "/mnt/disks/a:vdb", "aligned"]  # fmt: skip
+    assert rows[2][-1] == "aligned"
+    assert len(rows) == 3
+
+
+@pytest.mark.parametrize(
+    ("extra_pod", "extra_holder", "verdict", "why"),
+    [
+        # data-a with its PV under /mnt/disks/b: "aligned" by CPUs, on the wrong disk
+        (search_pod("mixup-0", "data-a", "mixed"),
+         holder("mixup-0", "2", "data-a", ["numa1-slot0001"], memory=1), "misaligned",
+         "volume mixed (/mnt/disks/b) is on vdc, NUMA node(s) 0; numa-align/data-a follows vdb"),
+        (search_pod("cpus-0", "data-a"), holder("cpus-0", "0", "data-a", ["numa1-slot0002"]),
+         "misaligned", "container es: CPUs on NUMA node(s) 0, numa-align/data-a's device(s) on 1"),
+        (search_pod("mem-0", "data-a"),
+         holder("mem-0", "3", "data-a", ["numa1-slot0002"], memory=0), "misaligned",
+         "container es: memory on NUMA node(s) 0"),
+        (search_pod("shared-0", "data-a"), holder("shared-0", "", "data-a", ["numa1-slot0002"]),
+         "misaligned", "container es: no exclusive CPUs"),
+        (search_pod("ghost-0", "data-a"), None, "unknown",
+         "the plugin lists no container of it holding a resource"),
+        # a NUMA node's own resource with its volume on the other node's disk
+        (search_pod("plain-0", "numa-1", "data-b-0"),
+         holder("plain-0", "2", "numa-1", ["numa1-slot0000"]), "misaligned",
+         "volume data-b-0 (/mnt/disks/b) is on vdc, NUMA node(s) 0; the pod's devices are on 1"),
+    ],
+)  # fmt: skip
+def test_a_pod_off_its_devices_node_is_named_with_why_and_it_exits_1(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], extra_pod: dict[str, Any],
+    extra_holder: dict[str, Any] | None, verdict: str, why: str,
+) -> None:  # fmt: skip
+    holders = [*RECIPE_HOLDERS, *([extra_holder] if extra_holder else [])]
+    code, out, _ = run(tmp_path, capsys, [*RECIPE, extra_pod], node_state(holders),
+                       "--output", "json")  # fmt: skip
+    assert code == 1
+    found = {p["pod"]: p for p in json.loads(out)["pods"]}
+    name = f"search/{extra_pod['metadata']['name']}"
+    assert found[name]["verdict"] == verdict
+    assert any(why in line for line in found[name]["why"]), found[name]["why"]
+    assert found["search/search-a-0"]["verdict"] == "aligned"
+
+
+def test_a_lost_device_is_reported_for_the_pods_that_hold_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """/mnt/disks/a unmounted on the node: the resource stays, lost, and its pods are
+    "device lost" with the plugin's reason."""
+    reason = "path:/mnt/disks/a: nothing is mounted there: it is on the root filesystem"
+    code, out, _ = run(tmp_path, capsys, RECIPE, node_state(RECIPE_HOLDERS, lost=reason))
+    assert code == 1
+    assert "search/search-a-0: numa-align/data-a: device lost: path:/mnt/disks/a" in out
+    rows = {line.split()[0]: line.split()[-1] for line in out.splitlines()[1:3]}
+    assert rows == {"search/search-a-0": "lost", "search/search-b-0": "aligned"}
+
+
+def test_a_node_whose_plugin_cannot_be_read_leaves_its_pods_unknown(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out, err = run(tmp_path, capsys, RECIPE, 503, "--output", "json")
+    assert code == 1
+    assert "a (p-a):" in err
+    assert {p["verdict"] for p in json.loads(out)["pods"]} == {"unknown"}
+
+
+def test_one_pod_and_one_namespace_are_checked_alone(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    other = pod("web-0", [container("w", {"cpu": "1"})], node="a", namespace="search")
+    code, out, _ = run(tmp_path, capsys, [*RECIPE, other], node_state(RECIPE_HOLDERS),
+                       "-n", "search", "search-b-0", "--output", "json")  # fmt: skip
+    assert code == 0
+    assert [p["pod"] for p in json.loads(out)["pods"]] == ["search/search-b-0"]
+    code, _, err = run(tmp_path, capsys, RECIPE, node_state(RECIPE_HOLDERS), "search-b-0")
+    assert code == 2
+    assert "POD needs --pod-namespace (-n)" in err
+
+
+def test_no_pod_holding_a_resource_is_aligned_by_default(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out, _ = run(tmp_path, capsys, [], node_state([]))
+    assert code == 0
+    assert "no running pod holds a numa-align resource" in out
+
+
+@pytest.mark.parametrize(
+    "state",
+    [
+        {"pod_resources": {"holders": "x"}},
+        {"pod_resources": {"holders": [{"pod": "search/search-a-0", "devices": []}]}},
+        {"numa_nodes": "x", "pod_resources": {"holders": [
+            {"pod": "search/search-a-0", "cpus": 5, "devices": {"numa-align/data-a": [1, None]},
+             "memory": "x"}]}},
+        {"near": [{"resource": "numa-align/data-a", "by_node": []}], "inventory": {"disks": {}}},
+    ],
+)  # fmt: skip
+def test_odd_plugin_states_give_a_verdict_never_a_crash(state: dict[str, Any]) -> None:
+    check = check_pod(RECIPE[0], state, [("data-a-0", "/mnt/disks/a")], "numa-align")
+    assert check.verdict in ("unknown", "misaligned")
+
+
+def test_a_volumes_disk_is_the_nearest_mount_point_at_or_above_its_path() -> None:
+    state = node_state([])
+    assert disk_under(state, "/mnt/disks/a/pv-1") == ("vdb", [1])
+    assert disk_under(state, "/mnt/disks/ab") == ("vda", [0])  # a prefix of the text only
+    assert local_path({"spec": {"local": {"path": "//mnt/disks/a/"}}}) == "/mnt/disks/a"
+    assert local_path({"spec": {"hostPath": {"path": "relative"}}}) is None
+
+
+def test_kubectl_numa_help_names_top_devices_and_check(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from numa_device_plugin.cli.top import kubectl_main
+
+    monkeypatch.setattr("sys.argv", ["kubectl-numa", "--help"])
+    assert kubectl_main() == 0
+    out = capsys.readouterr().out
+    for line in ("kubectl numa devices [OPTIONS]", "kubectl numa check [POD] [OPTIONS]",
+                 "Usage: numa-device-plugin top"):  # fmt: skip
+        assert line in out
+    monkeypatch.setattr("sys.argv", ["kubectl-numa", "check", "--help"])
+    assert kubectl_main() == 0
+    assert "Usage: numa-device-plugin check" in capsys.readouterr().out
+
+
+def test_without_a_kubeconfig_it_says_so(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("KUBECONFIG", raising=False)
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert main(["check"]) == 1
+    assert "no kubeconfig" in capsys.readouterr().err
