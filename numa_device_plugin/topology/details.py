@@ -77,7 +77,7 @@ def details(
     "node", "class", "class_name", "id"}``. At most :data:`MAX_DEVICES` of each. Each
     disk's ``mountpoints`` (as lsblk's MOUNTPOINTS, of the disk, its partitions and the
     dm/md devices over them, from ``mounts``, the host's mount table): None when the
-    table is unread or is a container's own (its ``/`` is overlay or tmpfs)."""
+    table is unread or is a container's own (:func:`is_a_containers`)."""
     confined = sysfs.Confined(root)
     points = mount_points(inventory, mounts)
     disks = [
@@ -107,10 +107,7 @@ def mount_points(inventory: Inventory, mounts: MountTable | None) -> dict[str, l
     """Disk name -> the mount points of the disk, its partitions and the devices made of
     them (sorted, at most :data:`MAX_MOUNT_POINTS` each); None when ``mounts`` is None,
     unreadable or a container's own table."""
-    if mounts is None or mounts.problem is not None:
-        return None
-    root = mounts.holding("/")
-    if root is None or root.fs_type in ("overlay", "tmpfs"):
+    if mounts is None or mounts.problem is not None or is_a_containers(mounts):
         return None
     disk_of = {d.name: d.disk or d.name for d in inventory.block}
     made_of = {d.name: d.parts for d in inventory.block}
@@ -132,6 +129,17 @@ def mount_points(inventory: Inventory, mounts: MountTable | None) -> dict[str, l
         for disk in disks:
             found.setdefault(disk, set()).add(mount.mount_point)
     return {disk: sorted(points)[:MAX_MOUNT_POINTS] for disk, points in found.items()}
+
+
+# Files a container runtime bind-mounts into every container (the kubelet's and
+# Docker's); a host's own table has none of them as a mount point.
+CONTAINER_FILES = ("/etc/hostname", "/etc/hosts", "/etc/resolv.conf", "/dev/termination-log")
+
+
+def is_a_containers(mounts: MountTable) -> bool:
+    """Whether ``mounts`` is a container's own table (one of :data:`CONTAINER_FILES` is
+    a mount point), not the host's: its mount points name nothing on the host."""
+    return any(mount.mount_point in CONTAINER_FILES for mount in mounts.mounts)
 
 
 def is_multipath_head(device: Located) -> bool:

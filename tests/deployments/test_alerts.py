@@ -85,8 +85,10 @@ WRITTEN: dict[str, tuple[str, str, str]] = {
         "{{ $labels.pod }}: {{ $labels.resource }} follows no device on its node",
         "For 15 minutes the plugin in {{ $labels.namespace }}/{{ $labels.pod }} has advertised "
         "nothing for {{ $labels.resource }}: its selector matches no device with a NUMA node "
-        "there. Pods asking for it stay Pending on that node; discover, /debug/state and the "
-        "log say why.",
+        "there, or the device it followed is gone (a data path unmounted, a disk pulled: the "
+        "pods holding it see an Unhealthy device). Pods asking for it stay Pending on that "
+        "node; kubectl numa check names the pods it leaves unaligned; discover, /debug/state "
+        "and the log say why.",
     ),
     "NumaNodeFull": (
         "info",

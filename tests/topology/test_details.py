@@ -154,8 +154,8 @@ def test_each_disk_lists_the_mount_points_of_itself_its_partitions_and_lvm_over_
     tmp_path: Path,
 ) -> None:
     """As lsblk's MOUNTPOINTS: nvme1n1 holds /mnt/disks/a (p1) and a bind mount of it,
-    LVM over both disks' p1 holds /mnt/disks/b (on both); a container's own table (its
-    / on overlay) names no host mount point: unknown, not empty."""
+    LVM over both disks' p1 holds /mnt/disks/b (on both); a container's own table (the
+    runtime's /etc/hosts bind mount) names no host mount point: unknown, not empty."""
     from numa_device_plugin.topology.mounts import read_mount_table
     from tests.topology.test_mounts import TABLE, sysfs_with_devices
 
@@ -175,3 +175,10 @@ def test_each_disk_lists_the_mount_points_of_itself_its_partitions_and_lvm_over_
     )
     inside = details(root, inventory, read_mount_table(tmp_path / "container", root))
     assert {d["mountpoints"] for d in inside["disks"]} == {None}
+    # a host whose / is an overlay (a live system, a test guest) is still the host
+    (tmp_path / "overlay-host").write_text(
+        "1 0 0:30 / / rw - overlay overlay rw\n"
+        "2 1 259:5 / /mnt/disks/a rw - xfs /dev/nvme1n1p1 rw\n"
+    )
+    host = details(root, inventory, read_mount_table(tmp_path / "overlay-host", root))
+    assert {d["name"]: d["mountpoints"] for d in host["disks"]}["nvme1n1"] == ["/mnt/disks/a"]
