@@ -200,7 +200,7 @@ def test_a_pod_list_refused_exits_1_naming_it(
     assert "/api/v1/namespaces/kube-system/pods" in err
 
 
-@pytest.mark.parametrize(("timeout", "per_pod"), [("3", 30.0), ("60", 1.5)])
+@pytest.mark.parametrize(("timeout", "per_pod"), [("6", 30.0), ("60", 4.0)])
 def test_a_slow_pod_is_named_and_holds_up_neither_the_others_nor_the_deadline(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
     timeout: str, per_pod: float,
@@ -224,7 +224,7 @@ def test_a_slow_pod_is_named_and_holds_up_neither_the_others_nor_the_deadline(
         took = time.monotonic() - started
     out, err = capsys.readouterr()
     assert code == 0, err
-    assert took < 10
+    assert took < 15  # the slow answer comes after 30 s
     assert "n07 (p-07): not read within the deadline" in err
     assert "Connection pool" not in err  # no reader left behind to log after the command
     names = [n["name"] for n in json.loads(out)["nodes"]]
