@@ -223,6 +223,7 @@ class ClusterApi:
         # object (200), or a status code (a Status); and seconds to wait before it.
         self.proxied: dict[str, dict[str, Any] | int] = {}
         self.delays: dict[str, float] = {}
+        self.list_delay = 0.0  # seconds before answering a list of pods
         self.volumes: list[dict[str, Any]] = []  # PersistentVolumes
         self.claims: list[dict[str, Any]] = []  # PersistentVolumeClaims
         self._paths_lock = threading.Lock()
@@ -250,6 +251,7 @@ class ClusterApi:
             listed = [c for c in self.claims if c["metadata"].get("namespace") == parts[4]]
             return 200, self._page("PersistentVolumeClaimList", listed, params)
         if len(parts) == 6 and parts[:4] == ["", "api", "v1", "namespaces"] and parts[5] == "pods":
+            time.sleep(self.list_delay)
             key, _, value = params.get("labelSelector", "").partition("=")
             listed = [
                 p for p in self.pods if p["metadata"].get("namespace") == parts[4]

@@ -1034,7 +1034,7 @@ def host_kept(work: Path) -> Iterator[list[str]]:
         yield differs
     finally:
         hoststate.restore(before)
-        differs += hoststate.differences(before, hoststate.snapshot(work=work))
+        differs += hoststate.differences(before, hoststate.snapshot(work=work), work)
 
 
 def run_host(spec: Spec) -> int:

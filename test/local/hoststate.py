@@ -7,6 +7,12 @@ kubelet and runc create (shared ``/sys/fs/cgroup``), the kernel tunables the kub
 to create (``/var/lib/kubelet``, ``/run/containerd``, …). :func:`snapshot` records all of it
 and the processes and mounts besides, :func:`restore` undoes what it can, and
 :func:`differences` says what still differs.
+
+Only what a run could have made or changed is judged (and only that is ever removed):
+cgroups with a ``kubepods`` component, mounts at or below the fixed paths, the work
+folder or the network namespaces' folder, cluster programs and processes naming the
+work folder, the kubelet's tunables, the fixed paths. Other work on the machine (a
+program's own cgroup that comes or goes, a mount of its own) never turns a run red.
 """
 
 from __future__ import annotations
@@ -45,6 +51,25 @@ FIXED_PATHS = (
     Path("/var/log/containers"),
     Path("/run/containerd"),
 )
+
+
+# Mount points below which a run's mounts can be (besides the fixed paths and the work
+# folder): the network namespaces ``ip netns`` binds.
+NETNS_FOLDERS = (Path("/run/netns"), Path("/var/run/netns"))
+
+
+def our_cgroup(relative: str) -> bool:
+    """Whether a cgroup (a path below the cgroup root, ``cpu/kubepods/besteffort``) is
+    one the kubelet or runc of a run makes: a ``kubepods`` component (cgroupfs driver)."""
+    return any(part.startswith("kubepods") for part in Path(relative).parts)
+
+
+def our_mount(point: str, work: Path | None, fixed: tuple[Path, ...] = FIXED_PATHS) -> bool:
+    """Whether a mount point is one a run can leave: at or below a fixed path, the work
+    folder or a network namespaces' folder."""
+    roots = [*fixed, *NETNS_FOLDERS, *([work] if work is not None else [])]
+    return any(point == str(root) or point.startswith(str(root).rstrip("/") + "/")
+               for root in roots)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -118,12 +143,23 @@ def snapshot(
     )
 
 
-def differences(before: HostState, after: HostState) -> list[str]:
-    """Human-readable lines, one per thing that differs; empty when the host is as it was."""
+def differences(
+    before: HostState, after: HostState, work: Path | None = None,
+    fixed: tuple[Path, ...] = FIXED_PATHS,
+) -> list[str]:  # fmt: skip
+    """Human-readable lines, one per thing of the run's that differs (:func:`our_cgroup`,
+    :func:`our_mount`); empty when the host is as it was."""
     lines = []
+
+    def mounts(state: HostState) -> frozenset[tuple[str, str, str]]:
+        return frozenset(m for m in state.mounts if our_mount(m[0], work, fixed))
+
+    def cgroups(state: HostState) -> frozenset[str]:
+        return frozenset(c for c in state.cgroups if our_cgroup(c))
+
     for what, old, new in (
-        ("mount", before.mounts, after.mounts),
-        ("cgroup", before.cgroups, after.cgroups),
+        ("mount", mounts(before), mounts(after)),
+        ("cgroup", cgroups(before), cgroups(after)),
         ("process", before.processes, after.processes),
         ("path", before.paths, after.paths),
     ):
@@ -143,8 +179,9 @@ def restore(
     fixed: tuple[Path, ...] = FIXED_PATHS,
     attempts: int = 50,
 ) -> None:
-    """Undo what a run changed: put each tunable back, kill what is left in new cgroups
-    and remove them (deepest first, retried while their last processes die), and remove
+    """Undo what a run changed: put each tunable back, kill what is left in the new
+    cgroups of the run (:func:`our_cgroup`; another program's are never touched) and
+    remove them (deepest first, retried while their last processes die), and remove
     the fixed paths the run created (only when empty: nothing of the host is deleted)."""
     for name, value in before.sysctls.items():
         path = proc / "sys" / name
@@ -152,7 +189,8 @@ def restore(
             if path.read_text().strip() != value:
                 path.write_text(value + "\n")
     for _ in range(attempts):
-        new = sorted(read_cgroups(cgroup_root) - before.cgroups, key=lambda p: -p.count("/"))
+        made = {c for c in read_cgroups(cgroup_root) - before.cgroups if our_cgroup(c)}
+        new = sorted(made, key=lambda p: -p.count("/"))
         if not new:
             break
         for relative in new:

@@ -918,3 +918,22 @@ def test_discovers_inventory_lines_show_every_terminal_control_escaped(
                             capsys)  # fmt: skip
     (shown,) = json.loads(out)["inventory"]["disks"]
     assert shown["serial"] == text.strip()
+
+
+def test_discovers_inventory_says_none_for_a_device_without_locality(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A disk and a NIC whose PCI device has numa_node -1: listed, on NUMA node(s)
+    "none", never an empty field."""
+    from numa_device_plugin.topology.fake import DeviceTree, build_machine
+
+    tree = build_machine(tmp_path / "sys", nodes=2)
+    devices = DeviceTree(tree.root)
+    devices.pci("0000:41:00.0", -1, "0x010802")
+    devices.pci("0000:17:00.0", -1, "0x020000")
+    devices.disk("nvme0n1", "0000:41:00.0", serial="S1")
+    devices.nic("ens1f0", "0000:17:00.0")
+    code, out, _ = run_main(["discover", "--sysfs-root", str(tree.root)], capsys)
+    assert code == 0
+    assert "  disk nvme0n1: NUMA node(s) none; serial S1" in out
+    assert "  NIC ens1f0: NUMA node(s) none; PCI 0000:17:00.0" in out

@@ -333,3 +333,20 @@ def test_everything_it_proposes_is_accepted_by_the_plugin_and_the_chart(
     assert set(configs.configs) == set(named)
     pool = document["pool"]["near"]
     assert pool == {"mnt-my-disk": "path:/mnt/my\\040disk"}
+
+
+def test_a_passed_deadline_exits_1_saying_so(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The pod list itself answers after 5 s: --timeout 1 ends the command at 1 s."""
+    import time
+
+    with cluster_api(tmp_path, [], [plugin_pod("p-a", "a")]) as (api, kubeconfig):
+        api.list_delay = 5.0
+        started = time.monotonic()
+        code = main(["devices", "--kubeconfig", str(kubeconfig), "--timeout", "1"])
+        took = time.monotonic() - started
+    out, err = capsys.readouterr()
+    assert (code, out) == (1, "")
+    assert "numa-device-plugin devices: not done within 1 s (--timeout)" in err
+    assert took < 4

@@ -627,3 +627,28 @@ def test_the_harness_prints_the_progress_summary_on_any_exit(
     assert "e2e progress: 1 passed" in capsys.readouterr().out
     cluster.print_progress(tmp_path / "gone")  # a work folder already removed: nothing
     assert "    finally:\n        print_progress(work)\n" in Path(cluster.__file__).read_text()
+
+
+def test_other_work_on_the_machine_never_turns_a_run_red_nor_is_touched(tmp_path: Path) -> None:
+    """A program's own cgroup gone or made during the run, a mount of its own: not the
+    run's, so no difference, and restore never kills or removes them."""
+    proc, cgroups = fake_host(tmp_path)
+    (cgroups / "memory" / "someone-else" / "job-1").mkdir(parents=True)
+    fixed = (tmp_path / "var-lib-kubelet",)
+    before = hoststate.snapshot(proc, cgroups, fixed=fixed)
+    (cgroups / "memory" / "someone-else" / "job-1").rmdir()
+    (cgroups / "memory" / "someone-else" / "job-2").mkdir()
+    with (proc / "self" / "mountinfo").open("a") as mounts:
+        mounts.write("41 22 0:31 / /mnt/usb rw - vfat /dev/sdz1 rw\n")
+    hoststate.restore(before, proc, cgroups, fixed=fixed, attempts=2)
+    assert (cgroups / "memory" / "someone-else" / "job-2").is_dir()
+    work = tmp_path / "work"
+    assert hoststate.differences(before, hoststate.snapshot(proc, cgroups, fixed=fixed), work,
+                                 fixed) == []  # fmt: skip
+    (cgroups / "memory" / "kubepods" / "pod9").mkdir(parents=True)
+    with (proc / "self" / "mountinfo").open("a") as mounts:
+        mounts.write(f"42 22 0:32 / {work}/rootfs rw - overlay overlay rw\n")
+    lines = hoststate.differences(before, hoststate.snapshot(proc, cgroups, fixed=fixed), work,
+                                  fixed)  # fmt: skip
+    assert "cgroup left behind: memory/kubepods/pod9" in lines
+    assert f"mount left behind: ('{work}/rootfs', 'overlay', 'overlay')" in lines
