@@ -60,6 +60,10 @@ LOAD_SENSITIVE = (
     "tests/ops/test_signals.py",
     "tests/plugin/test_status.py",
     "tests/cli/test_top.py",
+    "tests/cli/test_devices.py",
+    "tests/cli/test_check.py",
+    "tests/plugin/test_devicewatch.py",
+    "tests/topology/test_mount_tree.py",
 )
 
 
