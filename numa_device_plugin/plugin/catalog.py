@@ -13,6 +13,7 @@ from collections.abc import Callable, Mapping
 
 from numa_device_plugin.plugin.devices import Resource
 from numa_device_plugin.plugin.discovery import Discovery
+from numa_device_plugin.plugin.nearhealth import same_served
 from numa_device_plugin.plugin.servicer import NumaDevicePluginServicer
 
 
@@ -44,11 +45,14 @@ class Catalog:
         return next(p.node.cpus for p in self.discovery.plans if p.node.id == node_id)
 
     def update(self, discovery: Discovery) -> None:
-        """Take ``discovery``: keep the servicers of unchanged resources, build the rest."""
+        """Take ``discovery``: keep the servicers of resources that serve the same
+        (:func:`~numa_device_plugin.plugin.nearhealth.same_served`: a lost resource whose
+        reason's text changed keeps the servicer its running server holds), build the
+        rest."""
         kept = {
             name: servicer
             for name, servicer in self._servicers.items()
-            if self.resources.get(name) == discovery.resources.get(name)
+            if same_served(self.resources.get(name), discovery.resources.get(name))
         }
         self.discovery = discovery
         self._servicers = {

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Mapping
-from dataclasses import replace
 from functools import partial
 
 import structlog
@@ -16,7 +15,7 @@ import structlog
 from numa_device_plugin.plugin.config import Config
 from numa_device_plugin.plugin.devices import Resource
 from numa_device_plugin.plugin.discovery import Discovery, discover
-from numa_device_plugin.plugin.nearhealth import keep_lost
+from numa_device_plugin.plugin.nearhealth import keep_lost, same_served
 from numa_device_plugin.topology import sysfs
 
 log = structlog.get_logger(__name__)
@@ -38,17 +37,9 @@ def differs(old: Discovery | None, new: Discovery) -> bool:
 
 def changed(old: Mapping[str, Resource], new: Mapping[str, Resource]) -> set[str]:
     """The names of the resources added, gone or different between ``old`` and ``new``
-    in what their server serves: devices, health, TopologyInfo, what Allocate names.
-    A lost resource whose reason's text changed (a mount table's line number) is the
-    same: it registers again only when it is found, or lost, again."""
-    return {name for name in {*old, *new} if _served(old.get(name)) != _served(new.get(name))}
-
-
-def _served(resource: Resource | None) -> Resource | None:
-    """``resource`` without the text of why it is lost (only whether it is)."""
-    if resource is None or resource.lost is None:
-        return resource
-    return replace(resource, lost="lost")
+    in what their server serves (:func:`~.nearhealth.same_served`): a lost resource whose
+    reason's text changed (a mount table's line number) registers nothing again."""
+    return {name for name in {*old, *new} if not same_served(old.get(name), new.get(name))}
 
 
 class DeviceWatch:

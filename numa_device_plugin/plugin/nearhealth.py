@@ -72,3 +72,16 @@ def with_left_behind(
         if where is not None and where[0] in nodes and len(left) < MAX_LEFT_BEHIND:
             left.append(Device(device_id, where[0], where[1], UNHEALTHY))
     return (*devices, *left)
+
+
+def same_served(old: Resource | None, new: Resource | None) -> bool:
+    """Whether ``old`` and ``new`` serve the same (devices, health, TopologyInfo, what
+    Allocate names): equal but for the text of why a lost resource is lost (a mount
+    table's line number), never whether it is. None: no resource."""
+
+    def served(resource: Resource | None) -> Resource | None:
+        if resource is None or resource.lost is None:
+            return resource
+        return replace(resource, lost="lost")
+
+    return served(old) == served(new)

@@ -130,3 +130,32 @@ def test_an_id_held_where_the_resource_left_is_listed_unhealthy_and_not_counted_
     devices, foreign = poller_plan(Config(), catalog, view, {NAME: moved}).lists[NAME]
     assert Device("numa1-slot0001", 1, 1, UNHEALTHY) in devices
     assert foreign == {"junk"}
+
+
+def test_a_lost_resource_whose_reason_text_changes_keeps_the_servicer_its_server_holds() -> None:
+    """The device watch registers nothing again for a new reason's text; the catalog
+    must then keep the servicer the running server holds (a new one would get the
+    poller's device lists while the kubelet's stream stays on the old one)."""
+    from numa_device_plugin.plugin.catalog import Catalog
+    from numa_device_plugin.plugin.devicewatch import changed
+
+    made: list[Resource] = []
+
+    def make(resource: Resource) -> object:
+        made.append(resource)
+        return object()
+
+    catalog = Catalog(make)  # type: ignore[arg-type]
+    lost = replace(near_on(1), lost="path:/x: malformed mount table: line 3")
+    catalog.update(Discovery(plans=(), resources={NAME: lost}))
+    first = catalog.servicers[NAME]
+    moved = replace(lost, lost="path:/x: malformed mount table: line 4")
+    assert changed({NAME: lost}, {NAME: moved}) == set()
+    catalog.update(Discovery(plans=(), resources={NAME: moved}))
+    assert catalog.servicers[NAME] is first
+    assert catalog.resources[NAME].lost == "path:/x: malformed mount table: line 4"  # shown
+    found = replace(lost, lost=None)  # back: served again, a new servicer for it
+    assert changed({NAME: moved}, {NAME: found}) == {NAME}
+    catalog.update(Discovery(plans=(), resources={NAME: found}))
+    assert catalog.servicers[NAME] is not first
+    assert len(made) == 2
