@@ -30,6 +30,7 @@ from numa_device_plugin.plugin.devices import (
     MAX_NEAR,
     Near,
     check_near,
+    near_env,
     parse_near,
     validate_near_name,
 )
@@ -124,25 +125,27 @@ class _Entries:
         self._parsed: list[Near] = []
 
     def add(self, name: str, selector: str, what: str) -> None:
+        """Propose ``name`` (numbered ``-2``, ``-3``… where its variable is taken) for
+        ``selector``, or say in ``left_out`` why the plugin would refuse it."""
+        taken = {near_env(entry.name) for entry in self._parsed}
         base = name.strip("-")
-        for number in range(1, 100):
-            candidate = base if number == 1 else f"{base}-{number}"
-            try:
-                validate_near_name(DEFAULT_RESOURCE_PREFIX, candidate)
-                entry = parse_near(f"{candidate}={selector}")
-                check_near(DEFAULT_RESOURCE_PREFIX, [*self._parsed, entry])
-            except ValueError as exc:
-                if "would both set" in str(exc) or "given twice" in str(exc):
-                    continue  # a clash: the next number
-                self.left_out.append(f"{self.where}: {what}: {exc}")
-                return
-            if len(self._parsed) >= MAX_NEAR:
-                self.left_out.append(f"{self.where}: {what}: over {MAX_NEAR} entries")
-                return
-            self._parsed.append(entry)
-            self.near[candidate] = selector
+        names = [base, *(f"{base}-{n}" for n in range(2, 100))]
+        candidate = next((n for n in names if near_env(n) not in taken), None)
+        if candidate is None:
+            self.left_out.append(f"{self.where}: {what}: no free name")
             return
-        self.left_out.append(f"{self.where}: {what}: no free name")
+        if len(self._parsed) >= MAX_NEAR:
+            self.left_out.append(f"{self.where}: {what}: over {MAX_NEAR} entries")
+            return
+        try:
+            validate_near_name(DEFAULT_RESOURCE_PREFIX, candidate)
+            entry = parse_near(f"{candidate}={selector}")
+            check_near(DEFAULT_RESOURCE_PREFIX, [*self._parsed, entry])
+        except ValueError as exc:
+            self.left_out.append(f"{self.where}: {what}: {exc}")
+            return
+        self._parsed.append(entry)
+        self.near[candidate] = selector
 
 
 def data_mounts(found: Mapping[str, list[dict[str, Any]]]) -> dict[str, str] | None:

@@ -95,7 +95,12 @@ class NumaDevicePluginServicer(api_pb2_grpc.DevicePluginServicer):  # type: igno
     ) -> None:
         self.resource_name = resource.name
         self._near = resource.near
-        self._near_devices = dict(resource.near_devices)
+        # Names of a kernel name's form only, filtered once here, not at each Allocate
+        # (discovery already leaves any other without locality).
+        self._near_devices = {
+            node: tuple(name for name in names if sysfs.is_kernel_name(name))
+            for node, names in resource.near_devices
+        }
         self._recorder: Recorder = recorder or NullRecorder()
         self.node_id = resource.node_id
         self._on_stream_lost = on_stream_lost
@@ -246,8 +251,7 @@ class NumaDevicePluginServicer(api_pb2_grpc.DevicePluginServicer):  # type: igno
         envs = {NUMA_NODE_ENV: self._numa_node(ids)}
         if self._near is not None:
             nodes = sorted({self._by_id[device_id].node_id for device_id in ids})
-            names = [name for node in nodes for name in self._near_devices.get(node, ())
-                     if sysfs.is_kernel_name(name)]  # fmt: skip
+            names = [name for node in nodes for name in self._near_devices.get(node, ())]
             envs[near_env(self._near.name)] = ",".join(dict.fromkeys(names))
         return envs
 

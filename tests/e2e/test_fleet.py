@@ -358,6 +358,28 @@ def resources_status(platform: Any, pod: str, namespace: str) -> dict[str, str]:
     }  # fmt: skip
 
 
+def reports_health(platform: Any, node: str) -> bool:
+    """Whether ``node``'s kubelet reports allocatedResourcesStatus (from 1.36 on); said
+    in the report when it does not, never skipped in silence."""
+    version = platform.core.read_node(node).status.node_info.kubelet_version
+    reports = tuple(int(p) for p in version.lstrip("v").split(".")[:2]) >= (1, 36)
+    if not reports:
+        print(f"kubelet {version}: the pod's allocatedResourcesStatus exists from 1.36 only "
+              "(ResourceHealthStatus): its Unhealthy checks are not made here")  # fmt: skip
+    return reports
+
+
+def wait_unhealthy(platform: Any, pod: str, namespace: str) -> dict[str, str]:
+    """The pod's allocatedResourcesStatus once every device in it is Unhealthy."""
+    found: dict[str, str] = platform.eventually(
+        lambda: set((seen := resources_status(platform, pod, namespace)).values())
+        == {"Unhealthy"} and seen,
+        120, f"{pod}'s allocatedResourcesStatus Unhealthy",
+    )  # fmt: skip
+    print(f"{pod}'s allocatedResourcesStatus: {found}")
+    return found
+
+
 def test_a_disk_removed_and_added_back_on_the_other_node_is_followed_without_a_restart(
     fleet: Fleet, namespace: str
 ) -> None:
@@ -379,11 +401,7 @@ def test_a_disk_removed_and_added_back_on_the_other_node_is_followed_without_a_r
     seen = seen_in_pod(platform, "holder", namespace)
     print(describe("holder", pair.a, seen))
     assert_on(seen, "1")
-    version = platform.core.read_node(pair.a).status.node_info.kubelet_version
-    reports = tuple(int(p) for p in version.lstrip("v").split(".")[:2]) >= (1, 36)
-    if not reports:  # said in the report, never skipped in silence
-        print(f"kubelet {version}: the pod's allocatedResourcesStatus exists from 1.36 only "
-              "(ResourceHealthStatus): its Unhealthy checks are not made here")  # fmt: skip
+    reports = reports_health(platform, pair.a)
     monitor = Monitor(me["qmp"], 30 * platform.time_scale)
     try:
         monitor.run("device_del", id="hotplug")
@@ -393,12 +411,7 @@ def test_a_disk_removed_and_added_back_on_the_other_node_is_followed_without_a_r
         print(f"device_del: {name} allocatable {pair.ours(pair.a).get(name)}; the plan: "
               f"{fleet.near_plan(pair.a, name)['reason']}")  # fmt: skip
         if reports:
-            gone = platform.eventually(
-                lambda: set((found := resources_status(platform, "holder", namespace))
-                            .values()) == {"Unhealthy"} and found,
-                120, "the holder's allocatedResourcesStatus Unhealthy",
-            )  # fmt: skip
-            print(f"holder's allocatedResourcesStatus: {gone}")
+            wait_unhealthy(platform, "holder", namespace)
         monitor.run("device_add", driver="virtio-blk-pci", id="hotplug", bus="rp01",
                     drive="hotplug", serial=fleet.serial("hotplug", pair.a))  # fmt: skip
         platform.eventually(lambda: pair.ours(pair.a).get(name) == SLOTS, 120,
@@ -452,8 +465,7 @@ def test_an_unmounted_data_disk_leaves_its_pods_device_lost_and_check_says_so(
     (checked,) = json.loads(before.stdout)["pods"]
     assert checked["verdict"] == "aligned"
     source = run_checked(["findmnt", "-n", "-o", "SOURCE", "/mnt/disks/a"], timeout=30).strip()
-    version = platform.core.read_node(pair.a).status.node_info.kubelet_version
-    reports = tuple(int(p) for p in version.lstrip("v").split(".")[:2]) >= (1, 36)
+    reports = reports_health(platform, pair.a)
     run_checked(["umount", "/mnt/disks/a"], timeout=60)
     try:
         platform.eventually(lambda: pair.ours(pair.a).get(name) == "0", 60,
@@ -465,15 +477,7 @@ def test_an_unmounted_data_disk_leaves_its_pods_device_lost_and_check_says_so(
         assert fleet.near_plan(pair.a, name)["nodes"] == []
         assert pair.metrics(pair.a)[f'numa_device_plugin_near_advertised{{resource="{name}"}}'] == 0
         if reports:
-            gone = platform.eventually(
-                lambda: set((found := resources_status(platform, "data-a", namespace))
-                            .values()) == {"Unhealthy"} and found,
-                120, "the pod's allocatedResourcesStatus Unhealthy",
-            )  # fmt: skip
-            print(f"data-a's allocatedResourcesStatus: {gone}")
-        else:
-            print(f"kubelet {version}: allocatedResourcesStatus exists from 1.36 only: "
-                  "not checked")  # fmt: skip
+            wait_unhealthy(platform, "data-a", namespace)
         after = kubectl_numa(platform, "check", "-n", namespace, "data-a", "--output", "json")
         print(after.stdout)
         assert after.returncode == 1
