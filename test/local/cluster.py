@@ -45,6 +45,7 @@ from pathlib import Path
 from typing import Any
 
 import hoststate
+import netstate
 import render
 import shipped
 import workers
@@ -972,6 +973,33 @@ class Guests:
                 child.wait()
 
 
+# Seconds between two samples of the control plane's network (logs/network.jsonl).
+NETWORK_SAMPLE_SECONDS = 20.0
+
+
+def sample_network(cluster: Cluster, stop: threading.Event, every: float) -> None:
+    """Until ``stop``: every ``every`` s, one JSON line in ``logs/network.jsonl`` of what
+    the control plane's network namespace shows (:func:`netstate.snapshot`: the bridge's
+    and each worker's tap device's counters, TCP failures, load, a TCP connect to the API
+    server over the bridge) and how long the API server took to answer ``/readyz``. A
+    guest's failed test records its side (the progress file's ``network``); the two
+    together say whether packets were lost on the way or the API server did not
+    answer."""
+    path = cluster.work / "logs" / "network.jsonl"
+    port = int(cluster.ports["apiserver"])
+    while not stop.wait(every):
+        sample = netstate.snapshot((workers.CONTROL_PLANE_IP, port))
+        started = time.monotonic()
+        status: int | str
+        try:
+            status = http_get(f"{cluster.api_base}/readyz", cluster.token, timeout=10)[0]
+        except OSError as exc:
+            status = f"{type(exc).__name__}: {exc}"
+        sample["readyz"] = {"status": status, "seconds": round(time.monotonic() - started, 3)}
+        with contextlib.suppress(OSError), open(path, "a", encoding="utf-8") as out:
+            out.write(json.dumps(sample) + "\n")
+
+
 def control_plane(spec: Spec) -> int:
     """WORKERS=N, PID 1 of the namespace on the host: the control plane and the registry
     up, the worker guests booted and joined, the plugin installed with the README's
@@ -988,9 +1016,12 @@ def control_plane(spec: Spec) -> int:
     signal.signal(signal.SIGTERM, interrupt)
     scale = spec.time_scale
     grace = 120 * scale
+    stop_sampler = threading.Event()
     try:
         started = time.monotonic()
         cluster.up()
+        threading.Thread(target=sample_network, args=(cluster, stop_sampler,
+                         NETWORK_SAMPLE_SECONDS), daemon=True).start()  # fmt: skip
         guests.boot()
         guests.wait_nodes(300 * scale)
         log(f"{len(guests.plan)} workers joined at {time.monotonic() - started:.0f} s")
@@ -1006,6 +1037,7 @@ def control_plane(spec: Spec) -> int:
         grace = 30.0
         return 130
     finally:
+        stop_sampler.set()
         guests.stop(grace)
         cluster.down()
         stop_reaper.set()

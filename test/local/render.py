@@ -540,8 +540,9 @@ def cpio_newc(entries: Iterable[tuple[str, int, bytes]]) -> bytes:
 
 def progress_summary(text: str, limit: int = 60) -> str:
     """The summary of an e2e run's progress file (tests/e2e/conftest.py writes one JSON
-    line per test as it ends): the count per outcome, then each test that did not pass
-    with why, and each test's last observed line; at most ``limit`` tests listed. A line
+    line per test as it ends): the count per outcome, then each test with why it did not
+    pass, its last observed line and its two longest waits (what for, seconds in all,
+    how often and how each ended); at most ``limit`` tests listed. A line
     that is not JSON (a run cut mid-write) is counted as such, never fatal."""
     records, broken = [], 0
     for line in text.splitlines():
@@ -573,6 +574,12 @@ def progress_summary(text: str, limit: int = 60) -> str:
         observed = record.get("observed") or []
         if observed:
             lines.append("          saw: " + str(observed[-1])[:300])
+        longest = sorted((w for w in record.get("waits") or [] if isinstance(w, dict)),
+                         key=lambda w: -float(w.get("seconds") or 0))[:2]  # fmt: skip
+        for wait in longest:
+            outcomes = ", ".join(f"{n} {k}" for k, n in (wait.get("outcomes") or {}).items())
+            lines.append(f"          waited {wait.get('seconds')} s for {wait.get('what')}"
+                         f" ({wait.get('times')}x: {outcomes})"[:300])  # fmt: skip
     if len(records) > limit:
         lines.append(f"  ... and {len(records) - limit} more")
     return "\n".join(lines)

@@ -16,6 +16,7 @@ skips; any other failure to reach it (a bad login, an API error) fails.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shlex
@@ -23,9 +24,10 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.parse
 import urllib.request
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Hashable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -39,6 +41,7 @@ from numa_device_plugin.api.podresources.v1 import api_pb2 as pr_pb2
 from numa_device_plugin.api.podresources.v1 import api_pb2_grpc as pr_grpc
 from numa_device_plugin.topology.sysfs import parse_cpulist
 from tests.conftest import REPO
+from tests.e2e import waits
 
 NAMESPACE = "kube-system"
 PLUGIN = "numa-device-plugin"
@@ -70,8 +73,10 @@ def progress_record(report: pytest.TestReport) -> dict[str, Any] | None:
     """The line :envvar:`NUMA_E2E_PROGRESS` gets for ``report``: one per test (its call,
     or a setup that failed or skipped, or a teardown that failed): ``{"test", "when",
     "outcome", "seconds", "observed": [its last printed lines], "why", "where":
-    [:func:`failure_chain`], "plugin_log": [the plugin's last log lines, a failure's]}``;
-    None for the other phases."""
+    [:func:`failure_chain`], "plugin_log": [the plugin's last log lines, a failure's],
+    "waits": [what it waited for and how long, :func:`waits.summary`], "network": {what
+    the node's network showed at a failure, :func:`network_snapshot`}}``; None for the
+    other phases."""
     if (
         report.when == "call"
         or (report.when == "setup" and not report.passed)
@@ -94,6 +99,8 @@ def progress_record(report: pytest.TestReport) -> dict[str, Any] | None:
             "where": [] if report.passed else failure_chain(report.longrepr),
             "plugin_log": next((text.splitlines()[-OBSERVED_LINES:] for name, text
                                 in report.sections if name.startswith("plugin log")), []),
+            "waits": dict(report.user_properties).get("waits", []),
+            "network": dict(report.user_properties).get("network"),
         }  # fmt: skip
     return None
 
@@ -120,17 +127,53 @@ def plugin_log_tail(funcargs: dict[str, Any], lines: int = PLUGIN_LOG_LINES) -> 
     return None
 
 
+def network_snapshot() -> dict[str, Any]:
+    """What this node's network shows (``test/local/netstate.py``: interface counters,
+    TCP failures and retransmits, load, a timed TCP connect to the API server), for a
+    failed test's report: beside the host's samples (``logs/network.jsonl``) it tells a
+    guest that cannot reach the API server from one whose API server does not answer."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("netstate", REPO / "test/local/netstate.py")
+    assert spec is not None
+    assert spec.loader is not None
+    netstate = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(netstate)
+    target = None
+    with contextlib.suppress(Exception):  # a report must not fail on it
+        parsed = urllib.parse.urlsplit(client.Configuration.get_default_copy().host)
+        if parsed.hostname and parsed.port:
+            target = (parsed.hostname, parsed.port)
+    found: dict[str, Any] = netstate.snapshot(target)
+    return found
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """Each test's notes of what it waited for start empty."""
+    waits.reset()
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
-    """A failed test's report carries the plugin's last log lines (a section pytest
-    prints with the failure, and the progress file's ``plugin_log``): a probe or
-    ``/metrics`` that timed out once left no trace of what the plugin was doing."""
+    """A test's report carries what it waited for (setup and call, :mod:`waits`); a
+    failed one also the plugin's last log lines (a section pytest prints with the
+    failure, and the progress file's ``plugin_log``: a probe or ``/metrics`` that timed
+    out once left no trace of what the plugin was doing) and, in a guest, what the
+    node's network showed (:func:`network_snapshot`)."""
     outcome: Any = yield
     report = outcome.get_result()
+    if report.when == "call" or (report.when == "setup" and not report.passed):
+        report.user_properties.append(("waits", waits.summary()))
     if report.when == "call" and report.failed:
         tail = plugin_log_tail(getattr(item, "funcargs", {}))
         if tail is not None:
             report.sections.append(("plugin log (last lines)", tail))
+        if os.environ.get("NUMA_E2E_LOCAL"):
+            snapshot = network_snapshot()
+            report.user_properties.append(("network", snapshot))
+            report.sections.append(("the node's network at the failure",
+                                    json.dumps(snapshot, indent=1)))  # fmt: skip
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
@@ -180,17 +223,40 @@ def run_checked(
     timeout: float,
     env: dict[str, str] | None = None,
     plugin_log: Callable[[], str] | None = None,
+    retries: int = 4,
 ) -> str:
     """``command``'s stdout; when it exits non-zero, an AssertionError that shows the
     command, its exit status, the end of its stderr and stdout and, with ``plugin_log``,
     the plugin's last log lines (a bare CalledProcessError once hid why ``status``
-    failed on a loaded machine)."""
-    done = subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=env,
-                          check=False)  # fmt: skip
-    if done.returncode == 0:
-        return done.stdout
+    failed on a loaded machine).
+
+    A kubectl that could not reach the API server at all (:data:`waits.UNREACHED`: the
+    command it carries never ran) is run again, up to ``retries`` times, each time noted
+    with what the node's network showed then (:func:`network_snapshot`). A run that took
+    :data:`waits.SLOW_COMMAND` s or more is noted too. Raises subprocess.TimeoutExpired
+    after ``timeout`` s of one run."""
+    shown = shlex.join(command)
+    for attempt in range(retries + 1):
+        started = time.monotonic()
+        try:
+            done = subprocess.run(command, capture_output=True, text=True, timeout=timeout,
+                                  env=env, check=False)  # fmt: skip
+        except subprocess.TimeoutExpired:
+            waits.note(f"`{shown[:150]}`", time.monotonic() - started, "timed out")
+            raise
+        took = time.monotonic() - started
+        if done.returncode == 0:
+            if took >= waits.SLOW_COMMAND:
+                waits.note(f"`{shown[:150]}`", took, "slow")
+            return done.stdout
+        if attempt == retries or not waits.UNREACHED.search(done.stderr):
+            break
+        network = network_snapshot() if os.environ.get("NUMA_E2E_LOCAL") else None
+        waits.note(f"`{shown[:150]}` to reach the API server", took, "retried",
+                   detail=done.stderr.strip().splitlines()[-1][:200], network=network)  # fmt: skip
+        time.sleep(waits.RETRY_PAUSE)
     parts = [
-        f"{shlex.join(command)} exited {done.returncode}",
+        f"{shown} exited {done.returncode}",
         f"--- its stderr (end) ---\n{done.stderr[-4000:].rstrip()}",
         f"--- its stdout (end) ---\n{done.stdout[-2000:].rstrip()}",
     ]
@@ -253,22 +319,24 @@ class Platform:
         self.core = core
 
     def eventually(
-        self, check: Callable[[], Any], timeout: float, what: str, interval: float = 2.0
+        self,
+        check: Callable[[], Any],
+        timeout: float,
+        what: str,
+        interval: float = 2.0,
+        progress: Callable[[], Hashable] | None = None,
     ) -> Any:
         """Call ``check`` until it returns something truthy; fail after ``timeout`` s
-        (scaled)."""
-        deadline = time.monotonic() + timeout * self.time_scale
-        last: Any = None
-        while time.monotonic() < deadline:
-            try:
-                last = check()
-            except (client.ApiException, OSError, ValueError) as exc:
-                last = exc
-            if last and not isinstance(last, Exception):
-                return last
-            time.sleep(interval)
-        pytest.fail(f"timed out after {timeout * self.time_scale:.0f} s waiting for {what} "
-                    f"(last: {last!r})")  # fmt: skip
+        (scaled) without a change of ``progress`` (a view of what is awaited, e.g.
+        :func:`pod_progress`), or after :data:`waits.PROGRESS_LIMIT` times that in all.
+        The wait is noted in the test's line of the progress file."""
+        found, failed = waits.wait(
+            check, timeout * self.time_scale, what, interval=interval, progress=progress,
+            tolerated=(client.ApiException, OSError, ValueError),
+        )  # fmt: skip
+        if failed is not None:
+            pytest.fail(failed)
+        return found
 
     def allocatable(self) -> dict[str, str]:
         found: dict[str, str] = self.core.read_node(self.node).status.allocatable
@@ -535,6 +603,26 @@ def pod_ready(pod: client.V1Pod | None) -> bool:
     """The pod's Ready condition (its readiness probes); False for None."""
     conditions = (pod.status.conditions or []) if pod is not None else []
     return any(c.type == "Ready" and c.status == "True" for c in conditions)
+
+
+def pod_progress(pod: client.V1Pod | None) -> Hashable:
+    """A view of how far a pod got, for a wait's ``progress``: its phase, each condition's
+    status and each container's state and reason (waiting ContainerCreating, running,
+    terminated), ready and restarts. It changes as the pod is scheduled, pulled, started
+    and probed; None for no pod."""
+    if pod is None:
+        return None
+    status = pod.status
+    containers = []
+    for found in (status.init_container_statuses or []) + (status.container_statuses or []):
+        state = found.state
+        kinds = [k for k in ("waiting", "running", "terminated")
+                 if state is not None and getattr(state, k) is not None]  # fmt: skip
+        kind = kinds[0] if kinds else "unknown"
+        reason = getattr(getattr(state, kind, None), "reason", None)
+        containers.append((found.name, kind, reason, found.ready, found.restart_count))
+    conditions = tuple(sorted((c.type, c.status) for c in status.conditions or []))
+    return (status.phase, conditions, tuple(containers))
 
 
 def _running(pid: int) -> bool:

@@ -16,7 +16,7 @@ import os
 import signal
 import subprocess
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +29,7 @@ from tests.e2e.conftest import (
     LocalPlatform,
     daemonset_pod,
     parse_metrics,
+    pod_progress,
     pod_ready,
     run_checked,
 )
@@ -61,11 +62,16 @@ class ShippedPlatform(LocalPlatform):
         self.helm = description["helm"]
 
     def eventually(
-        self, check: Callable[[], Any], timeout: float, what: str, interval: float = 2.0
+        self,
+        check: Callable[[], Any],
+        timeout: float,
+        what: str,
+        interval: float = 2.0,
+        progress: Callable[[], Hashable] | None = None,
     ) -> Any:
         """As :meth:`Platform.eventually`; a timeout also shows the plugin's log tail."""
         try:
-            return super().eventually(check, timeout, what, interval)
+            return super().eventually(check, timeout, what, interval, progress)
         except pytest.fail.Exception as failure:
             try:
                 tail = "\n".join(self.plugin_log().splitlines()[-15:])
@@ -176,6 +182,10 @@ class ShippedPlatform(LocalPlatform):
         self.wait_new_pod(None if old is None else old.metadata.uid)
 
     def wait_new_pod(self, old_uid: str | None) -> None:
+        def state() -> Hashable:
+            new = self.plugin_pod()
+            return None if new is None or new.metadata.uid == old_uid else pod_progress(new)
+
         self.eventually(
             lambda: (
                 (new := self.plugin_pod()) is not None
@@ -185,6 +195,7 @@ class ShippedPlatform(LocalPlatform):
             120,
             "a new plugin pod, Ready",
             0.5,
+            progress=state,
         )
 
     def restart_plugin(self, capacity: str | None = None) -> None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Hashable, Iterator
 from pathlib import Path
 
 import pytest
@@ -18,7 +18,7 @@ from kubernetes import client
 
 from numa_device_plugin.topology.sysfs import parse_cpulist
 from tests.conftest import REPO
-from tests.e2e.conftest import ClusterConfig, LocalPlatform, Platform, run_checked
+from tests.e2e.conftest import ClusterConfig, LocalPlatform, Platform, pod_progress, run_checked
 
 pytestmark = pytest.mark.e2e
 # What a pod prints to show where it runs, read from the kernel, not from the plugin.
@@ -98,7 +98,12 @@ def wait_phase(platform: Platform, pod: str, namespace: str, phase: str) -> clie
                         f"{why_ended(platform, found)}")  # fmt: skip
         return found if found.status.phase == phase else None
 
-    found: client.V1Pod = platform.eventually(reached, 180, f"{pod} to reach {phase}")
+    def state() -> Hashable:
+        return pod_progress(platform.core.read_namespaced_pod(pod, namespace))
+
+    found: client.V1Pod = platform.eventually(
+        reached, 180, f"{pod} to reach {phase}", progress=state
+    )
     return found
 
 
@@ -274,7 +279,7 @@ def test_top_explains_a_pending_pod_from_the_api_server(platform: Platform, name
     top = [sys.executable, "-m", "numa_device_plugin", "top"]
 
     def run(*args: str) -> str:
-        return run_checked([*top, *args], timeout=120)
+        return run_checked([*top, *args], timeout=120 * platform.time_scale)
 
     # Pods of earlier tests may still be ending: read until two counts agree around top's.
     for _ in range(10):
