@@ -5,7 +5,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 BIN    := $(VENV)/bin
 
-.PHONY: install run test coverage test-loaded test-e2e test-e2e-local kube-etcd helm kubectl prometheus promtool chromium iptables screenshots reference docs lint proto bench bench-fleet attack soak image image-name image-tag push release lock docker-build docker-push deploy undeploy clean
+.PHONY: install run test coverage test-loaded test-e2e test-e2e-local kube-etcd helm kubectl prometheus promtool chromium iptables screenshots reference docs lint proto bench bench-peer bench-fleet attack soak image image-name image-tag push release lock docker-build docker-push deploy undeploy clean
 
 install: $(VENV)/.installed
 
@@ -137,6 +137,11 @@ proto: install
 ## bench: every benchmark against a real serve process; prints a table (BENCH_ARGS=--json for JSON)
 bench: install
 	$(PY) -m benchmarks.bench all $(BENCH_ARGS)
+
+## bench-peer: this plugin beside a Go device plugin (PEER=<binary>, squat's flags;
+## without PEER ours alone), one run, same kubelet stand-in: start, RSS, idle CPU
+bench-peer: install
+	$(PY) -m benchmarks.peer $(if $(PEER),--peer "$(PEER)") $(PEER_ARGS)
 
 ## bench-fleet: kubectl numa devices and check against a stand-in API server with 1,000
 ## plugin pods, one of them slow (FLEET_ARGS, e.g. --nodes 200 --latency 0); prints figures

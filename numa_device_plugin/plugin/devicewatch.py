@@ -7,18 +7,22 @@ changed (no re-registration when nothing did). It only feeds the manager."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Hashable, Mapping
 from functools import partial
 
 import structlog
 
 from numa_device_plugin.plugin.config import Config
 from numa_device_plugin.plugin.devices import Resource
-from numa_device_plugin.plugin.discovery import Discovery, discover
+from numa_device_plugin.plugin.discovery import Discovery, discover, look_key
 from numa_device_plugin.plugin.nearhealth import keep_lost, same_served
 from numa_device_plugin.topology import sysfs
 
 log = structlog.get_logger(__name__)
+
+# Every this many looks the quiet look runs even when the look key is unchanged (what
+# the key leaves out: a device attribute that changes in place).
+FULL_LOOK_EVERY = 10
 
 
 def differs(old: Discovery | None, new: Discovery) -> bool:
@@ -48,7 +52,13 @@ class DeviceWatch:
     ``discover_fn`` is it, else ``discover_fn``); when that :func:`differs` from
     ``current()`` it reads again with ``discover_fn`` and keeps that discovery for
     :meth:`take` and calls ``woken()``. A failed read is logged once per fault and
-    the served discovery kept."""
+    the served discovery kept.
+
+    Before the quiet look, ``key_fn`` (default: :func:`~.discovery.look_key` with
+    :func:`discover`, none otherwise) reads what the look depends on, cheaply; while it
+    equals the key of the last look that matched what is served, the look is skipped
+    (a 1,000-device machine is not read every interval to find nothing), except every
+    :data:`FULL_LOOK_EVERY` looks."""
 
     def __init__(
         self,
@@ -57,12 +67,17 @@ class DeviceWatch:
         current: Callable[[], Discovery | None],
         woken: Callable[[], None],
         quiet_fn: Callable[[Config], Discovery] | None = None,
+        key_fn: Callable[[Config], Hashable] | None = None,
     ) -> None:
         self.config = config
         self._discover_fn = discover_fn
         if quiet_fn is None:  # discover's own quiet look, or the injected function's
             quiet_fn = partial(discover, quiet=True) if discover_fn is discover else discover_fn
         self._quiet_fn = quiet_fn
+        self._key_fn = key_fn if key_fn is not None or discover_fn is not discover else look_key
+        self._key: Hashable = None  # the key of the last look that matched what is served
+        self._skipped = 0
+        self.looks = self.skipped_looks = 0  # for tests and /debug/state
         self._current = current
         self._woken = woken
         self._found: Discovery | None = None
@@ -86,12 +101,22 @@ class DeviceWatch:
         """One reading of sysfs; ``found`` when it differs from what is served (a
         resource that follows a device whose device is gone is kept, lost:
         :func:`~numa_device_plugin.plugin.nearhealth.keep_lost`)."""
+        self.looks += 1
+        key: Hashable = None
         try:
+            if self._key_fn is not None:
+                key = await asyncio.to_thread(self._key_fn, self.config)
+                if key == self._key and self._skipped + 1 < FULL_LOOK_EVERY:
+                    self._skipped += 1
+                    self.skipped_looks += 1
+                    return
+            self._skipped, self._key = 0, None
             discovery = await asyncio.to_thread(self._quiet_fn, self.config)
             current = self._current()
             if current is not None and not differs(current, keep_lost(current.resources,
                                                                        discovery)):  # fmt: skip
                 self._last_error = None
+                self._key = key
                 return
             # Something changed: read again, logging the new plan and reading the details.
             discovery = await asyncio.to_thread(self._discover_fn, self.config)

@@ -8,7 +8,8 @@ the plan. It is called at start and on every reload (SIGHUP).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import os
+from collections.abc import Hashable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -106,6 +107,38 @@ def plan_near(
             NearPlan(near, f"{config.resource_prefix}/{near.name}", selection, nodes, reason)
         )
     return tuple(found)
+
+
+# Where devices come and go (read_inventory's folders): a device removed and added
+# again is a new sysfs node, with a new inode, even under the same name.
+DEVICE_FOLDERS = ("bus/pci/devices", "class/block", "class/net")
+
+
+def look_key(config: Config) -> Hashable:
+    """What a quiet look (:func:`discover` with ``quiet``) depends on, read cheaply:
+    the topology (``devices/system``: cpulists, memory, huge pages; a few files a NUMA
+    node), each entry's name and inode in :data:`DEVICE_FOLDERS` (the folder listings,
+    no file read: a hot-plugged, removed or replaced device changes them, and so does
+    a renamed NIC), and the mount table's bytes when a ``path:`` or ``path-below:``
+    selector is configured. Equal keys: the quiet look would find what it found before.
+    A device attribute that changes in place (a driver bound anew) is not in it: the
+    device watch still reads everything every :data:`~.devicewatch.FULL_LOOK_EVERY`
+    looks. Raises what :func:`discover` raises for the topology; an unreadable mount
+    table is part of the key (its error text)."""
+    folders: list[tuple[tuple[str, int | str], ...]] = []
+    for relative in DEVICE_FOLDERS:
+        try:
+            with os.scandir(config.sysfs_root / relative) as entries:
+                folders.append(tuple(sorted((e.name, e.inode()) for e in entries)))
+        except OSError as exc:
+            folders.append((("error", str(exc)),))  # as read_inventory sees it: empty
+    mounts: bytes | str = b""
+    if any(one.kind in PATH_KINDS for entry in config.near for one in entry.selectors):
+        try:
+            mounts = config.mount_table.read_bytes()
+        except OSError as exc:
+            mounts = str(exc)
+    return (read_topology(config.sysfs_root), tuple(folders), mounts)
 
 
 def discover(config: Config, *, quiet: bool = False) -> Discovery:

@@ -250,3 +250,97 @@ def test_the_mount_table_is_read_for_a_path_selector_anywhere_in_an_all_of_list(
     (plan,) = found.near
     assert plan.reason is None, plan.reason
     assert plan.nodes == (1,)
+
+
+def counting_watch(
+    config: Config, served: list[Discovery], woken: list[int]
+) -> tuple[DeviceWatch, list[int]]:
+    """A watch with the real look key whose quiet looks are counted."""
+    from numa_device_plugin.plugin.discovery import look_key
+
+    quiet: list[int] = []
+
+    def counted(given: Config) -> Discovery:
+        quiet.append(1)
+        return discover(given, quiet=True)
+
+    watch = DeviceWatch(config, discover, lambda: served[-1], lambda: woken.append(1),
+                        counted, look_key)  # fmt: skip
+    return watch, quiet
+
+
+async def test_an_unchanged_machine_is_read_again_only_when_the_full_look_is_due(
+    tmp_path: Path,
+) -> None:
+    from numa_device_plugin.plugin.devicewatch import FULL_LOOK_EVERY
+
+    tree, _ = machine(tmp_path / "sys")
+    config = Config(sysfs_root=tree.root, near=(parse_near("d=serial:DATA"),))
+    woken: list[int] = []
+    watch, quiet = counting_watch(config, [discover(config)], woken)
+    for _ in range(FULL_LOOK_EVERY + 1):
+        await watch.look()
+    # The first look reads (no key yet); the next FULL_LOOK_EVERY - 1 are skipped; then
+    # the full look is due.
+    assert len(quiet) == 2
+    assert watch.skipped_looks == FULL_LOOK_EVERY - 1
+    assert woken == []
+
+
+def replace_link(link: Path) -> None:
+    """What the kernel does when a device goes and comes back under the same name: a
+    new sysfs entry (a new inode), made before the old one is gone so that no file
+    system hands the old inode number out again."""
+    fresh = link.with_name(link.name + ".new")
+    fresh.symlink_to(link.readlink())
+    fresh.replace(link)
+
+
+@pytest.mark.parametrize(
+    "change",
+    ["a disk replaced under the same name", "a device added", "a device removed",
+     "a CPU taken offline", "a NIC renamed"],
+)  # fmt: skip
+async def test_a_change_of_devices_or_cpus_is_read_at_the_next_look(
+    tmp_path: Path, change: str
+) -> None:
+    tree, devices = machine(tmp_path / "sys")
+    devices.nic("ens1", "0000:41:00.0")
+    from numa_device_plugin.plugin.devices import CPUS
+
+    config = Config(sysfs_root=tree.root, near=(parse_near("d=serial:DATA"),), capacity=CPUS)
+    served = [discover(config)]
+    woken: list[int] = []
+    watch, quiet = counting_watch(config, served, woken)
+    await watch.look()
+    await watch.look()
+    assert len(quiet) == 1
+    disk = tree.root / "class/block/nvme1n1"
+    if change == "a disk replaced under the same name":
+        (disk / "serial").write_text("NEW\n")  # the new disk's serial, same folder
+        replace_link(disk)
+    elif change == "a device added":
+        devices.pci("0000:02:00.0", 0, "0x020000")
+    elif change == "a device removed":
+        disk.unlink()
+    elif change == "a CPU taken offline":
+        tree.write("cpu/online", "0-2\n")
+    else:
+        (tree.root / "class/net/ens1").rename(tree.root / "class/net/data0")
+    await watch.look()
+    assert len(quiet) == 2, f"{change}: not read"
+    if change != "a NIC renamed":  # a NIC nobody selects: shown, not served
+        assert woken == [1]
+
+
+async def test_a_moved_mount_is_read_at_the_next_look(tmp_path: Path) -> None:
+    tree, table = mounted_machine(tmp_path / "sys")
+    config = Config(sysfs_root=tree.root, near=(parse_near("data-a=path:/mnt/disks/a"),),
+                    mount_table=table)  # fmt: skip
+    woken: list[int] = []
+    watch, quiet = counting_watch(config, [discover(config)], woken)
+    await watch.look()
+    await watch.look()
+    table.write_text(ROOT_LINE)
+    await watch.look()
+    assert (len(quiet), woken) == (2, [1])

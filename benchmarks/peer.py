@@ -1,0 +1,264 @@
+"""This plugin beside a Go device plugin, in one run, under the same kubelet stand-in.
+
+Usage: python -m benchmarks.peer [--peer PATH] [--runs N] [--idle S] [--json]
+
+For each plugin, ``--runs`` times: a fresh folder, the in-process kubelet stand-in (device
+manager and pod resources API), the plugin started as a child process; measured are the
+time from exec to every resource registered with all its devices healthy (the stand-in's
+``ListAndWatch`` view), the RSS (``/proc/PID/status`` VmRSS) one second after that, and,
+in the first run, the CPU (utime + stime, ``/proc/PID/stat``) over ``--idle`` seconds
+of nothing asked. Runs alternate between the two plugins, so load that comes and goes
+falls on both alike.
+
+Both serve the same two resources of 100 devices, ``numa-align/numa-0`` and ``-1``: ours
+on a synthetic sysfs tree of two NUMA nodes with the DaemonSet's settings (metrics and
+health listeners, the pod resources poll, the device watch, default intervals); the
+peer (squat's generic-device-plugin, or any plugin that takes the same flags: ``--peer
+PATH``) as ``--domain numa-align --device`` twice, each a group of ``/dev/null`` with
+``count`` 100, with its health and metrics listener. Without ``--peer`` only ours is
+measured. ``--floor`` also measures the least a Python plugin can be: an empty
+``grpc.aio`` server that registers one resource and sends one list
+(:mod:`benchmarks.floor`).
+
+The table gives each figure's median per plugin, the ratio (ours / peer) and the targets
+of issue 58; the exit status is 0 either way (figures, not assertions).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from benchmarks.harness import CLOCK_TICKS, held_port, machine_info, registration_deadline
+from numa_device_plugin.kubelet_standin import KubeletStandIn
+from numa_device_plugin.topology.fake import build_machine
+
+MB = 1024 * 1024
+NODES, DEVICES = 2, 100
+NAMES = [f"numa-align/numa-{node}" for node in range(NODES)]
+# Issue 58's targets: start (s) and RSS (MB) absolute, idle CPU (s per 30 s); start
+# also relative to the peer.
+START_TARGET, START_RATIO, RSS_TARGET, IDLE_TARGET = 0.120, 5.0, 32.0, 0.015
+
+
+def proc_status(pid: int, key: str) -> int:
+    """A ``/proc/PID/status`` figure in kB (``VmRSS``)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(key + ":"):
+            return int(line.split()[1])
+    raise RuntimeError(f"no {key} in /proc/{pid}/status")
+
+
+def cpu_seconds(pid: int) -> float:
+    """utime + stime of ``pid`` (s, in clock ticks of 0.01 s)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+
+
+@dataclass
+class Plugin:
+    """How to start one plugin in ``folder`` (its argv) and what was measured of it."""
+
+    name: str
+    starts: list[float] = field(default_factory=list)
+    rss_mb: list[float] = field(default_factory=list)
+    idle_cpu: list[float] = field(default_factory=list)
+
+    def argv(self, folder: Path, socket_dir: Path, pod_resources: Path) -> list[str]:
+        raise NotImplementedError
+
+
+class Ours(Plugin):
+    def argv(self, folder: Path, socket_dir: Path, pod_resources: Path) -> list[str]:
+        tree = build_machine(folder / "sys", NODES, 2)
+        return [
+            sys.executable, "-m", "numa_device_plugin", "serve",
+            "--sysfs-root", str(tree.root), "--socket-dir", str(socket_dir),
+            "--capacity", str(DEVICES), "--log-format", "json",
+            "--metrics-address", f"127.0.0.1:{held_port()}",
+            "--health-address", f"127.0.0.1:{held_port()}",
+            "--pod-resources-socket", str(pod_resources),
+        ]  # fmt: skip
+
+
+class Peer(Plugin):
+    def __init__(self, name: str, path: Path) -> None:
+        super().__init__(name)
+        self.path = path
+
+    def argv(self, folder: Path, socket_dir: Path, pod_resources: Path) -> list[str]:
+        devices = []
+        for resource in NAMES:
+            spec = {"name": resource.split("/")[1],
+                    "groups": [{"paths": [{"path": "/dev/null"}], "count": DEVICES}]}  # fmt: skip
+            devices += ["--device", json.dumps(spec)]
+        return [str(self.path), "--domain", "numa-align", "--plugin-directory", str(socket_dir),
+                "--listen", f"127.0.0.1:{held_port()}", *devices]  # fmt: skip
+
+
+class Floor(Plugin):
+    def argv(self, folder: Path, socket_dir: Path, pod_resources: Path) -> list[str]:
+        from benchmarks import floor
+
+        return floor.argv(socket_dir, NAMES)
+
+
+def spawn(argv: list[str], log_path: Path) -> tuple[subprocess.Popen[bytes], float]:
+    """Start ``argv`` with its output in ``log_path``; the process and when it was
+    started (``time.perf_counter``, just before the exec)."""
+    with log_path.open("ab") as log:
+        started = time.perf_counter()
+        return subprocess.Popen(argv, stdout=log, stderr=log, stdin=subprocess.DEVNULL), started
+
+
+async def one_run(plugin: Plugin, idle: float) -> None:
+    """Start ``plugin`` beside a fresh stand-in; record its start, RSS and (``idle`` > 0)
+    idle CPU. Raises RuntimeError when it does not register in time."""
+    folder = Path(tempfile.mkdtemp(prefix="ndpp-", dir="/tmp"))
+    log_path = folder / "plugin.log"
+    try:
+        socket_dir = folder / "dp"
+        standin = KubeletStandIn(socket_dir, pod_resources_dir=folder / "pr",
+                                 allocatable_cpus=range(NODES * 2))  # fmt: skip
+        async with standin as kubelet:
+            argv = plugin.argv(folder, socket_dir, folder / "pr" / "kubelet.sock")
+
+            def healthy() -> bool:
+                return all(kubelet.live(n) and kubelet.allocatable(n) == DEVICES for n in NAMES)
+
+            child, started = spawn(argv, log_path)
+            try:
+                try:
+                    await kubelet.wait_until(healthy, registration_deadline(NODES, 2 * DEVICES))
+                except TimeoutError:
+                    raise RuntimeError(f"{plugin.name} did not register; its log ends:\n"
+                                       + log_path.read_text()[-2000:]) from None  # fmt: skip
+                plugin.starts.append(time.perf_counter() - started)
+                await asyncio.sleep(1.0)
+                plugin.rss_mb.append(proc_status(child.pid, "VmRSS") / 1024)
+                if idle > 0:
+                    await asyncio.sleep(2.0)
+                    before = cpu_seconds(child.pid)
+                    await asyncio.sleep(idle)
+                    plugin.idle_cpu.append((cpu_seconds(child.pid) - before) * 30 / idle)
+            finally:
+                child.send_signal(signal.SIGTERM)
+                try:
+                    child.wait(10)
+                except subprocess.TimeoutExpired:
+                    child.kill()
+                    child.wait()
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def median(values: Sequence[float]) -> float | None:
+    return statistics.median(values) if values else None
+
+
+def rows(ours: Plugin, peer: Plugin | None) -> list[dict[str, Any]]:
+    """One row per figure: ``{"figure", "unit", "ours", "peer", "ratio", "target",
+    "verdict"}`` (medians; None where not measured)."""
+    found = []
+    for figure, unit, attribute, target in (
+        ("exec -> registered and healthy, median", "ms", "starts", START_TARGET),
+        ("RSS after registration, median", "MB", "rss_mb", RSS_TARGET),
+        ("CPU while idle, per 30 s", "ms", "idle_cpu", IDLE_TARGET),
+    ):
+        scale = 1000.0 if unit == "ms" else 1.0
+        mine = median(getattr(ours, attribute))
+        theirs = median(getattr(peer, attribute)) if peer is not None else None
+        ratio = mine / theirs if mine is not None and theirs else None
+        ok = mine is not None and mine <= target
+        if figure.startswith("exec") and ratio is not None:
+            ok = ok and ratio <= START_RATIO
+        bound = f"<= {target * scale:g} {unit}" + (
+            f" and <= {START_RATIO:g}x" if figure.startswith("exec") else ""
+        )
+        found.append({
+            "figure": figure, "unit": unit,
+            "ours": None if mine is None else round(mine * scale, 1),
+            "peer": None if theirs is None else round(theirs * scale, 1),
+            "ratio": None if ratio is None else round(ratio, 2),
+            "target": bound, "verdict": "ok" if ok else "MISSED",
+        })  # fmt: skip
+    return found
+
+
+def render(found: list[dict[str, Any]], ours: Plugin, peer: Plugin | None) -> str:
+    head = ("figure", f"{ours.name}", f"{peer.name if peer else 'peer'}", "ratio", "target", "")
+    table = [head] + [
+        (r["figure"], _cell(r["ours"], r["unit"]), _cell(r["peer"], r["unit"]),
+         "-" if r["ratio"] is None else f"{r['ratio']:g}x", r["target"], r["verdict"])
+        for r in found
+    ]  # fmt: skip
+    widths = [max(len(row[i]) for row in table) for i in range(len(head))]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip()
+                     for row in table)  # fmt: skip
+
+
+def _cell(value: float | None, unit: str) -> str:
+    return "-" if value is None else f"{value:g} {unit}"
+
+
+async def run(peer_path: Path | None, runs: int, idle: float, floor: bool) -> dict[str, Any]:
+    ours = Ours("numa-device-plugin")
+    peer = Peer(peer_path.name, peer_path) if peer_path is not None else None
+    plugins: list[Plugin] = [ours] + ([peer] if peer is not None else [])
+    if floor:
+        plugins.append(Floor("floor (empty grpc.aio plugin)"))
+    for index in range(runs):
+        for plugin in plugins:
+            await one_run(plugin, idle if index == 0 else 0.0)
+    extra = {p.name: {"starts_s": p.starts, "rss_mb": p.rss_mb, "idle_cpu_s_per_30s": p.idle_cpu}
+             for p in plugins}  # fmt: skip
+    return {"machine": machine_info(), "runs": runs, "idle_s": idle,
+            "rows": rows(ours, peer), "samples": extra,
+            "floor": rows(plugins[-1], None) if floor else None}  # fmt: skip
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.peer", description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )  # fmt: skip
+    parser.add_argument("--peer", type=Path, help="a Go device plugin's binary (squat's flags)")
+    parser.add_argument("--runs", type=int, default=10, help="starts per plugin (10)")
+    parser.add_argument("--idle", type=float, default=30.0, help="idle window, s (30)")
+    parser.add_argument("--floor", action="store_true", help="also an empty grpc.aio plugin")
+    parser.add_argument("--json", action="store_true", help="JSON instead of a table")
+    args = parser.parse_args(argv)
+    if args.runs < 1 or args.idle < 0:
+        parser.error("--runs must be at least 1 and --idle at least 0")
+    if args.peer is not None and not args.peer.is_file():
+        parser.error(f"--peer {args.peer}: no such file")
+    result = asyncio.run(run(args.peer, args.runs, args.idle, args.floor))
+    if args.json:
+        print(json.dumps(result, indent=1))
+        return 0
+    ours = Ours("numa-device-plugin")
+    print(f"{result['machine']}; {args.runs} starts each, idle {args.idle:g} s, load "
+          f"{Path('/proc/loadavg').read_text().split()[0]} at the end")  # fmt: skip
+    names = list(result["samples"])
+    peer = Peer(names[1], Path(names[1])) if args.peer is not None else None
+    print(render(result["rows"], ours, peer))
+    if result["floor"] is not None:
+        print()
+        print(render(result["floor"], Plugin(names[-1]), None))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
