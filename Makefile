@@ -140,8 +140,17 @@ bench: install
 
 ## bench-peer: this plugin beside a Go device plugin (PEER=<binary>, squat's flags;
 ## without PEER ours alone), one run, same kubelet stand-in: start, RSS, idle CPU
-bench-peer: install
-	$(PY) -m benchmarks.peer $(if $(PEER),--peer "$(PEER)") $(PEER_ARGS)
+bench-peer: install .bench-venv/.installed
+	$(PY) -m benchmarks.peer --python .bench-venv/bin/python $(if $(PEER),--peer "$(PEER)") $(PEER_ARGS)
+
+# What the image installs (requirements.lock, the package as a wheel, not editable), for
+# the figures of bench-peer: no development packages or editable-install hooks at start.
+.bench-venv/.installed: requirements.lock pyproject.toml $(shell find numa_device_plugin -name '*.py')
+	$(PY) -m venv --clear .bench-venv
+	.bench-venv/bin/pip install --quiet --require-hashes --no-deps -r requirements.lock
+	$(PY) -m pip wheel --quiet --no-deps --no-build-isolation --wheel-dir .bench-venv/dist .
+	.bench-venv/bin/pip install --quiet --no-deps .bench-venv/dist/*.whl
+	touch $@
 
 ## bench-fleet: kubectl numa devices and check against a stand-in API server with 1,000
 ## plugin pods, one of them slow (FLEET_ARGS, e.g. --nodes 200 --latency 0); prints figures

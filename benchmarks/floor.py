@@ -70,6 +70,7 @@ if __name__ == "__main__":
     asyncio.run(main(Path(sys.argv[1]), sys.argv[2:]))
 
 
-def argv(socket_dir: Path, resources: list[str]) -> list[str]:
-    """The floor plugin's command line for :mod:`benchmarks.peer`."""
-    return [sys.executable, "-m", "benchmarks.floor", str(socket_dir), *resources]
+def argv(socket_dir: Path, resources: list[str], python: str = sys.executable) -> list[str]:
+    """The floor plugin's command line for :mod:`benchmarks.peer` (run from the
+    repository's folder: ``benchmarks`` is not installed)."""
+    return [python, "-m", "benchmarks.floor", str(socket_dir), *resources]

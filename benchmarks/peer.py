@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import shutil
 import signal
 import statistics
@@ -79,12 +80,21 @@ class Plugin:
     def argv(self, folder: Path, socket_dir: Path, pod_resources: Path) -> list[str]:
         raise NotImplementedError
 
+    def cwd(self, folder: Path) -> Path:
+        """Where it runs: the run's folder (ours then imports the package installed
+        for ``--python``, not the checkout's)."""
+        return folder
+
 
 class Ours(Plugin):
+    def __init__(self, name: str, python: str = sys.executable) -> None:
+        super().__init__(name)
+        self.python = python
+
     def argv(self, folder: Path, socket_dir: Path, pod_resources: Path) -> list[str]:
         tree = build_machine(folder / "sys", NODES, 2)
         return [
-            sys.executable, "-m", "numa_device_plugin", "serve",
+            self.python, "-m", "numa_device_plugin", "serve",
             "--sysfs-root", str(tree.root), "--socket-dir", str(socket_dir),
             "--capacity", str(DEVICES), "--log-format", "json",
             "--metrics-address", f"127.0.0.1:{held_port()}",
@@ -108,19 +118,23 @@ class Peer(Plugin):
                 "--listen", f"127.0.0.1:{held_port()}", *devices]  # fmt: skip
 
 
-class Floor(Plugin):
+class Floor(Ours):
     def argv(self, folder: Path, socket_dir: Path, pod_resources: Path) -> list[str]:
         from benchmarks import floor
 
-        return floor.argv(socket_dir, NAMES)
+        return floor.argv(socket_dir, NAMES, self.python)
+
+    def cwd(self, folder: Path) -> Path:
+        return Path(__file__).resolve().parents[1]
 
 
-def spawn(argv: list[str], log_path: Path) -> tuple[subprocess.Popen[bytes], float]:
-    """Start ``argv`` with its output in ``log_path``; the process and when it was
-    started (``time.perf_counter``, just before the exec)."""
+def spawn(argv: list[str], log_path: Path, cwd: Path) -> tuple[subprocess.Popen[bytes], float]:
+    """Start ``argv`` in ``cwd`` with its output in ``log_path``; the process and when
+    it was started (``time.perf_counter``, just before the exec)."""
     with log_path.open("ab") as log:
         started = time.perf_counter()
-        return subprocess.Popen(argv, stdout=log, stderr=log, stdin=subprocess.DEVNULL), started
+        child = subprocess.Popen(argv, stdout=log, stderr=log, stdin=subprocess.DEVNULL, cwd=cwd)
+        return child, started
 
 
 async def one_run(plugin: Plugin, idle: float) -> None:
@@ -138,7 +152,7 @@ async def one_run(plugin: Plugin, idle: float) -> None:
             def healthy() -> bool:
                 return all(kubelet.live(n) and kubelet.allocatable(n) == DEVICES for n in NAMES)
 
-            child, started = spawn(argv, log_path)
+            child, started = spawn(argv, log_path, plugin.cwd(folder))
             try:
                 try:
                     await kubelet.wait_until(healthy, registration_deadline(NODES, 2 * DEVICES))
@@ -213,12 +227,14 @@ def _cell(value: float | None, unit: str) -> str:
     return "-" if value is None else f"{value:g} {unit}"
 
 
-async def run(peer_path: Path | None, runs: int, idle: float, floor: bool) -> dict[str, Any]:
-    ours = Ours("numa-device-plugin")
+async def run(
+    peer_path: Path | None, runs: int, idle: float, floor: bool, python: str = sys.executable
+) -> dict[str, Any]:
+    ours = Ours("numa-device-plugin", python)
     peer = Peer(peer_path.name, peer_path) if peer_path is not None else None
     plugins: list[Plugin] = [ours] + ([peer] if peer is not None else [])
     if floor:
-        plugins.append(Floor("floor (empty grpc.aio plugin)"))
+        plugins.append(Floor("floor (empty grpc.aio plugin)", python))
     for index in range(runs):
         for plugin in plugins:
             await one_run(plugin, idle if index == 0 else 0.0)
@@ -238,13 +254,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--runs", type=int, default=10, help="starts per plugin (10)")
     parser.add_argument("--idle", type=float, default=30.0, help="idle window, s (30)")
     parser.add_argument("--floor", action="store_true", help="also an empty grpc.aio plugin")
+    parser.add_argument("--python", default=sys.executable,
+                        help="the interpreter that runs ours (make bench-peer: a venv of "
+                             "requirements.lock and the wheel, as in the image)")  # fmt: skip
     parser.add_argument("--json", action="store_true", help="JSON instead of a table")
     args = parser.parse_args(argv)
     if args.runs < 1 or args.idle < 0:
         parser.error("--runs must be at least 1 and --idle at least 0")
     if args.peer is not None and not args.peer.is_file():
         parser.error(f"--peer {args.peer}: no such file")
-    result = asyncio.run(run(args.peer, args.runs, args.idle, args.floor))
+    # Absolute (the plugins run in their own folders), symlinks kept (a venv's python).
+    python = os.path.abspath(args.python) if os.sep in args.python else args.python
+    result = asyncio.run(run(args.peer, args.runs, args.idle, args.floor, python))
     if args.json:
         print(json.dumps(result, indent=1))
         return 0

@@ -10,6 +10,11 @@ devices and, under the Memory Manager's ``Static`` policy, memory per NUMA node.
 An answer can be large (69,000 containers are 2.2 MB): it is taken as bytes and
 parsed and converted in a worker thread, so the event loop (and the probes it
 answers) never waits on it. gRPC bounds its size (4 MiB, the default receive limit).
+
+Most reads find what the last one found. :meth:`PodResourcesClient.view` then returns the
+last view itself, at the cost of comparing bytes: the same bytes, or the same pods in
+another order (the kubelet lists its pods from a Go map, in no fixed order; each pod's
+own bytes compared, sorted, in the worker thread).
 """
 
 from __future__ import annotations
@@ -75,6 +80,9 @@ class PodResourcesClient:
         self.socket = socket
         self._channel: grpc.aio.Channel | None = None
         self._allocatable: bytes | None = None
+        # The last view and what it was made of: List's bytes, its pods' bytes sorted,
+        # GetAllocatableResources' bytes.
+        self._last: tuple[bytes, tuple[bytes, ...], bytes, KubeletView] | None = None
 
     async def _raw(self, timeout: float, allocatable: bool) -> tuple[bytes, bytes]:
         """The bytes of ``List`` and ``GetAllocatableResources`` (the last answer of
@@ -117,11 +125,23 @@ class PodResourcesClient:
 
     async def view(self, timeout: float, *, allocatable: bool = True) -> KubeletView:
         """The answers as a :class:`KubeletView`, parsed and converted in a worker
-        thread; raises :class:`PodResourcesError`."""
+        thread; the very object of the last call when the answers are the same (the same
+        bytes, or the same pods in another order): a caller can tell "unchanged" with
+        ``is``. Raises :class:`PodResourcesError`."""
         pods, allocatable_raw = await self._raw(timeout, allocatable)
+        last = self._last
+        if last is not None and last[0] == pods and last[2] == allocatable_raw:
+            return last[3]
 
         def convert() -> KubeletView:
-            return view_from(*parse_answers(self.socket, pods, allocatable_raw))
+            answers = parse_answers(self.socket, pods, allocatable_raw)
+            each = tuple(sorted(pod.SerializeToString() for pod in answers[0].pod_resources))
+            if last is not None and last[1] == each and last[2] == allocatable_raw:
+                self._last = (pods, each, allocatable_raw, last[3])
+                return last[3]
+            found = view_from(*answers)
+            self._last = (pods, each, allocatable_raw, found)
+            return found
 
         try:
             return await asyncio.to_thread(convert)
@@ -130,7 +150,7 @@ class PodResourcesClient:
             raise
 
     async def close(self) -> None:
-        self._allocatable = None
+        self._allocatable = self._last = None
         channel, self._channel = self._channel, None
         if channel is not None:
             await channel.close()

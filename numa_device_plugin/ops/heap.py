@@ -12,7 +12,6 @@
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import os
 from typing import Any
 
@@ -22,8 +21,11 @@ DEFAULT_ARENAS = 2
 
 
 def _libc() -> Any:
+    """The process's own symbols (``dlopen(NULL)``), the C library's among them: no
+    ``ctypes.util.find_library``, which imports subprocess machinery and may run
+    ``ldconfig`` (a few ms at every start)."""
     try:
-        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        return ctypes.CDLL(None)
     except OSError:
         return None
 

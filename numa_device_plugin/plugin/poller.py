@@ -264,7 +264,9 @@ class CapacityPoller:
             self._reachable = True
             self._read_at = time.time()
             self.recorder.pod_resources(True, self._read_at)
-        if self._applied and await asyncio.to_thread(operator.eq, view, self.view):
+        if self._applied and (
+            view is self.view or await asyncio.to_thread(operator.eq, view, self.view)
+        ):
             return  # nothing changed since the last read: the usual case, kept cheap
         was_cpus, was_memory = self.unaligned(), self.memory_unaligned()
         await self.apply_off_loop(view)

@@ -160,3 +160,47 @@ async def test_get_allocatable_resources_is_read_again(
         await kubelet.wait_until(lambda: kubelet.allocatable(R1) == 4)
         kubelet.allocatable_cpus = [1, 2, 3, 4, 5, 6]  # CPU 7 reserved now
         await kubelet.wait_until(lambda: kubelet.allocatable(R1) == 3, timeout=10)
+
+
+async def test_an_unchanged_answer_gives_the_last_view_itself_without_converting(
+    sock_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The usual read finds what the last one found: no conversion (the work of a
+    read at 200 containers was mostly view_from), and the caller tells by ``is``. The
+    kubelet lists its pods in no fixed order: the same pods in another order are the
+    same answer; a pod added, removed or changed is not."""
+    converted: list[int] = []
+    real = view.view_from
+
+    def counted(*args: object) -> view.KubeletView:
+        converted.append(1)
+        return real(*args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(podresources, "view_from", counted)
+    standin = KubeletStandIn(sock_dir / "dp", pod_resources_dir=sock_dir / "pr",
+                             allocatable_cpus=[1, 2, 3])  # fmt: skip
+    a = ("c", {R0: ["numa0-cpu0001"]}, [1])
+    b = ("c", {R1: ["numa1-cpu0002"]}, [2])
+    async with standin as kubelet, PodResourcesClient(sock_dir / "pr" / "kubelet.sock") as client:
+        kubelet.add_pod("ns", "a", [a])
+        kubelet.add_pod("ns", "b", [b])
+        first = await client.view(5)
+        assert await client.view(5) is first
+        kubelet.remove_pod("ns", "a")
+        kubelet.add_pod("ns", "a", [a])  # listed after b now
+        assert await client.view(5) is first
+        assert len(converted) == 1
+        kubelet.remove_pod("ns", "a")
+        kubelet.add_pod("ns", "a", [("c", {R0: ["numa0-cpu0001"]}, [3])])  # other CPUs
+        changed = await client.view(5)
+        assert changed is not first
+        assert changed != first
+        kubelet.remove_pod("ns", "b")
+        fewer = await client.view(5)
+        assert [h.pod for h in fewer.holders] == ["a"]
+        kubelet.allocatable_cpus = [1, 2]
+        assert (await client.view(5)).allocatable_cpus == {1, 2}
+        assert len(converted) == 4
+        await client.close()  # a new connection (a restarted kubelet) converts afresh
+        await client.view(5)
+        assert len(converted) == 5
