@@ -2,7 +2,7 @@
 packets, errors and drops, the TCP counters that grow when connections fail or packets
 are lost, the load average, and how long a TCP connect to the API server takes.
 
-Read from the kernel (``/sys/class/net/*/statistics``, ``/proc/net/snmp``,
+Read from the kernel (``/proc/net/dev``, ``/proc/net/snmp``,
 ``/proc/net/netstat``, ``/proc/loadavg``, ``/proc/net/tcp``) with the standard library
 only: the host's sampler (:func:`cluster.NetworkSampler`) and the tests' failure reports
 in a guest both use it. Every reader returns what it could read and an ``errors`` entry
@@ -24,18 +24,26 @@ TCP_EXT = ("ListenOverflows", "ListenDrops", "TCPTimeouts", "TCPSynRetrans", "TC
 SYN_SENT = "02"
 
 
-def interfaces(root: Path = Path("/sys/class/net")) -> dict[str, dict[str, int]]:
-    """``{interface: {statistic: count}}`` for every interface but veth pairs (summed
-    as ``veth*``: one per pod)."""
+def interfaces(path: Path = Path("/proc/net/dev")) -> dict[str, dict[str, int]]:
+    """``{interface: {statistic: count}}`` of the reading process's network namespace
+    (``/proc/net/dev``; ``/sys/class/net`` would show the namespace that mounted
+    sysfs, the host's for the control plane), veth pairs summed as ``veth*`` (one per
+    pod)."""
     found: dict[str, dict[str, int]] = {}
-    for folder in sorted(root.iterdir()) if root.is_dir() else []:
-        name = "veth*" if folder.name.startswith("veth") else folder.name
+    try:
+        rows = path.read_text().splitlines()[2:]
+    except OSError:
+        return found
+    for row in rows:
+        name, _, numbers = row.partition(":")
+        values = numbers.split()
+        if len(values) < 16 or not all(v.isdigit() for v in values):
+            continue
+        name = "veth*" if name.strip().startswith("veth") else name.strip()
         counts = found.setdefault(name, dict.fromkeys(STATISTICS, 0))
-        for statistic in STATISTICS:
-            try:
-                counts[statistic] += int((folder / "statistics" / statistic).read_text())
-            except (OSError, ValueError):
-                continue
+        # receive: bytes packets errs drop ...; transmit (from the 9th): the same.
+        for statistic, index in zip(STATISTICS, (1, 9, 2, 10, 3, 11), strict=True):
+            counts[statistic] += int(values[index])
     return found
 
 

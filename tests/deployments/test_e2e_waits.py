@@ -238,15 +238,22 @@ def test_connects_waiting_for_an_answer_are_counted(tmp_path: Path) -> None:
 
 
 def test_interface_counters_sum_the_pods_veth_pairs(tmp_path: Path) -> None:
-    for name, packets in (("eth0", 5), ("veth1a", 2), ("veth2b", 3)):
-        folder = tmp_path / name / "statistics"
-        folder.mkdir(parents=True)
-        for statistic in netstate.STATISTICS:
-            (folder / statistic).write_text(f"{packets}\n")
-    found = netstate.interfaces(tmp_path)
-    assert found["eth0"]["tx_dropped"] == 5
+    table = tmp_path / "dev"
+    table.write_text(
+        "Inter-|   Receive                                                |  Transmit\n"
+        " face |bytes    packets errs drop fifo frame compressed multicast|bytes    packets"
+        " errs drop fifo colls carrier compressed\n"
+        "  eth0: 100 5 1 2 0 0 0 0 200 7 3 4 0 0 0 0\n"
+        "veth1a: 10 2 0 0 0 0 0 0 20 2 0 1 0 0 0 0\n"
+        "veth2b: 10 3 0 0 0 0 0 0 20 3 0 1 0 0 0 0\n"
+    )
+    found = netstate.interfaces(table)
+    assert found["eth0"] == {"rx_packets": 5, "tx_packets": 7, "rx_errors": 1, "tx_errors": 3,
+                             "rx_dropped": 2, "tx_dropped": 4}  # fmt: skip
     assert found["veth*"]["rx_packets"] == 5
+    assert found["veth*"]["tx_dropped"] == 2
     assert sorted(found) == ["eth0", "veth*"]
+    assert netstate.interfaces(tmp_path / "missing") == {}
 
 
 def test_a_connect_that_fails_says_why() -> None:
