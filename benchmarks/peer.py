@@ -6,9 +6,11 @@ For each plugin, ``--runs`` times: a fresh folder, the in-process kubelet stand-
 manager and pod resources API), the plugin started as a child process; measured are the
 time from exec to every resource registered with all its devices healthy (the stand-in's
 ``ListAndWatch`` view), the RSS (``/proc/PID/status`` VmRSS) one second after that, and,
-in the first run, the CPU (utime + stime, ``/proc/PID/stat``) over ``--idle`` seconds
-of nothing asked. Runs alternate between the two plugins, so load that comes and goes
-falls on both alike.
+in the first run, the latency of 2,000 sequential one-device Allocates (the stand-in's
+client is the kubelet: the same client cost for each plugin) and the CPU of all its
+threads (``/proc/PID/task/*/schedstat``, ns) over ``--idle`` seconds of nothing
+asked. Runs alternate between the plugins, so load that comes and goes falls on all
+alike.
 
 Both serve the same two resources of 100 devices, ``numa-align/numa-0`` and ``-1``: ours
 on a synthetic sysfs tree of two NUMA nodes with the DaemonSet's settings (metrics and
@@ -42,16 +44,25 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from benchmarks.harness import CLOCK_TICKS, held_port, machine_info, registration_deadline
+from benchmarks.harness import (
+    CLOCK_TICKS,
+    held_port,
+    machine_info,
+    percentile,
+    registration_deadline,
+)
 from numa_device_plugin.kubelet_standin import KubeletStandIn
 from numa_device_plugin.topology.fake import build_machine
 
 MB = 1024 * 1024
 NODES, DEVICES = 2, 100
+# Sequential Allocates measured in each plugin's first run.
+ALLOCATES = 2000
 NAMES = [f"numa-align/numa-{node}" for node in range(NODES)]
 # Issue 58's targets: start (s) and RSS (MB) absolute, idle CPU (s per 30 s); start
 # also relative to the peer.
 START_TARGET, START_RATIO, RSS_TARGET, IDLE_TARGET = 0.120, 5.0, 32.0, 0.015
+ALLOCATE_TARGET = 1.0  # ms
 
 
 def proc_status(pid: int, key: str) -> int:
@@ -63,9 +74,16 @@ def proc_status(pid: int, key: str) -> int:
 
 
 def cpu_seconds(pid: int) -> float:
-    """utime + stime of ``pid`` (s, in clock ticks of 0.01 s)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+    """CPU time of ``pid``'s threads (s): the sum of each one's time on a CPU in
+    nanoseconds (``/proc/PID/task/*/schedstat``); where the kernel has no schedstat,
+    utime + stime (``/proc/PID/stat``, in clock ticks of 0.01 s: too coarse for 30 s
+    of an idle plugin)."""
+    try:
+        return sum(int((task / "schedstat").read_text().split()[0])
+                   for task in Path(f"/proc/{pid}/task").iterdir()) / 1e9  # fmt: skip
+    except (OSError, ValueError, IndexError):
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
 
 
 @dataclass
@@ -76,6 +94,7 @@ class Plugin:
     starts: list[float] = field(default_factory=list)
     rss_mb: list[float] = field(default_factory=list)
     idle_cpu: list[float] = field(default_factory=list)
+    allocate_ms: list[float] = field(default_factory=list)
 
     def argv(self, folder: Path, socket_dir: Path, pod_resources: Path) -> list[str]:
         raise NotImplementedError
@@ -137,9 +156,11 @@ def spawn(argv: list[str], log_path: Path, cwd: Path) -> tuple[subprocess.Popen[
         return child, started
 
 
-async def one_run(plugin: Plugin, idle: float) -> None:
-    """Start ``plugin`` beside a fresh stand-in; record its start, RSS and (``idle`` > 0)
-    idle CPU. Raises RuntimeError when it does not register in time."""
+async def one_run(plugin: Plugin, idle: float, calls: int = 0) -> None:
+    """Start ``plugin`` beside a fresh stand-in; record its start, RSS, ``calls``
+    sequential Allocates' latency (one device, the stand-in's client as the kubelet's:
+    the same client cost for every plugin) and (``idle`` > 0) its idle CPU. Raises
+    RuntimeError when it does not register in time."""
     folder = Path(tempfile.mkdtemp(prefix="ndpp-", dir="/tmp"))
     log_path = folder / "plugin.log"
     try:
@@ -162,6 +183,12 @@ async def one_run(plugin: Plugin, idle: float) -> None:
                 plugin.starts.append(time.perf_counter() - started)
                 await asyncio.sleep(1.0)
                 plugin.rss_mb.append(proc_status(child.pid, "VmRSS") / 1024)
+                if calls > 0:
+                    device = kubelet.devices(NAMES[0])[0].ID
+                    for _ in range(calls):
+                        sent = time.perf_counter()
+                        await kubelet.allocate(NAMES[0], [device])
+                        plugin.allocate_ms.append((time.perf_counter() - sent) * 1000)
                 if idle > 0:
                     await asyncio.sleep(2.0)
                     before = cpu_seconds(child.pid)
@@ -182,6 +209,10 @@ def median(values: Sequence[float]) -> float | None:
     return statistics.median(values) if values else None
 
 
+def p99(values: Sequence[float]) -> float | None:
+    return percentile(values, 0.99) if values else None
+
+
 def rows(ours: Plugin, peer: Plugin | None) -> list[dict[str, Any]]:
     """One row per figure: ``{"figure", "unit", "ours", "peer", "ratio", "target",
     "verdict"}`` (medians; None where not measured)."""
@@ -190,10 +221,12 @@ def rows(ours: Plugin, peer: Plugin | None) -> list[dict[str, Any]]:
         ("exec -> registered and healthy, median", "ms", "starts", START_TARGET),
         ("RSS after registration, median", "MB", "rss_mb", RSS_TARGET),
         ("CPU while idle, per 30 s", "ms", "idle_cpu", IDLE_TARGET),
+        ("Allocate, one device, p99", "ms", "allocate_ms", ALLOCATE_TARGET),
     ):
-        scale = 1000.0 if unit == "ms" else 1.0
-        mine = median(getattr(ours, attribute))
-        theirs = median(getattr(peer, attribute)) if peer is not None else None
+        scale = 1000.0 if unit == "ms" and attribute != "allocate_ms" else 1.0
+        pick = p99 if attribute == "allocate_ms" else median
+        mine = pick(getattr(ours, attribute))
+        theirs = pick(getattr(peer, attribute)) if peer is not None else None
         ratio = mine / theirs if mine is not None and theirs else None
         ok = mine is not None and mine <= target
         if figure.startswith("exec") and ratio is not None:
@@ -237,9 +270,9 @@ async def run(
         plugins.append(Floor("floor (empty grpc.aio plugin)", python))
     for index in range(runs):
         for plugin in plugins:
-            await one_run(plugin, idle if index == 0 else 0.0)
-    extra = {p.name: {"starts_s": p.starts, "rss_mb": p.rss_mb, "idle_cpu_s_per_30s": p.idle_cpu}
-             for p in plugins}  # fmt: skip
+            await one_run(plugin, idle if index == 0 else 0.0, ALLOCATES if index == 0 else 0)
+    extra = {p.name: {"starts_s": p.starts, "rss_mb": p.rss_mb, "idle_cpu_s_per_30s": p.idle_cpu,
+                      "allocate_p50_ms": median(p.allocate_ms)} for p in plugins}  # fmt: skip
     return {"machine": machine_info(), "runs": runs, "idle_s": idle,
             "rows": rows(ours, peer), "samples": extra,
             "floor": rows(plugins[-1], None) if floor else None}  # fmt: skip
