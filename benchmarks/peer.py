@@ -213,41 +213,47 @@ def p99(values: Sequence[float]) -> float | None:
     return percentile(values, 0.99) if values else None
 
 
-def rows(ours: Plugin, peer: Plugin | None) -> list[dict[str, Any]]:
-    """One row per figure: ``{"figure", "unit", "ours", "peer", "ratio", "target",
-    "verdict"}`` (medians; None where not measured)."""
+FIGURES = (  # (figure, unit, the Plugin attribute, target, its scale to the unit)
+    ("exec -> registered and healthy, median", "ms", "starts", START_TARGET, 1000.0),
+    ("RSS after registration, median", "MB", "rss_mb", RSS_TARGET, 1.0),
+    ("CPU while idle, per 30 s", "ms", "idle_cpu", IDLE_TARGET, 1000.0),
+    ("Allocate, one device, p99", "ms", "allocate_ms", ALLOCATE_TARGET, 1.0),
+)
+
+
+def rows(ours: Plugin, others: Sequence[Plugin], peer: Plugin | None) -> list[dict[str, Any]]:
+    """One row per figure: ``{"figure", "unit", "values": {plugin name: value}, "ratio"
+    (ours / the peer's), "target", "verdict" (ours against the target)}``; medians
+    (Allocate: p99), None where not measured."""
     found = []
-    for figure, unit, attribute, target in (
-        ("exec -> registered and healthy, median", "ms", "starts", START_TARGET),
-        ("RSS after registration, median", "MB", "rss_mb", RSS_TARGET),
-        ("CPU while idle, per 30 s", "ms", "idle_cpu", IDLE_TARGET),
-        ("Allocate, one device, p99", "ms", "allocate_ms", ALLOCATE_TARGET),
-    ):
-        scale = 1000.0 if unit == "ms" and attribute != "allocate_ms" else 1.0
+    for figure, unit, attribute, target, scale in FIGURES:
         pick = p99 if attribute == "allocate_ms" else median
-        mine = pick(getattr(ours, attribute))
-        theirs = pick(getattr(peer, attribute)) if peer is not None else None
+        values = {p.name: pick(getattr(p, attribute)) for p in (ours, *others)}
+        mine = values[ours.name]
+        theirs = values.get(peer.name) if peer is not None else None
         ratio = mine / theirs if mine is not None and theirs else None
         ok = mine is not None and mine <= target
-        if figure.startswith("exec") and ratio is not None:
+        if attribute == "starts" and ratio is not None:
             ok = ok and ratio <= START_RATIO
         bound = f"<= {target * scale:g} {unit}" + (
-            f" and <= {START_RATIO:g}x" if figure.startswith("exec") else ""
+            f" and <= {START_RATIO:g}x" if attribute == "starts" else ""
         )
         found.append({
             "figure": figure, "unit": unit,
-            "ours": None if mine is None else round(mine * scale, 1),
-            "peer": None if theirs is None else round(theirs * scale, 1),
+            "values": {name: None if v is None else round(v * scale, 1)
+                       for name, v in values.items()},
             "ratio": None if ratio is None else round(ratio, 2),
             "target": bound, "verdict": "ok" if ok else "MISSED",
         })  # fmt: skip
     return found
 
 
-def render(found: list[dict[str, Any]], ours: Plugin, peer: Plugin | None) -> str:
-    head = ("figure", f"{ours.name}", f"{peer.name if peer else 'peer'}", "ratio", "target", "")
+def render(found: list[dict[str, Any]]) -> str:
+    """The rows as a text table: a column per plugin, then the ratio and the target."""
+    names = list(found[0]["values"]) if found else []
+    head = ("figure", *names, "ours / peer", "target", "")
     table = [head] + [
-        (r["figure"], _cell(r["ours"], r["unit"]), _cell(r["peer"], r["unit"]),
+        (r["figure"], *(_cell(r["values"][n], r["unit"]) for n in names),
          "-" if r["ratio"] is None else f"{r['ratio']:g}x", r["target"], r["verdict"])
         for r in found
     ]  # fmt: skip
@@ -261,21 +267,35 @@ def _cell(value: float | None, unit: str) -> str:
 
 
 async def run(
-    peer_path: Path | None, runs: int, idle: float, floor: bool, python: str = sys.executable
+    peer_path: Path | None,
+    runs: int,
+    idle: float,
+    floor: bool,
+    python: str = sys.executable,
+    before: str | None = None,
 ) -> dict[str, Any]:
+    """Every plugin ``runs`` times, in turn: ours (``python``), ours as it was
+    (``before``: another interpreter whose environment holds an earlier version), the
+    peer, the floor. The rows (:func:`rows`) and each plugin's samples."""
     ours = Ours("numa-device-plugin", python)
     peer = Peer(peer_path.name, peer_path) if peer_path is not None else None
-    plugins: list[Plugin] = [ours] + ([peer] if peer is not None else [])
+    others: list[Plugin] = []
+    if before is not None:
+        others.append(Ours("before", before))
+    if peer is not None:
+        others.append(peer)
     if floor:
-        plugins.append(Floor("floor (empty grpc.aio plugin)", python))
+        others.append(Floor("floor (empty grpc.aio plugin)", python))
     for index in range(runs):
-        for plugin in plugins:
+        for plugin in (ours, *others):
             await one_run(plugin, idle if index == 0 else 0.0, ALLOCATES if index == 0 else 0)
-    extra = {p.name: {"starts_s": p.starts, "rss_mb": p.rss_mb, "idle_cpu_s_per_30s": p.idle_cpu,
-                      "allocate_p50_ms": median(p.allocate_ms)} for p in plugins}  # fmt: skip
+    extra = {
+        p.name: {"starts_s": p.starts, "rss_mb": p.rss_mb, "idle_cpu_s_per_30s": p.idle_cpu,
+                 "allocate_p50_ms": median(p.allocate_ms)}
+        for p in (ours, *others)
+    }  # fmt: skip
     return {"machine": machine_info(), "runs": runs, "idle_s": idle,
-            "rows": rows(ours, peer), "samples": extra,
-            "floor": rows(plugins[-1], None) if floor else None}  # fmt: skip
+            "rows": rows(ours, others, peer), "samples": extra}  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -290,6 +310,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--python", default=sys.executable,
                         help="the interpreter that runs ours (make bench-peer: a venv of "
                              "requirements.lock and the wheel, as in the image)")  # fmt: skip
+    parser.add_argument("--before", help="an interpreter whose environment holds an earlier "
+                        "version of ours, measured in the same run (before/after)")  # fmt: skip
     parser.add_argument("--json", action="store_true", help="JSON instead of a table")
     args = parser.parse_args(argv)
     if args.runs < 1 or args.idle < 0:
@@ -297,20 +319,18 @@ def main(argv: list[str] | None = None) -> int:
     if args.peer is not None and not args.peer.is_file():
         parser.error(f"--peer {args.peer}: no such file")
     # Absolute (the plugins run in their own folders), symlinks kept (a venv's python).
-    python = os.path.abspath(args.python) if os.sep in args.python else args.python
-    result = asyncio.run(run(args.peer, args.runs, args.idle, args.floor, python))
+    python, before = (
+        None if path is None else os.path.abspath(path) if os.sep in path else path
+        for path in (args.python, args.before)
+    )
+    assert python is not None
+    result = asyncio.run(run(args.peer, args.runs, args.idle, args.floor, python, before))
     if args.json:
         print(json.dumps(result, indent=1))
         return 0
-    ours = Ours("numa-device-plugin")
     print(f"{result['machine']}; {args.runs} starts each, idle {args.idle:g} s, load "
           f"{Path('/proc/loadavg').read_text().split()[0]} at the end")  # fmt: skip
-    names = list(result["samples"])
-    peer = Peer(names[1], Path(names[1])) if args.peer is not None else None
-    print(render(result["rows"], ours, peer))
-    if result["floor"] is not None:
-        print()
-        print(render(result["floor"], Plugin(names[-1]), None))
+    print(render(result["rows"]))
     return 0
 
 
