@@ -380,15 +380,16 @@ async def locality(pci: int, block: int, runs: int, mounts: int = 200) -> list[F
     """Device locality (``bus/pci``, ``class/block``, ``class/net``) on a synthetic tree
     of ``pci`` PCI devices and ``block`` disks (3 block devices each) and a mount table
     of ``mounts`` mounts: read_inventory's median and slowest of ``runs`` (ms), one
-    selector of each kind resolved (ms), the mount table read (ms), one quiet look of
-    the device watch at unchanged devices (ms), and a ``discover`` process's wall
+    selector of each kind resolved (ms), the mount table read (ms), one full quiet look
+    of the device watch and one look at unchanged devices (its look key, what it reads
+    every interval but each tenth; ms), and a ``discover`` process's wall
     time and peak RSS with and without the devices."""
     import shutil
     import tempfile
 
     from numa_device_plugin.plugin.config import Config
     from numa_device_plugin.plugin.devices import parse_near
-    from numa_device_plugin.plugin.discovery import discover
+    from numa_device_plugin.plugin.discovery import discover, look_key
     from numa_device_plugin.topology.locality import read_inventory
     from numa_device_plugin.topology.mounts import read_mount_table
     from numa_device_plugin.topology.selectors import parse_selector, select
@@ -421,11 +422,14 @@ async def locality(pci: int, block: int, runs: int, mounts: int = 200) -> list[F
         assert select(inventory, path, mount_read).nodes, "the path selector found no node"
         near = (parse_near(f"disk=serial:S{block - 1}"), parse_near("data=path:/mnt/disks/d0"))
         config = Config(sysfs_root=root, near=near, mount_table=table)
-        rereads = []
+        rereads, keys = [], []
         for _ in range(max(1, runs // 7)):
             started = time.perf_counter()
-            discover(config, quiet=True)  # what the device watch does every interval
+            discover(config, quiet=True)  # the device watch's full look
             rereads.append((time.perf_counter() - started) * 1000)
+            started = time.perf_counter()
+            look_key(config)  # what it reads every interval while the key is unchanged
+            keys.append((time.perf_counter() - started) * 1000)
         flags = ["--near", f"disk=serial:S{block - 1}", "--near", "data=path:/mnt/disks/d0"]
         with_devices = _discover_rss(root, *flags, "--mount-table", str(table))
         for kind in ("bus", "class"):
@@ -441,6 +445,13 @@ async def locality(pci: int, block: int, runs: int, mounts: int = 200) -> list[F
             shape,
             "one look of the device watch (quiet)",
             statistics.median(rereads),
+            "ms",
+        ),
+        Figure(
+            "locality",
+            shape,
+            "one look at unchanged devices (the look key)",
+            statistics.median(keys),
             "ms",
         ),
         Figure("locality", shape, "discover process, with devices", with_devices[0], "s"),
