@@ -77,7 +77,7 @@ class DeviceWatch:
         self._key_fn = key_fn if key_fn is not None or discover_fn is not discover else look_key
         self._key: Hashable = None  # the key of the last look that matched what is served
         self._skipped = 0
-        self.looks = self.skipped_looks = 0  # for tests and /debug/state
+        self.looks = self.skipped_looks = 0  # how many looks, and how many the key skipped
         self._current = current
         self._woken = woken
         self._found: Discovery | None = None
