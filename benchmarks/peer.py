@@ -273,6 +273,7 @@ async def run(
     floor: bool,
     python: str = sys.executable,
     before: str | None = None,
+    allocates: int = ALLOCATES,
 ) -> dict[str, Any]:
     """Every plugin ``runs`` times, in turn: ours (``python``), ours as it was
     (``before``: another interpreter whose environment holds an earlier version), the
@@ -288,7 +289,7 @@ async def run(
         others.append(Floor("floor (empty grpc.aio plugin)", python))
     for index in range(runs):
         for plugin in (ours, *others):
-            await one_run(plugin, idle if index == 0 else 0.0, ALLOCATES if index == 0 else 0)
+            await one_run(plugin, idle if index == 0 else 0.0, allocates if index == 0 else 0)
     extra = {
         p.name: {"starts_s": p.starts, "rss_mb": p.rss_mb, "idle_cpu_s_per_30s": p.idle_cpu,
                  "allocate_p50_ms": median(p.allocate_ms)}
@@ -312,10 +313,12 @@ def main(argv: list[str] | None = None) -> int:
                              "requirements.lock and the wheel, as in the image)")  # fmt: skip
     parser.add_argument("--before", help="an interpreter whose environment holds an earlier "
                         "version of ours, measured in the same run (before/after)")  # fmt: skip
+    parser.add_argument("--allocates", type=int, default=ALLOCATES,
+                        help=f"sequential Allocates in each first run ({ALLOCATES})")  # fmt: skip
     parser.add_argument("--json", action="store_true", help="JSON instead of a table")
     args = parser.parse_args(argv)
-    if args.runs < 1 or args.idle < 0:
-        parser.error("--runs must be at least 1 and --idle at least 0")
+    if args.runs < 1 or args.idle < 0 or args.allocates < 1:
+        parser.error("--runs and --allocates must be at least 1, --idle at least 0")
     if args.peer is not None and not args.peer.is_file():
         parser.error(f"--peer {args.peer}: no such file")
     # Absolute (the plugins run in their own folders), symlinks kept (a venv's python).
@@ -324,7 +327,9 @@ def main(argv: list[str] | None = None) -> int:
         for path in (args.python, args.before)
     )
     assert python is not None
-    result = asyncio.run(run(args.peer, args.runs, args.idle, args.floor, python, before))
+    result = asyncio.run(
+        run(args.peer, args.runs, args.idle, args.floor, python, before, args.allocates)
+    )
     if args.json:
         print(json.dumps(result, indent=1))
         return 0

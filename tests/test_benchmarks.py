@@ -114,3 +114,33 @@ def test_the_fleet_benchmark_names_its_slow_pod_and_prints_the_others(
         assert figures[command]["peak_rss_mb"] > 0
     assert figures["devices"]["exit"] == 0
     assert figures["check"]["exit"] == 1  # the slow node's pods are unknown
+
+
+def test_the_side_by_side_benchmark_measures_each_plugin_and_compares(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """``benchmarks.peer`` with ours, an earlier version (here the same interpreter) and
+    the floor, one start each: every plugin registers healthy and gets its figures; the
+    ratio needs a peer, so there is none; a bad flag exits 2."""
+    import sys
+
+    from benchmarks import peer
+
+    assert peer.main(["--runs", "1", "--idle", "0.5", "--allocates", "20", "--floor",
+                      "--before", sys.executable, "--json"]) == 0  # fmt: skip
+    result = json.loads(capsys.readouterr().out)
+    names = ["numa-device-plugin", "before", "floor (empty grpc.aio plugin)"]
+    assert list(result["samples"]) == names
+    for name in names:
+        samples = result["samples"][name]
+        assert len(samples["starts_s"]) == 1
+        assert samples["rss_mb"][0] > 5
+        assert len(samples["idle_cpu_s_per_30s"]) == 1
+        assert samples["allocate_p50_ms"] > 0
+    rows = {row["figure"]: row for row in result["rows"]}
+    start = rows["exec -> registered and healthy, median"]
+    assert list(start["values"]) == names
+    assert start["ratio"] is None
+    with pytest.raises(SystemExit) as exit_info:
+        peer.main(["--peer", "/nonexistent/plugin"])
+    assert exit_info.value.code == 2
