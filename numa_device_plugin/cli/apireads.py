@@ -56,6 +56,18 @@ plugin_port = click.option(
     help="the plugin's metrics port (config.metricsPort), where /debug/state is",
 )
 
+plugin_pod_timeout = click.option(
+    "--pod-timeout",
+    type=click.FloatRange(min=0.1, max=3600),
+    default=5.0,
+    show_default=True,
+    envvar="NUMA_POD_TIMEOUT",
+    show_envvar=True,
+    help="seconds each plugin pod's /debug/state may take through the API server's proxy "
+    "(a pod slower than that is named on stderr, the others are shown; never past "
+    "--timeout)",
+)
+
 
 def read_within_deadline(
     command: str, params: dict[str, Any], reads: Callable[[Any], T], slow: str = ""

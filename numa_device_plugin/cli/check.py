@@ -44,6 +44,7 @@ PER_PAGE = 500
               help="the plugin's namespace")  # fmt: skip
 @apireads.plugin_selector
 @apireads.plugin_port
+@apireads.plugin_pod_timeout
 @click.option("--resource-prefix", default="numa-align", show_default=True,
               envvar="NUMA_RESOURCE_PREFIX", show_envvar=True,
               help="the plugin's resource prefix (config.resourcePrefix)")  # fmt: skip
@@ -69,7 +70,8 @@ def command(**params: Any) -> int:
         wanted = {(pod_key(p)[0], c) for p in pods for c in claims(p)}
         paths = _claim_paths(api, params["namespace"], wanted) if wanted else {}
         plugins = plugin_pods(api, params["plugin_namespace"], params["selector"])
-        return pods, paths, read_fleet(api, params["plugin_namespace"], plugins, params["port"])
+        return pods, paths, read_fleet(api, params["plugin_namespace"], plugins, params["port"],
+                                       pod_seconds=params["pod_timeout"])  # fmt: skip
 
     found = apireads.read_within_deadline("check", params, reads)
     if found is None:

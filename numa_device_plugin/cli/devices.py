@@ -46,6 +46,7 @@ from numa_device_plugin.cli.proposal import clean, propose
 )
 @apireads.plugin_selector
 @apireads.plugin_port
+@apireads.plugin_pod_timeout
 @apireads.api_timeout
 @options.apply(options.output)
 def command(**params: Any) -> int:
@@ -55,7 +56,7 @@ def command(**params: Any) -> int:
 
     fleet = apireads.read_within_deadline("devices", params, lambda api: read_fleet(
         api, params["namespace"], plugin_pods(api, params["namespace"], params["selector"]),
-        params["port"]))  # fmt: skip
+        params["port"], pod_seconds=params["pod_timeout"]))  # fmt: skip
     if fleet is None:
         return 1
     for problem in fleet.problems:

@@ -6,8 +6,9 @@ within the command's one deadline (:mod:`.kubeapi`).
 - **Concurrent, bounded**: at most :data:`READERS` reads at once (1,000 nodes are not
   read one after another, nor 1,000 at once against the API server).
 - **One slow pod holds up nobody**: each read has its own deadline, at most
-  :data:`POD_SECONDS` and never past the command's (minus a reserve for printing), so a
-  pod that drips its answer or never answers is named on stderr and the others print.
+  ``--pod-timeout`` (:data:`POD_SECONDS` by default) and never past the command's
+  (minus a reserve for printing), so a pod that drips its answer or never answers is
+  named on stderr and the others print.
 - **Odd answers are that pod's problem**: an answer that is not a JSON object, or
   whose ``inventory``, ``near``, ``resources``, ``numa_nodes`` or ``pod_resources``
   are not of their types, is named with its pod; the others print.
@@ -107,10 +108,11 @@ def plugin_pods(api: KubeApi, namespace: str, selector: str) -> list[tuple[str, 
 
 def read_fleet(
     api: KubeApi, namespace: str, pods: Iterable[tuple[str, str]], port: int,
-    readers: int = READERS,
+    readers: int = READERS, pod_seconds: float = POD_SECONDS,
 ) -> FleetRead:  # fmt: skip
     """Each pod's ``/debug/state`` (:func:`plugin_pods`' pairs), at most ``readers`` at
-    once, each within what is left of ``api.deadline`` minus :data:`RESERVE`. Never
+    once, each within ``pod_seconds`` (``--pod-timeout``) and what is left of
+    ``api.deadline`` minus :data:`RESERVE`. Never
     raises for one pod; :class:`~.kubeapi.DeadlinePassed` when the command's deadline
     passes before the reads were started."""
     read = FleetRead()
@@ -126,7 +128,7 @@ def read_fleet(
     def one(name: str) -> dict[str, Any]:
         path = (f"/api/v1/namespaces/{quote(namespace, safe='')}/pods/{quote(name, safe='')}"
                 f":{port}/proxy/debug/state")  # fmt: skip
-        deadline = Deadline(min(reads.left(), POD_SECONDS))
+        deadline = Deadline(min(reads.left(), pod_seconds))
         try:
             return kept(api.get(path, None, deadline))
         except ApiError:
@@ -147,11 +149,11 @@ def read_fleet(
                 read.problems.append(f"{node} ({name}): {exc}")
             except DeadlinePassed:
                 read.problems.append(f"{node} ({name}): not read within the deadline "
-                                     f"({POD_SECONDS:g} s a pod, --timeout in all)")  # fmt: skip
+                                     f"({pod_seconds:g} s a pod, --timeout in all)")  # fmt: skip
         for future in pending:
             name, node = futures[future]
             read.problems.append(f"{node} ({name}): not read within the deadline "
-                                 f"({POD_SECONDS:g} s a pod, --timeout in all)")  # fmt: skip
+                                 f"({pod_seconds:g} s a pod, --timeout in all)")  # fmt: skip
     finally:
         # Each read ends by its own deadline (its socket timeouts are what was left of
         # it): waiting for the stragglers costs at most a moment past it, and leaves no

@@ -65,10 +65,16 @@ def local_pv(name: str, path: str) -> dict[str, Any]:
     return {"metadata": {"name": name}, "spec": {"local": {"path": path}}}
 
 
-def run(tmp_path: Path, capsys: pytest.CaptureFixture[str], pods: list[dict[str, Any]],
-        state: dict[str, Any] | int, *args: str) -> tuple[int, str, str]:  # fmt: skip
+def run(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], pods: list[dict[str, Any]],
+    state: dict[str, Any] | int, *args: str, delay: float = 0.0,
+) -> tuple[int, str, str]:  # fmt: skip
+    """``check ARGS`` against the stand-in with plugin pod p-a on node a answering
+    ``state`` (a status code: that error) after ``delay`` seconds."""
     with cluster_api(tmp_path, [], [plugin_pod("p-a", "a"), *pods]) as (api, kubeconfig):
         api.proxied["p-a"] = state
+        if delay:
+            api.delays["p-a"] = delay
         api.claims = [claim("data-a-0", "pv-a"), claim("data-b-0", "pv-b"),
                       claim("mixed", "pv-b"), claim("elsewhere", "pv-nfs")]  # fmt: skip
         nfs = {"metadata": {"name": "pv-nfs"}, "spec": {"nfs": {"path": "/x"}}}
@@ -155,6 +161,23 @@ def test_a_node_whose_plugin_cannot_be_read_leaves_its_pods_unknown(
     assert code == 1
     assert "a (p-a):" in err
     assert {p["verdict"] for p in json.loads(out)["pods"]} == {"unknown"}
+
+
+@pytest.mark.parametrize(("pod_timeout", "read"), [("0.3", False), ("10", True)])
+def test_a_slow_plugin_is_read_within_the_pod_timeout_asked(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], pod_timeout: str, read: bool
+) -> None:
+    """A plugin answering after 1 s: past a 0.3 s --pod-timeout its node's pods are
+    unknown and the limit is named; with 10 s (a loaded cluster) it is read."""
+    code, out, err = run(tmp_path, capsys, RECIPE, node_state(RECIPE_HOLDERS),
+                         "--pod-timeout", pod_timeout, "--output", "json", delay=1.0)  # fmt: skip
+    verdicts = {p["verdict"] for p in json.loads(out)["pods"]}
+    if read:
+        assert (code, err, verdicts) == (0, "", {"aligned"})
+    else:
+        assert code == 1
+        assert verdicts == {"unknown"}
+        assert "a (p-a): not read within the deadline (0.3 s a pod, --timeout in all)" in err
 
 
 def test_one_pod_and_one_namespace_are_checked_alone(

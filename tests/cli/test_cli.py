@@ -122,6 +122,7 @@ COMMAND_FLAGS = {
         ("--namespace", "NUMA_NAMESPACE"),
         ("--selector", "NUMA_SELECTOR"),
         ("--port", "NUMA_PORT"),
+        ("--pod-timeout", "NUMA_POD_TIMEOUT"),
         ("--timeout", "NUMA_TIMEOUT"),
         ("--output", "NUMA_OUTPUT"),
     ],

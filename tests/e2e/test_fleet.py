@@ -253,8 +253,8 @@ def test_kubectl_numa_devices_lists_both_workers_disks_with_their_numa_nodes(
     env = dict(platform.kubectl_env, PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}")
 
     def devices(*args: str) -> str:
-        return run_checked(["kubectl", "numa", "devices", *args],
-                           timeout=120 * platform.time_scale, env=env)  # fmt: skip
+        return run_checked(["kubectl", "numa", "devices", *args, *loaded_limits(platform)],
+                           timeout=180 * platform.time_scale, env=env)  # fmt: skip
 
     document = json.loads(devices("--output", "json"))
     print(devices())
@@ -439,11 +439,21 @@ def test_a_disk_removed_and_added_back_on_the_other_node_is_followed_without_a_r
     assert sum(s.restart_count for s in plugin_now.status.container_statuses) == restarts
 
 
+def loaded_limits(platform: Any) -> list[str]:
+    """``devices``' and ``check``'s limits scaled as every wait of the run is: a plugin
+    in a TCG guest on a busy machine once took more than the 5 s a pod (the check of a
+    loaded run said "not read within the deadline")."""
+    scale = float(platform.time_scale)
+    return ["--timeout", f"{30 * scale:g}", "--pod-timeout", f"{5 * scale:g}"]
+
+
 def kubectl_numa(platform: Any, *args: str) -> subprocess.CompletedProcess[str]:
-    """``kubectl numa ARGS`` (the kubectl plugin on PATH) from this worker, any exit."""
+    """``kubectl numa ARGS`` (the kubectl plugin on PATH) from this worker, any exit;
+    ``devices`` and ``check`` with :func:`loaded_limits`."""
     env = dict(platform.kubectl_env, PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}")
-    return subprocess.run(["kubectl", "numa", *args], capture_output=True, text=True,
-                          timeout=120 * platform.time_scale, env=env, check=False)  # fmt: skip
+    limits = loaded_limits(platform) if args[0] in ("devices", "check") else []
+    return subprocess.run(["kubectl", "numa", *args, *limits], capture_output=True, text=True,
+                          timeout=180 * platform.time_scale, env=env, check=False)  # fmt: skip
 
 
 def test_an_unmounted_data_disk_leaves_its_pods_device_lost_and_check_says_so(
