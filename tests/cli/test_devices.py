@@ -200,7 +200,7 @@ def test_a_pod_list_refused_exits_1_naming_it(
     assert "/api/v1/namespaces/kube-system/pods" in err
 
 
-@pytest.mark.parametrize(("timeout", "per_pod"), [("6", 30.0), ("60", 4.0)])
+@pytest.mark.parametrize(("timeout", "per_pod"), [("8", 30.0), ("60", 4.0)])
 def test_a_slow_pod_is_named_and_holds_up_neither_the_others_nor_the_deadline(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], timeout: str, per_pod: float
 ) -> None:
