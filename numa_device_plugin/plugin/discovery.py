@@ -15,6 +15,7 @@ from typing import Any
 
 import structlog
 
+from numa_device_plugin.ops.bounded import BoundError, read_file
 from numa_device_plugin.plugin.config import Config
 from numa_device_plugin.plugin.devices import Near, Resource, build_resources
 from numa_device_plugin.plugin.nearmemory import near_memory
@@ -22,7 +23,7 @@ from numa_device_plugin.topology import sysfs
 from numa_device_plugin.topology.details import details
 from numa_device_plugin.topology.locality import Inventory, read_inventory
 from numa_device_plugin.topology.memory import format_quantity
-from numa_device_plugin.topology.mounts import MountTable, read_mount_table
+from numa_device_plugin.topology.mounts import MAX_TABLE_BYTES, MountTable, read_mount_table
 from numa_device_plugin.topology.numa import NodePlan, plan_nodes, read_topology, topology_warnings
 from numa_device_plugin.topology.selectors import (
     MAX_NAMED,
@@ -124,7 +125,8 @@ def look_key(config: Config) -> Hashable:
     A device attribute that changes in place (a driver bound anew) is not in it: the
     device watch still reads everything every :data:`~.devicewatch.FULL_LOOK_EVERY`
     looks. Raises what :func:`discover` raises for the topology; an unreadable mount
-    table is part of the key (its error text)."""
+    table (a FIFO, over the table limit) is part of the key (its error text), never a
+    wait."""
     folders: list[tuple[tuple[str, int | str], ...]] = []
     for relative in DEVICE_FOLDERS:
         try:
@@ -134,9 +136,9 @@ def look_key(config: Config) -> Hashable:
             folders.append((("error", str(exc)),))  # as read_inventory sees it: empty
     mounts: bytes | str = b""
     if any(one.kind in PATH_KINDS for entry in config.near for one in entry.selectors):
-        try:
-            mounts = config.mount_table.read_bytes()
-        except OSError as exc:
+        try:  # as read_mount_table reads it: a FIFO never blocks, a huge table is refused
+            mounts = read_file(config.mount_table, MAX_TABLE_BYTES)
+        except BoundError as exc:
             mounts = str(exc)
     return (read_topology(config.sysfs_root), tuple(folders), mounts)
 

@@ -344,3 +344,27 @@ async def test_a_moved_mount_is_read_at_the_next_look(tmp_path: Path) -> None:
     table.write_text(ROOT_LINE)
     await watch.look()
     assert (len(quiet), woken) == (2, [1])
+
+
+def test_a_fifo_or_an_oversized_mount_table_gives_a_key_at_once(tmp_path: Path) -> None:
+    """The look key reads the mount table as discovery does: a FIFO planted in its place
+    never blocks the device watch's thread, and a table over the limit is not read
+    whole; each is a key of its own (the error), so the look runs and says why."""
+    import os
+
+    from numa_device_plugin.plugin.discovery import look_key
+    from numa_device_plugin.topology.mounts import MAX_TABLE_BYTES
+
+    tree, table = mounted_machine(tmp_path / "sys")
+    config = Config(sysfs_root=tree.root, near=(parse_near("data-a=path:/mnt/disks/a"),),
+                    mount_table=table)  # fmt: skip
+    normal = look_key(config)
+    table.unlink()
+    os.mkfifo(table)
+    planted = look_key(config)  # returns: no writer is waited for
+    assert planted != normal
+    assert "not a regular file" in str(planted)
+    table.unlink()
+    with table.open("wb") as out:
+        out.truncate(MAX_TABLE_BYTES + 1)
+    assert f"over {MAX_TABLE_BYTES} bytes" in str(look_key(config))
