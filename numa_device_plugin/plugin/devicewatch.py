@@ -77,7 +77,7 @@ class DeviceWatch:
         self._key_fn = key_fn if key_fn is not None or discover_fn is not discover else look_key
         self._key: Hashable = None  # the key of the last look that matched what is served
         self._skipped = 0
-        self.looks = self.skipped_looks = 0  # how many looks, and how many the key skipped
+        self.skipped_looks = 0  # looks the key skipped
         self._current = current
         self._woken = woken
         self._found: Discovery | None = None
@@ -101,7 +101,6 @@ class DeviceWatch:
         """One reading of sysfs; ``found`` when it differs from what is served (a
         resource that follows a device whose device is gone is kept, lost:
         :func:`~numa_device_plugin.plugin.nearhealth.keep_lost`)."""
-        self.looks += 1
         key: Hashable = None
         try:
             if self._key_fn is not None:

@@ -17,6 +17,7 @@ skips; any other failure to reach it (a bad login, an API error) fails.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import shlex
@@ -127,18 +128,25 @@ def plugin_log_tail(funcargs: dict[str, Any], lines: int = PLUGIN_LOG_LINES) -> 
     return None
 
 
-def network_snapshot() -> dict[str, Any]:
-    """What this node's network shows (``test/local/netstate.py``: interface counters,
-    TCP failures and retransmits, load, a timed TCP connect to the API server), for a
-    failed test's report: beside the host's samples (``logs/network.jsonl``) it tells a
-    guest that cannot reach the API server from one whose API server does not answer."""
+@functools.cache
+def _netstate() -> Any:
+    """``test/local/netstate.py``, loaded once (it is no package of the tests)."""
     import importlib.util
 
     spec = importlib.util.spec_from_file_location("netstate", REPO / "test/local/netstate.py")
     assert spec is not None
     assert spec.loader is not None
-    netstate = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(netstate)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def network_snapshot() -> dict[str, Any]:
+    """What this node's network shows (``test/local/netstate.py``: interface counters,
+    TCP failures and retransmits, load, a timed TCP connect to the API server), for a
+    failed test's report: beside the host's samples (``logs/network.jsonl``) it tells a
+    guest that cannot reach the API server from one whose API server does not answer."""
+    netstate = _netstate()
     target = None
     with contextlib.suppress(Exception):  # a report must not fail on it
         parsed = urllib.parse.urlsplit(client.Configuration.get_default_copy().host)
