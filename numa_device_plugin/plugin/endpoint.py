@@ -30,6 +30,7 @@ from numa_device_plugin.api.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
 from numa_device_plugin.kubelet.grpcserver import UnixSocketServer
 from numa_device_plugin.kubelet.registration import (
     Backoff,
+    KubeletConnection,
     RegistrationError,
     register,
     register_request,
@@ -103,6 +104,10 @@ class Endpoints:
         self.registered: set[str] = set()
         # One line per failure kind per longest backoff, for every resource together.
         self._log_limiter = LogLimiter(Backoff().maximum)
+        # Registrations in flight together share one connection to kubelet.sock. A new
+        # kubelet.sock restarts every endpoint first: stopping cancels the old calls,
+        # which breaks that connection, so the new ones dial the new socket.
+        self._connection = KubeletConnection(config.kubelet_socket)
 
     @property
     def running(self) -> Mapping[str, Endpoint]:
@@ -178,7 +183,10 @@ class Endpoints:
             try:
                 endpoint.servicer.expect_kubelet()
                 await register(
-                    self.config.kubelet_socket, request, timeout=self.config.register_timeout
+                    self.config.kubelet_socket,
+                    request,
+                    timeout=self.config.register_timeout,
+                    connection=self._connection,
                 )
                 break
             except RegistrationError as exc:
