@@ -5,7 +5,8 @@ Data flows one way: sysfs -> topology -> devices (:mod:`.discovery`) -> servicer
 the lock check only wake the loop (:mod:`.wakeups`); the capacity poller
 (:mod:`.poller`) only feeds the servicers; the lock keeper (:mod:`.lockkeeper`)
 says whether serving is allowed. :class:`PluginManager` runs the single restart
-loop, and on each wake decides from the state it finds, not from the events:
+loop, and on each wake decides from the state it finds, not from the events
+(:mod:`.verdicts`, pure):
 
 - A new ``kubelet.sock`` is a new kubelet: every resource is served again and
   registered again (its old registrations are gone with the old kubelet).
@@ -36,12 +37,13 @@ from numa_device_plugin.plugin.config import Config
 from numa_device_plugin.plugin.devices import Resource
 from numa_device_plugin.plugin.devicewatch import DeviceWatch, changed
 from numa_device_plugin.plugin.discovery import Discovery, discover
-from numa_device_plugin.plugin.endpoint import Endpoint, Endpoints, KubeletIdentity
+from numa_device_plugin.plugin.endpoint import Endpoints, KubeletIdentity
 from numa_device_plugin.plugin.lockkeeper import LockKeeper
 from numa_device_plugin.plugin.poller import ALLOCATE_POLL_DELAY, CapacityPoller
 from numa_device_plugin.plugin.recorder import NullRecorder, Recorder
 from numa_device_plugin.plugin.servicer import NumaDevicePluginServicer
 from numa_device_plugin.plugin.snapshot import PluginState, take
+from numa_device_plugin.plugin.verdicts import readiness, restart_reason
 from numa_device_plugin.topology import sysfs
 
 log = structlog.get_logger(__name__)
@@ -347,52 +349,3 @@ def check_serving(config: Config, discovery: Discovery, listener_connections: in
     count = len(discovery.resources)
     soft, hard = ensure_fds(fds_needed(count, listener_connections), count)
     log.debug("file descriptor limit", soft=soft, hard=hard, resources=count)
-
-
-def restart_reason(
-    endpoint: Endpoint | None, kubelet: KubeletIdentity | None, stream_lost: bool
-) -> str | None:
-    """Why a resource must be served (again) now, or None. ``endpoint``: its running
-    endpoint; ``kubelet``: the identity of the ``kubelet.sock`` there now (None: none).
-
-    Not served while a kubelet is there; served for another kubelet than the one there
-    now; its socket file gone or replaced; or its ListAndWatch stream lost.
-    """
-    if endpoint is None:
-        return "not served" if kubelet is not None else None
-    if kubelet is not None and endpoint.kubelet != kubelet:
-        return "a new kubelet.sock: the kubelet restarted"
-    if not endpoint.server.is_intact():
-        return "its socket is gone"
-    if stream_lost:
-        return "the kubelet closed its ListAndWatch stream"
-    return None
-
-
-def resource_problem(registered: bool, servicer: NumaDevicePluginServicer) -> str | None:
-    """Why a resource is not ready, or None: not registered with the kubelet, or
-    registered without the kubelet's ListAndWatch stream open."""
-    if not registered:
-        return "not registered with the kubelet"
-    if not servicer.kubelet_stream_open:
-        return "the kubelet has no ListAndWatch stream open"
-    return None
-
-
-def readiness(
-    lock_problem: str | None,
-    serve_problem: str | None,
-    servicers: Mapping[str, NumaDevicePluginServicer],
-    registered: set[str],
-) -> list[str]:
-    """:meth:`PluginManager.readiness_problems` from its parts."""
-    if lock_problem is not None:
-        return [lock_problem]
-    if not servicers:
-        return ["no NUMA node is advertised"]
-    problems = [] if serve_problem is None else [serve_problem]
-    return problems + [
-        f"{name}: {problem}"
-        for name, servicer in servicers.items()
-        if (problem := resource_problem(name in registered, servicer)) is not None
-    ]
