@@ -67,9 +67,14 @@ def test_no_import_runs_in_a_circle() -> None:
 
 
 def test_the_poller_and_the_watcher_only_feed_or_wake() -> None:
-    """They never reach back into the manager or the endpoints."""
+    """They (and what starts the watches) never reach back into the manager or the
+    endpoints."""
     found = modules()
-    for name in ("numa_device_plugin.plugin.poller", "numa_device_plugin.kubelet.watcher"):
+    for name in (
+        "numa_device_plugin.plugin.poller",
+        "numa_device_plugin.kubelet.watcher",
+        "numa_device_plugin.plugin.watches",
+    ):
         imported = imports(found[name], set(found))
         assert not imported & {
             "numa_device_plugin.plugin.manager",

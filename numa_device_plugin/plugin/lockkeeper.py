@@ -6,8 +6,11 @@ other's. So nothing is served without the folder's lock:
 
 - At start the plugin waits (polling every :data:`LOCK_POLL` seconds) while another
   instance holds the lock; a lock file that cannot be locked is an error then.
-- While serving, the lock file is checked every :data:`LOCK_CHECK` seconds (its
-  subfolder is not watched) and whenever the loop wakes. If it was deleted and the
+- While serving, the lock file is checked whenever the loop wakes, and the watcher
+  wakes it for anything created, deleted or moved in the lock's subfolder (inotify)
+  or the subfolder going; a periodic check is the backstop: every
+  :data:`LOCK_CHECK_WATCHED` seconds while the subfolder is watched, every
+  :data:`LOCK_CHECK` seconds while it is not (no inotify watch left, say). If it was deleted and the
   folder created again (the kubelet's own clean-up never does that, an operator's
   ``rm -rf`` does), the new file is locked. If another instance got it first, or it
   cannot be locked (say a folder now stands in its place), the plugin stands down:
@@ -17,6 +20,7 @@ other's. So nothing is served without the folder's lock:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
@@ -29,8 +33,11 @@ log = structlog.get_logger(__name__)
 
 # Seconds between attempts to take the lock while it cannot be taken.
 LOCK_POLL = 0.2
-# Seconds between checks that the lock file is still the one this instance locked.
+# Seconds between checks that the lock file is still the one this instance locked,
+# while its subfolder is not watched, and while it is (a backstop: an event lost to a
+# full inotify queue).
 LOCK_CHECK = 2.0
+LOCK_CHECK_WATCHED = 60.0
 
 
 class LockKeeper:
@@ -43,6 +50,7 @@ class LockKeeper:
         self.problem: str | None = None
         self.lost = False
         self._on_change = on_change
+        self._recheck = asyncio.Event()
 
     async def acquire(
         self,
@@ -104,6 +112,7 @@ class LockKeeper:
     def keep(self) -> bool:
         """Still hold the lock, locking a new lock file when the old one is gone; False
         (and ``lost``) when another instance got it first or it cannot be locked."""
+        self._recheck.set()  # the periodic check's period may have changed
         if self.lock.intact() or not self.socket_dir.is_dir():
             return True  # still ours, or no folder to serve in yet
         try:
@@ -128,11 +137,16 @@ class LockKeeper:
         self.lost = True
         return False
 
-    async def watch(self, wake: Callable[[str], None]) -> None:
-        """Every LOCK_CHECK seconds, ``wake(LOCK_CHANGED)`` when the lock file is no
-        longer the one this instance locked; until cancelled."""
+    async def watch(self, wake: Callable[[str], None], watched: Callable[[], bool]) -> None:
+        """``wake(LOCK_CHANGED)`` when the lock file is no longer the one this instance
+        locked, checked every LOCK_CHECK_WATCHED seconds while ``watched()`` (the lock's
+        subfolder is watched), else every LOCK_CHECK seconds; until cancelled. Each
+        :meth:`keep` starts the period anew with ``watched()`` as it is then."""
         while True:
-            await asyncio.sleep(LOCK_CHECK)
+            self._recheck.clear()
+            period = LOCK_CHECK_WATCHED if watched() else LOCK_CHECK
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._recheck.wait(), period)
             if self.lock.held and not self.lock.intact():
                 wake(LOCK_CHANGED)
 

@@ -2,7 +2,7 @@
 
 Data flows one way: sysfs -> topology -> devices (:mod:`.discovery`) -> servicers
 (:mod:`.catalog`) -> registration (:mod:`.endpoint`). The watcher, the signals and
-the lock check only wake the loop (:mod:`.wakeups`); the capacity poller
+the lock check only wake the loop (:mod:`.wakeups`, :mod:`.watches`); the capacity poller
 (:mod:`.poller`) only feeds the servicers; the lock keeper (:mod:`.lockkeeper`)
 says whether serving is allowed. :class:`PluginManager` runs the single restart
 loop, and on each wake decides from the state it finds, not from the events
@@ -28,7 +28,6 @@ import structlog
 
 from numa_device_plugin.kubelet.grpcserver import check_socket_path, file_identity
 from numa_device_plugin.kubelet.registration import Backoff
-from numa_device_plugin.kubelet.watcher import SocketDirWatcher
 from numa_device_plugin.ops.heap import release_free_memory
 from numa_device_plugin.ops.limits import FdLimitError, ensure_fds, fds_needed
 from numa_device_plugin.ops.wakeups import DEVICES_CHANGED, STREAM_LOST, Wakeups
@@ -44,6 +43,7 @@ from numa_device_plugin.plugin.recorder import NullRecorder, Recorder
 from numa_device_plugin.plugin.servicer import NumaDevicePluginServicer
 from numa_device_plugin.plugin.snapshot import PluginState, take
 from numa_device_plugin.plugin.verdicts import readiness, restart_reason
+from numa_device_plugin.plugin.watches import Watches
 from numa_device_plugin.topology import sysfs
 
 log = structlog.get_logger(__name__)
@@ -190,10 +190,8 @@ class PluginManager:
         check_serving(self.config, discovery, self._listener_connections)
         self._set_discovery(discovery)
         self.config.socket_dir.mkdir(parents=True, exist_ok=True)
-        watcher = SocketDirWatcher(self.config.socket_dir, self.wake, asyncio.get_running_loop())
-        watcher.start()
-        lock_check = asyncio.create_task(self.lock_keeper.watch(self.wake), name="lock check")
-        device_watch = asyncio.create_task(self.device_watch.run(), name="device watch")
+        watches = Watches(self.config, self.wake, self.lock_keeper, self.device_watch)
+        watches.start()
         first = True
         try:
             while await self.lock_keeper.acquire(
@@ -215,10 +213,7 @@ class PluginManager:
                 if self.wakeups.stopping:
                     break
         finally:
-            lock_check.cancel()
-            device_watch.cancel()
-            await asyncio.gather(lock_check, device_watch, return_exceptions=True)
-            watcher.stop()
+            await watches.stop()
             await self.poller.close()
             await self.endpoints.stop(self.endpoints.running, self.config.shutdown_grace)
             self.lock_keeper.release()

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import shutil
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -14,6 +15,7 @@ from numa_device_plugin.kubelet.watcher import (
     FOLDER_CREATED,
     FOLDER_DELETED,
     KUBELET_CREATED,
+    SUBFOLDER_CHANGED,
     SocketDirWatcher,
 )
 
@@ -24,6 +26,7 @@ class Woken:
     def __init__(self) -> None:
         self.reasons: list[str] = []
         self.seen = threading.Condition()
+        self.watcher: SocketDirWatcher | None = None
 
     def __call__(self, reason: str, name: str) -> None:
         with self.seen:
@@ -36,14 +39,15 @@ class Woken:
 
 
 @contextmanager
-def watching(folder: Path) -> Iterator[Woken]:
-    """A :class:`SocketDirWatcher` on ``folder`` waking a :class:`Woken`, its loop in a
-    thread, for the block."""
+def watching(folder: Path, subfolders: tuple[str, ...] = ()) -> Iterator[Woken]:
+    """A :class:`SocketDirWatcher` on ``folder`` waking a :class:`Woken` (its
+    ``watcher`` attribute), its loop in a thread, for the block."""
     woken = Woken()
     loop = asyncio.new_event_loop()
     runner = threading.Thread(target=loop.run_forever, daemon=True)
     runner.start()
-    watcher = SocketDirWatcher(folder, woken, loop)
+    watcher = SocketDirWatcher(folder, woken, loop, subfolders)
+    woken.watcher = watcher
     watcher.start()
     try:
         yield woken
@@ -117,3 +121,103 @@ def test_the_watcher_finds_its_folder_gone_again_and_watches_it_when_it_is_back(
         loop.call_soon_threadsafe(loop.stop)
         runner.join(5)
         loop.close()
+
+
+def wait_quiet(woken: Woken, seconds: float = 0.5) -> list[str]:
+    """The reasons woken with over ``seconds`` (inotify delivers within milliseconds)."""
+    woken.reasons.clear()
+    time.sleep(seconds)
+    return list(woken.reasons)
+
+
+def subfolder_watched(woken: Woken, expected: bool, timeout: float = 10) -> None:
+    assert woken.watcher is not None
+    deadline = time.monotonic() + timeout
+    while woken.watcher.subfolders_watched != expected:
+        assert time.monotonic() < deadline, f"subfolders_watched stayed {not expected}"
+        time.sleep(0.01)
+
+
+def appears_and_is_watched(woken: Woken, subfolder: Path) -> None:
+    """``subfolder`` made: it wakes, is watched, and a file made in it wakes."""
+    subfolder.mkdir()
+    woken.wait_for(SUBFOLDER_CHANGED)
+    subfolder_watched(woken, True)
+    woken.reasons.clear()
+    (subfolder / "lock").touch()
+    woken.wait_for(SUBFOLDER_CHANGED)
+
+
+def test_a_lock_subfolder_wakes_on_what_is_created_deleted_or_moved_not_on_reads(
+    tmp_path: Path,
+) -> None:
+    """Mutants: subfolder events dropped; opens, reads and writes waking (a second
+    instance reads the holder line five times a second while it waits)."""
+    folder = tmp_path / "device-plugins"
+    (folder / ".lock").mkdir(parents=True)
+    lock = folder / ".lock" / "lock"
+    lock.write_text("pid=1\n")
+    with watching(folder, (".lock",)) as woken:
+        subfolder_watched(woken, True)
+        assert wait_quiet(woken, 0.2) == []
+        with lock.open("r+") as handle:
+            handle.read()
+            handle.write("more\n")
+        lock.read_text()
+        assert wait_quiet(woken) == []
+        lock.unlink()
+        woken.wait_for(SUBFOLDER_CHANGED)
+        woken.reasons.clear()
+        lock.mkdir()  # a folder in its place
+        woken.wait_for(SUBFOLDER_CHANGED)
+        woken.reasons.clear()
+        lock.rmdir()
+        (folder / ".lock" / "other").touch()
+        (folder / ".lock" / "other").rename(lock)
+        woken.wait_for(SUBFOLDER_CHANGED)
+        # Nothing in the socket folder itself was touched: no socket deletion.
+        assert "socket deleted" not in woken.reasons
+
+
+def test_a_lock_subfolder_deleted_and_made_again_is_watched_again(tmp_path: Path) -> None:
+    """Mutant: the watch kept for the deleted folder (the new one's changes would wake
+    nothing, and subfolders_watched would keep saying True)."""
+    folder = tmp_path / "device-plugins"
+    (folder / ".lock").mkdir(parents=True)
+    with watching(folder, (".lock",)) as woken:
+        subfolder_watched(woken, True)
+        shutil.rmtree(folder / ".lock")
+        woken.wait_for(SUBFOLDER_CHANGED)
+        subfolder_watched(woken, False)
+        woken.reasons.clear()
+        appears_and_is_watched(woken, folder / ".lock")
+
+
+def test_a_lock_subfolder_absent_at_start_is_watched_once_it_appears(tmp_path: Path) -> None:
+    folder = tmp_path / "device-plugins"
+    folder.mkdir()
+    with watching(folder, (".lock",)) as woken:
+        assert woken.watcher is not None
+        assert not woken.watcher.subfolders_watched
+        appears_and_is_watched(woken, folder / ".lock")
+
+
+def test_the_socket_folder_made_again_with_its_lock_subfolder_is_watched_again(
+    tmp_path: Path,
+) -> None:
+    """An operator's ``rm -rf`` and a new folder that already holds the subfolder when
+    the watcher gets to it: the subfolder is watched with the folder."""
+    folder = tmp_path / "device-plugins"
+    (folder / ".lock").mkdir(parents=True)
+    with watching(folder, (".lock",)) as woken:
+        subfolder_watched(woken, True)
+        shutil.rmtree(folder)
+        woken.wait_for(FOLDER_DELETED)
+        subfolder_watched(woken, False)
+        (tmp_path / "staged" / ".lock").mkdir(parents=True)
+        (tmp_path / "staged").rename(folder)
+        woken.wait_for(FOLDER_CREATED)
+        subfolder_watched(woken, True)
+        woken.reasons.clear()
+        (folder / ".lock" / "lock").touch()
+        woken.wait_for(SUBFOLDER_CHANGED)
