@@ -34,7 +34,8 @@ from types import FrameType
 from typing import Any
 from urllib.parse import quote
 
-from numa_device_plugin.ops.bounded import BoundError, one_line, read_yaml
+from numa_device_plugin.ops.bounded import BoundError, one_line
+from numa_device_plugin.ops.yamlfile import read_yaml
 
 # Bytes of the kubeconfig.
 MAX_KUBECONFIG = 4 << 20

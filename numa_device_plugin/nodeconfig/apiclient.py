@@ -40,8 +40,8 @@ from numa_device_plugin.ops.bounded import (
     http_get,
     one_line,
     read_file,
-    read_yaml,
 )
+from numa_device_plugin.ops.yamlfile import read_yaml
 
 # Bytes of an answer: a Node object with a long image list is ~100 KB.
 MAX_ANSWER = 4 << 20

@@ -32,7 +32,8 @@ from typing import Any
 
 import yaml
 
-from numa_device_plugin.ops.bounded import BoundError, UniqueKeyLoader, read_file
+from numa_device_plugin.ops.bounded import BoundError, read_file
+from numa_device_plugin.ops.yamlfile import UniqueKeyLoader
 from numa_device_plugin.plugin.config import Config
 
 # The node label naming the configuration (fixed, whatever --resource-prefix says: the
@@ -64,7 +65,7 @@ class NodeConfigError(Exception):
 
 class _StrictLoader(UniqueKeyLoader):
     """PyYAML's safe loader that refuses a key named twice in a mapping
-    (:class:`~numa_device_plugin.ops.bounded.UniqueKeyLoader`) and what no
+    (:class:`~numa_device_plugin.ops.yamlfile.UniqueKeyLoader`) and what no
     configuration needs and a hostile file uses: aliases and anchors (an alias bomb
     expands a few hundred bytes to gigabytes), nesting deeper than :data:`MAX_DEPTH`
     (recursion) and scalars longer than :data:`MAX_SCALAR` (an integer of thousands of

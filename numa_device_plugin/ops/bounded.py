@@ -2,7 +2,9 @@
 
 - :func:`read_file`: a file expected to be a regular file (a kubeconfig, a token, a
   CA bundle, the per-node configuration), read up to a byte cap; a FIFO, a device
-  (``/dev/zero``) or a folder is refused without blocking; :func:`read_yaml` parses it.
+  (``/dev/zero``) or a folder is refused without blocking;
+  :func:`~numa_device_plugin.ops.yamlfile.read_yaml` parses it (a module of its own:
+  PyYAML is imported only where YAML is read).
 - :func:`http_get`: one HTTP(S) GET whose whole exchange (connect, TLS, request,
   answer) ends within a total deadline that nothing extends, with an answer cap. A
   timer shuts the connection's socket down through a duplicate of its descriptor, so
@@ -29,9 +31,6 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
-
-import yaml
 
 
 class BoundError(Exception):
@@ -75,51 +74,6 @@ def read_file(path: Path, limit: int) -> bytes:
         raise BoundError(f"cannot read {path}: {exc.strerror or exc}") from None
     finally:
         os.close(fd)
-
-
-class UniqueKeyLoader(yaml.SafeLoader):
-    """PyYAML's safe loader (no Python tags) that refuses a mapping naming one key
-    twice: YAML 1.2 requires keys to be unique, and PyYAML would silently keep the last
-    (``{d: serial:S1, d: serial:S0}`` advertised only S0). Every YAML the plugin reads
-    goes through it. Raises ``yaml.constructor.ConstructorError`` naming the key and
-    where it appears again."""
-
-    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
-        seen: set[Any] = set()
-        for key_node, _ in node.value:
-            if key_node.tag == "tag:yaml.org,2002:merge":
-                continue
-            key = self.construct_object(key_node, deep=True)
-            try:
-                repeated = key in seen
-                seen.add(key)
-            except TypeError:
-                continue  # an unhashable key: the base class refuses it
-            if repeated:
-                shown = repr(key) if len(repr(key)) <= 60 else f"{repr(key)[:57]}..."
-                raise yaml.constructor.ConstructorError(
-                    "while constructing a mapping",
-                    node.start_mark,
-                    f"found the key {shown} twice",
-                    key_node.start_mark,
-                )
-        return super().construct_mapping(node, deep)
-
-
-def read_yaml(path: Path, limit: int) -> Any:
-    """The YAML document in the regular file ``path`` (:func:`read_file`, at most
-    ``limit`` bytes). Raises :class:`BoundError` naming the file when it cannot be
-    read, is not UTF-8, is not YAML, names a key twice in a mapping
-    (:class:`UniqueKeyLoader`) or nests too deeply for the parser."""
-    data = read_file(path, limit)
-    try:
-        return yaml.load(data.decode(), Loader=UniqueKeyLoader)  # a SafeLoader
-    except UnicodeDecodeError:
-        raise BoundError(f"cannot read {path}: not UTF-8 text") from None
-    except yaml.YAMLError as exc:
-        raise BoundError(f"cannot read {path}: {one_line(str(exc))}") from None
-    except RecursionError:
-        raise BoundError(f"cannot read {path}: nested too deeply") from None
 
 
 @dataclass(frozen=True)

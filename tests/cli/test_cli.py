@@ -724,8 +724,9 @@ def test_resource_socket_path_too_long_exits_2(
 
 
 def test_serve_loads_only_what_it_uses() -> None:
-    """The stand-in (demo's), the status report and prometheus-client (metrics off)
-    stay out of serve's imports; once, cli/__init__ imported every command."""
+    """The stand-in (demo's), the status report, prometheus-client (metrics off) and
+    PyYAML (no configuration file) stay out of serve's imports; once, cli/__init__
+    imported every command, and the bounded readers PyYAML."""
     import subprocess
     import sys
 
@@ -747,6 +748,8 @@ def test_serve_loads_only_what_it_uses() -> None:
         "numa_device_plugin.plugin.status",
         "numa_device_plugin.plugin.prometheus",
         "prometheus_client",
+        "yaml",
+        "numa_device_plugin.nodeconfig.configs",
     ):
         assert module not in loaded, module
 

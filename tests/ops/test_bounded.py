@@ -22,9 +22,9 @@ from numa_device_plugin.ops.bounded import (
     http_get,
     one_line,
     read_file,
-    read_yaml,
     run_command,
 )
+from numa_device_plugin.ops.yamlfile import read_yaml
 
 
 def test_read_file_reads_a_regular_file_up_to_its_cap(tmp_path: Path) -> None:
