@@ -543,6 +543,7 @@ class Cluster:
             command = shipped.release_install_command(readme, self.spec.release_info)
         else:
             command = shipped.readme_command(readme, self.spec.plugin)
+        command = shipped.scaled_probes(command, self.spec.time_scale)
         # helm and kubectl validate against the API server's OpenAPI document: wait for
         # it (a 503 there failed the install with "failed to download openapi").
         openapi = f"https://127.0.0.1:{self.ports['apiserver']}/openapi/v2"

@@ -400,6 +400,21 @@ def release_install_command(readme: str, release: dict[str, str]) -> str:
     return command + " --plain-http"
 
 
+def scaled_probes(command: str, time_scale: float) -> str:
+    """A ``helm install`` ``command`` with the chart's startup and liveness probes given
+    ``time_scale`` times their default failure budgets (``--set`` after the README's
+    flags), for emulated (TCG) guests: a guest kernel stalled for a minute and more under
+    load (soft lockups seen at 22 s) once had the liveness probe restart the plugin in
+    the middle of a test. Unchanged at a scale of 1 or less, and for a command that is
+    no ``helm install``."""
+    if time_scale <= 1 or not command.startswith("helm install "):
+        return command
+    budgets = {"startup": 60, "liveness": 6}  # the chart's failureThreshold defaults
+    sets = [f"--set probes.{probe}.failureThreshold={int(threshold * time_scale + 0.5)}"
+            for probe, threshold in budgets.items()]  # fmt: skip
+    return " ".join([command, *sets])
+
+
 def image_tag(work: Path) -> str:
     """The commit's tag :func:`build_image` built (``0.2.0-<commit>[-dirty-<hash>]``)."""
     return (work / "image-tag").read_text().strip()

@@ -260,3 +260,33 @@ def test_a_connect_that_fails_says_why() -> None:
     found = netstate.connect_seconds("127.0.0.1", 1, timeout=2)
     assert isinstance(found, str)
     assert "ConnectionRefusedError" in found
+
+
+def test_a_timed_out_wait_of_the_shipped_plugin_says_why_its_container_restarted(
+    clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A restarted container's metrics count from zero: a kubelet restart's test once
+    waited 450 s for a counter of the run before, and its report did not say the
+    liveness probe had restarted the plugin."""
+    from types import SimpleNamespace
+
+    from tests.e2e.shipped import ShippedPlatform
+
+    platform = ShippedPlatform.__new__(ShippedPlatform)
+    platform.time_scale = 1.0
+    status = SimpleNamespace(restart_count=1)
+    pod = SimpleNamespace(status=SimpleNamespace(container_statuses=[status]))
+    monkeypatch.setattr(platform, "plugin_log", lambda: "line 1\nline 2\n")
+    monkeypatch.setattr(platform, "plugin_pod", lambda: pod)
+    monkeypatch.setattr(platform, "why_restarted", lambda p: "event: failed liveness probe")
+    with pytest.raises(pytest.fail.Exception) as failed:
+        platform.eventually(lambda: False, 10, "re-registration")
+    message = str(failed.value)
+    assert "timed out after 10 s waiting for re-registration" in message
+    assert "the plugin's log ends:\nline 1\nline 2" in message
+    assert "the plugin's container restarted:\nevent: failed liveness probe" in message
+
+    status.restart_count = 0
+    with pytest.raises(pytest.fail.Exception) as failed:
+        platform.eventually(lambda: False, 10, "re-registration")
+    assert "restarted" not in str(failed.value)

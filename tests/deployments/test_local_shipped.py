@@ -71,6 +71,27 @@ def test_readme_command_joins_continuations_drops_comments_and_names_a_missing_o
         shipped.readme_command(text, "kustomize")
 
 
+def test_emulated_guests_install_with_the_probes_budgets_scaled() -> None:
+    """A TCG guest's kernel stalled past the liveness probe's minute once (soft
+    lockups): the harness scales the startup and liveness failure budgets with the
+    run's time scale, on the README's helm command only; the chart renders them."""
+    from tests.deployments.test_helm import container, template
+
+    helm = shipped.readme_command(README, "helm")
+    assert shipped.scaled_probes(helm, 1.0) == helm
+    kustomize = shipped.readme_command(README, "kustomize")
+    assert shipped.scaled_probes(kustomize, 4.0) == kustomize
+    scaled = shipped.scaled_probes(helm, 2.5)
+    assert scaled == helm + (
+        " --set probes.startup.failureThreshold=150 --set probes.liveness.failureThreshold=15"
+    )
+    rendered = container(template(*scaled.split(helm, 1)[1].split()))
+    assert rendered["startupProbe"]["failureThreshold"] == 150
+    assert rendered["livenessProbe"]["failureThreshold"] == 15
+    assert rendered["livenessProbe"]["periodSeconds"] == 10
+    assert rendered["readinessProbe"]["failureThreshold"] == 2
+
+
 def test_the_registry_serves_plain_http_on_loopback_from_the_storage() -> None:
     config = json.loads(shipped.registry_config(Path("/w/registry")))
     assert config["http"] == {"addr": "127.0.0.1:5000"}

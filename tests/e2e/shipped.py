@@ -69,7 +69,9 @@ class ShippedPlatform(LocalPlatform):
         interval: float = 2.0,
         progress: Callable[[], Hashable] | None = None,
     ) -> Any:
-        """As :meth:`Platform.eventually`; a timeout also shows the plugin's log tail."""
+        """As :meth:`Platform.eventually`; a timeout also shows the plugin's log tail and,
+        when its container has restarted, why (a restart resets what its metrics
+        count: a kubelet restart's test once waited for a counter of the run before)."""
         try:
             return super().eventually(check, timeout, what, interval, progress)
         except pytest.fail.Exception as failure:
@@ -77,7 +79,14 @@ class ShippedPlatform(LocalPlatform):
                 tail = "\n".join(self.plugin_log().splitlines()[-15:])
             except (AssertionError, subprocess.SubprocessError) as exc:
                 tail = f"(no log: {exc})"
-            pytest.fail(f"{failure}\nthe plugin's log ends:\n{tail}")
+            restarted = ""
+            with contextlib.suppress(client.ApiException, ValueError, TypeError):
+                pod = self.plugin_pod()
+                if pod is not None and any(
+                    s.restart_count for s in pod.status.container_statuses or []
+                ):
+                    restarted = "\nthe plugin's container restarted:\n" + self.why_restarted(pod)
+            pytest.fail(f"{failure}\nthe plugin's log ends:\n{tail}{restarted}")
 
     # --- the pod ---------------------------------------------------------------------------
 
