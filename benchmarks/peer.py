@@ -1,6 +1,6 @@
 """This plugin beside a Go device plugin, in one run, under the same kubelet stand-in.
 
-Usage: python -m benchmarks.peer [--peer PATH] [--runs N] [--idle S] [--json]
+Usage: python -m benchmarks.peer [--peer PATH] [--runs N] [--idle S] [--idle-runs K] [--json]
 
 For each plugin, ``--runs`` times: a fresh folder, the in-process kubelet stand-in (device
 manager and pod resources API), the plugin started as a child process; measured are the
@@ -9,8 +9,9 @@ time from exec to every resource registered with all its devices healthy (the st
 in the first run, the latency of 2,000 sequential one-device Allocates (the stand-in's
 client is the kubelet: the same client cost for each plugin) and the CPU of all its
 threads (``/proc/PID/task/*/schedstat``, ns) over ``--idle`` seconds of nothing
-asked. Runs alternate between the plugins, so load that comes and goes falls on all
-alike.
+asked, in each of the first ``--idle-runs`` runs (the median is shown: one window moves
+by a third from the next). Runs alternate between the plugins, so load that comes and
+goes falls on all alike.
 
 Both serve the same two resources of 100 devices, ``numa-align/numa-0`` and ``-1``: ours
 on a synthetic sysfs tree of two NUMA nodes with the DaemonSet's settings (metrics and
@@ -274,6 +275,7 @@ async def run(
     python: str = sys.executable,
     before: str | None = None,
     allocates: int = ALLOCATES,
+    idle_runs: int = 1,
 ) -> dict[str, Any]:
     """Every plugin ``runs`` times, in turn: ours (``python``), ours as it was
     (``before``: another interpreter whose environment holds an earlier version), the
@@ -289,7 +291,8 @@ async def run(
         others.append(Floor("floor (empty grpc.aio plugin)", python))
     for index in range(runs):
         for plugin in (ours, *others):
-            await one_run(plugin, idle if index == 0 else 0.0, allocates if index == 0 else 0)
+            await one_run(plugin, idle if index < idle_runs else 0.0,
+                          allocates if index == 0 else 0)  # fmt: skip
     extra = {
         p.name: {"starts_s": p.starts, "rss_mb": p.rss_mb, "idle_cpu_s_per_30s": p.idle_cpu,
                  "allocate_p50_ms": median(p.allocate_ms)}
@@ -307,6 +310,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--peer", type=Path, help="a Go device plugin's binary (squat's flags)")
     parser.add_argument("--runs", type=int, default=10, help="starts per plugin (10)")
     parser.add_argument("--idle", type=float, default=30.0, help="idle window, s (30)")
+    parser.add_argument("--idle-runs", type=int, default=3,
+                        help="runs with an idle window, the first ones (3)")  # fmt: skip
     parser.add_argument("--floor", action="store_true", help="also an empty grpc.aio plugin")
     parser.add_argument("--python", default=sys.executable,
                         help="the interpreter that runs ours (make bench-peer: a venv of "
@@ -317,8 +322,8 @@ def main(argv: list[str] | None = None) -> int:
                         help=f"sequential Allocates in each first run ({ALLOCATES})")  # fmt: skip
     parser.add_argument("--json", action="store_true", help="JSON instead of a table")
     args = parser.parse_args(argv)
-    if args.runs < 1 or args.idle < 0 or args.allocates < 1:
-        parser.error("--runs and --allocates must be at least 1, --idle at least 0")
+    if args.runs < 1 or args.idle < 0 or args.allocates < 1 or args.idle_runs < 1:
+        parser.error("--runs, --idle-runs and --allocates must be at least 1, --idle at least 0")
     if args.peer is not None and not args.peer.is_file():
         parser.error(f"--peer {args.peer}: no such file")
     # Absolute (the plugins run in their own folders), symlinks kept (a venv's python).
@@ -328,12 +333,22 @@ def main(argv: list[str] | None = None) -> int:
     )
     assert python is not None
     result = asyncio.run(
-        run(args.peer, args.runs, args.idle, args.floor, python, before, args.allocates)
+        run(
+            args.peer,
+            args.runs,
+            args.idle,
+            args.floor,
+            python,
+            before,
+            args.allocates,
+            min(args.idle_runs, args.runs),
+        )
     )
     if args.json:
         print(json.dumps(result, indent=1))
         return 0
-    print(f"{result['machine']}; {args.runs} starts each, idle {args.idle:g} s, load "
+    print(f"{result['machine']}; {args.runs} starts each, idle {args.idle:g} s in "
+          f"{min(args.idle_runs, args.runs)} of them, load "
           f"{Path('/proc/loadavg').read_text().split()[0]} at the end")  # fmt: skip
     print(render(result["rows"]))
     return 0

@@ -120,22 +120,23 @@ def test_the_side_by_side_benchmark_measures_each_plugin_and_compares(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     """``benchmarks.peer`` with ours, an earlier version (here the same interpreter) and
-    the floor, one start each: every plugin registers healthy and gets its figures; the
-    ratio needs a peer, so there is none; a bad flag exits 2."""
+    the floor, two starts each, an idle window in the first: every plugin registers
+    healthy and gets its figures; the ratio needs a peer, so there is none; a bad flag
+    exits 2."""
     import sys
 
     from benchmarks import peer
 
-    assert peer.main(["--runs", "1", "--idle", "0.5", "--allocates", "20", "--floor",
-                      "--before", sys.executable, "--json"]) == 0  # fmt: skip
+    assert peer.main(["--runs", "2", "--idle", "0.5", "--idle-runs", "1", "--allocates", "20",
+                      "--floor", "--before", sys.executable, "--json"]) == 0  # fmt: skip
     result = json.loads(capsys.readouterr().out)
     names = ["numa-device-plugin", "before", "floor (empty grpc.aio plugin)"]
     assert list(result["samples"]) == names
     for name in names:
         samples = result["samples"][name]
-        assert len(samples["starts_s"]) == 1
+        assert len(samples["starts_s"]) == 2
         assert samples["rss_mb"][0] > 5
-        assert len(samples["idle_cpu_s_per_30s"]) == 1
+        assert len(samples["idle_cpu_s_per_30s"]) == 1, "idle windows in --idle-runs runs"
         assert samples["allocate_p50_ms"] > 0
     rows = {row["figure"]: row for row in result["rows"]}
     start = rows["exec -> registered and healthy, median"]
@@ -143,4 +144,7 @@ def test_the_side_by_side_benchmark_measures_each_plugin_and_compares(
     assert start["ratio"] is None
     with pytest.raises(SystemExit) as exit_info:
         peer.main(["--peer", "/nonexistent/plugin"])
+    assert exit_info.value.code == 2
+    with pytest.raises(SystemExit) as exit_info:
+        peer.main(["--idle-runs", "0"])
     assert exit_info.value.code == 2
