@@ -35,8 +35,9 @@ from numa_device_plugin.cluster.kubeapi import ApiError, Deadline, DeadlinePasse
 READERS = 16
 # Pods listed per page.
 PODS_PER_PAGE = 100
-# Seconds of the command's deadline kept for what comes after the reads (printing).
-RESERVE = 0.5
+# Seconds of the command's deadline kept for what comes after the reads (printing): 0.5
+# was overrun once on a CI machine by a slow pod's read cut at its deadline.
+RESERVE = 1.0
 # Seconds one pod's read may take at most (a plugin answers in milliseconds; a pod that
 # does not answer within this is named, and waits for it end here, not at --timeout).
 POD_SECONDS = 5.0
