@@ -50,9 +50,9 @@ class _Handler(FileSystemEventHandler):
     def __init__(
         self,
         notify: Callable[[str, str], None],
-        subfolders: Collection[str] = (),
-        subfolder_appeared: Callable[[str], None] = lambda name: None,
-        subfolder_gone: Callable[[str], None] = lambda name: None,
+        subfolders: Collection[str],
+        subfolder_appeared: Callable[[str], None],
+        subfolder_gone: Callable[[str], None],
     ) -> None:
         self._notify = notify
         self._subfolders = subfolders
@@ -94,14 +94,14 @@ class _Handler(FileSystemEventHandler):
 class _SubfolderHandler(FileSystemEventHandler):
     """Events in a watched subfolder: anything created, deleted or moved."""
 
-    def __init__(self, name: str, notify: Callable[[str, str], None]) -> None:
+    def __init__(self, name: str, changed: Callable[[str], None]) -> None:
         self._name = name
-        self._notify = notify
+        self._changed = changed
 
     def on_any_event(self, event: FileSystemEvent) -> None:
         kinds = (FileCreatedEvent, FileDeletedEvent, FileMovedEvent)
         if isinstance(event, (*kinds, DirCreatedEvent, DirDeletedEvent, DirMovedEvent)):
-            self._notify(SUBFOLDER_CHANGED, self._name)
+            self._changed(self._name)
 
 
 def _name(path: str | bytes) -> str:
@@ -160,7 +160,7 @@ class SocketDirWatcher:
             self._notify,
             self._subfolders,
             self._subfolder_appeared,
-            lambda name: self._subfolder_changed(SUBFOLDER_CHANGED, name),
+            self._subfolder_changed,
         )
 
     @property
@@ -215,7 +215,7 @@ class SocketDirWatcher:
             handler = _SubfolderHandler(name, self._subfolder_changed)
             self._subwatches[name] = observer.schedule(handler, str(path), recursive=False)
 
-    def _subfolder_changed(self, reason: str, name: str) -> None:
+    def _subfolder_changed(self, name: str) -> None:
         # An inotify watch ends with its folder: forget it, so that the folder coming
         # back is watched anew (and subfolders_watched says False meanwhile).
         if not (self.directory / name).is_dir():
@@ -223,7 +223,7 @@ class SocketDirWatcher:
             if watch is not None and self._observer is not None:
                 with contextlib.suppress(KeyError):
                     self._observer.unschedule(watch)
-        self._notify(reason, name)
+        self._notify(SUBFOLDER_CHANGED, name)
 
     def _unwatch_folder(self, observer: BaseObserver) -> None:
         watch, self._watch = self._watch, None

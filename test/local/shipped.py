@@ -400,6 +400,10 @@ def release_install_command(readme: str, release: dict[str, str]) -> str:
     return command + " --plain-http"
 
 
+# The chart's failureThreshold defaults (values.yaml ``probes``; a test keeps them equal).
+PROBE_BUDGETS = {"startup": 60, "liveness": 6}
+
+
 def scaled_probes(command: str, time_scale: float) -> str:
     """A ``helm install`` ``command`` with the chart's startup and liveness probes given
     ``time_scale`` times their default failure budgets (``--set`` after the README's
@@ -409,9 +413,8 @@ def scaled_probes(command: str, time_scale: float) -> str:
     no ``helm install``."""
     if time_scale <= 1 or not command.startswith("helm install "):
         return command
-    budgets = {"startup": 60, "liveness": 6}  # the chart's failureThreshold defaults
     sets = [f"--set probes.{probe}.failureThreshold={int(threshold * time_scale + 0.5)}"
-            for probe, threshold in budgets.items()]  # fmt: skip
+            for probe, threshold in PROBE_BUDGETS.items()]  # fmt: skip
     return " ".join([command, *sets])
 
 

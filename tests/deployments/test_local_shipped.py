@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from tests.conftest import REPO
 
@@ -90,6 +91,10 @@ def test_emulated_guests_install_with_the_probes_budgets_scaled() -> None:
     assert rendered["livenessProbe"]["failureThreshold"] == 15
     assert rendered["livenessProbe"]["periodSeconds"] == 10
     assert rendered["readinessProbe"]["failureThreshold"] == 2
+    chart = yaml.safe_load((REPO / "deployments/helm/numa-device-plugin/values.yaml").read_text())
+    assert {
+        probe: chart["probes"][probe]["failureThreshold"] for probe in shipped.PROBE_BUDGETS
+    } == shipped.PROBE_BUDGETS
 
 
 def test_the_registry_serves_plain_http_on_loopback_from_the_storage() -> None:
