@@ -200,7 +200,7 @@ def test_a_pod_list_refused_exits_1_naming_it(
     assert "/api/v1/namespaces/kube-system/pods" in err
 
 
-@pytest.mark.parametrize(("timeout", "per_pod"), [("8", 30.0), ("60", 4.0)])
+@pytest.mark.parametrize(("timeout", "per_pod"), [("12", 30.0), ("60", 4.0)])
 def test_a_slow_pod_is_named_and_holds_up_neither_the_others_nor_the_deadline(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], timeout: str, per_pod: float
 ) -> None:
@@ -220,7 +220,7 @@ def test_a_slow_pod_is_named_and_holds_up_neither_the_others_nor_the_deadline(
         took = time.monotonic() - started
     out, err = capsys.readouterr()
     assert code == 0, err
-    assert took < 15  # the slow answer comes after 30 s
+    assert took < 20  # the slow answer comes after 30 s
     assert f"n07 (p-07): not read within the deadline ({per_pod:g} s a pod" in err
     assert "Connection pool" not in err  # no reader left behind to log after the command
     names = [n["name"] for n in json.loads(out)["nodes"]]
