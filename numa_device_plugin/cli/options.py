@@ -229,6 +229,17 @@ pod_resources_interval = _option(
     config_default("pod_resources_interval"),
     "S",
 )
+cgroup_root = _option(
+    "--cgroup-root",
+    "the host's cgroup folder (its /sys/fs/cgroup, e.g. a read-only hostPath): the "
+    "kubelet's kubepods folder in it is watched, and the pod resources API read when a "
+    "Guaranteed pod's cgroup comes or goes, else only every 60 s (or the interval, if "
+    "longer); off: every interval",
+    folder,
+    None,
+    "PATH",
+    shown="off",
+)
 reserved_cpus = _option(
     "--reserved-cpus",
     "with --capacity cpus: the kubelet's reserved CPUs (cpulist), used while the pod "

@@ -65,6 +65,7 @@ class Runner(Protocol):
     options.health_address,
     options.pod_resources_socket,
     options.pod_resources_interval,
+    options.cgroup_root,
     options.device_interval,
     options.reserved_cpus,
     options.allow_unaligned,

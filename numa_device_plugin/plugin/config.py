@@ -90,7 +90,9 @@ class Config:
     ``debounce``: seconds to gather a burst of file events into one restart.
     ``pod_resources_socket``: the kubelet's pod resources API (None: beside the
     device-plugin folder, :func:`podresources_socket`); ``pod_resources_interval``:
-    seconds between reads of it. ``reserved_cpus``: CPUs the kubelet keeps for
+    seconds between reads of it; ``cgroup_root``: the host's cgroup folder, whose
+    ``kubepods`` folder is watched to read it on change (None: on the interval only,
+    :mod:`numa_device_plugin.kubelet.kubepods`). ``reserved_cpus``: CPUs the kubelet keeps for
     itself, used in ``cpus`` mode only while the API cannot be read.
     ``allow_unaligned``: keep devices Healthy on a kubelet whose CPU manager is
     not ``static`` (or, for memory resources, whose Memory Manager is not ``Static``).
@@ -117,6 +119,7 @@ class Config:
     debounce: float = 0.002
     pod_resources_socket: Path | None = None
     pod_resources_interval: float = 5.0
+    cgroup_root: Path | None = None
     reserved_cpus: frozenset[int] = frozenset()
     allow_unaligned: bool = False
     memory_unit: int | None = None
@@ -176,6 +179,7 @@ _CONFIG_FIELDS = (
     "shutdown_grace",
     "pod_resources_socket",
     "pod_resources_interval",
+    "cgroup_root",
     "reserved_cpus",
     "allow_unaligned",
     "memory_unit",

@@ -190,8 +190,10 @@ class PluginManager:
         check_serving(self.config, discovery, self._listener_connections)
         self._set_discovery(discovery)
         self.config.socket_dir.mkdir(parents=True, exist_ok=True)
-        watches = Watches(self.config, self.wake, self.lock_keeper, self.device_watch)
+        watches = Watches(self.config, self.wake, self.lock_keeper, self.device_watch,
+                          self.poller.pods_changed)  # fmt: skip
         watches.start()
+        self.poller.signalled = lambda: watches.pods_signalled
         first = True
         try:
             while await self.lock_keeper.acquire(

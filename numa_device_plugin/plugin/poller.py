@@ -8,6 +8,12 @@ kubelet:
   right after every registration (a new kubelet may have other allocatable CPUs) and
   :data:`ALLOCATE_POLL_DELAY` after every Allocate (the kubelet's CPU manager assigns
   a container's CPUs right after the device manager's Allocate).
+- With ``--cgroup-root`` and the kubelet's ``kubepods`` folder watched
+  (:mod:`numa_device_plugin.kubelet.kubepods`), a Guaranteed pod's cgroup coming or
+  going is when a pod without devices may have taken or given back CPUs or memory:
+  ``List`` is read then (and once more a few seconds later), and the interval becomes
+  a backstop of at least :data:`SIGNALLED_INTERVAL`; while the watch is not live (no
+  such folder, replaced, no inotify watch left) the interval is as given.
 - ``GetAllocatableResources`` changes only when the kubelet restarts with other
   settings, so it is read after registrations and every :data:`ALLOCATABLE_EVERY`
   polls, not at every one.
@@ -26,43 +32,28 @@ import asyncio
 import contextlib
 import operator
 import time
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable
 
 import structlog
 
 from numa_device_plugin.kubelet.podresources import PodResourcesClient, PodResourcesError
 from numa_device_plugin.kubelet.view import KubeletView
-from numa_device_plugin.plugin.capacity import (
-    NodeCapacity,
-    admissible,
-    assigned_memory,
-    foreign_devices,
-    live_resource_devices,
-    node_capacity,
-)
+from numa_device_plugin.plugin.capacity import NodeCapacity
 from numa_device_plugin.plugin.catalog import Catalog
 from numa_device_plugin.plugin.config import Config
-from numa_device_plugin.plugin.devices import HEALTHY, Device, Resource
-from numa_device_plugin.plugin.nearhealth import with_left_behind
+from numa_device_plugin.plugin.devices import HEALTHY
+from numa_device_plugin.plugin.planning import Planned, node_capacities, plan
 from numa_device_plugin.plugin.recorder import Recorder
 
 log = structlog.get_logger(__name__)
 
-
-@dataclass(frozen=True)
-class Planned:
-    """What one answer of the pod resources API calls for: per resource its device
-    list and the held ids it never advertises, and the recorder's figures."""
-
-    lists: Mapping[str, tuple[tuple[Device, ...], set[str]]]
-    capacities: list[NodeCapacity]
-    memory: Mapping[int, Mapping[str, int]]
-    assigned_memory: Mapping[tuple[int, str, str], int]
-
-
 # Seconds after an Allocate to read the pod resources API again.
 ALLOCATE_POLL_DELAY = 0.5
+# While a change signal is live (the kubepods watch), seconds between reads at least.
+SIGNALLED_INTERVAL = 60.0
+# Seconds after a signal to read, and to read once more (the kubelet may drop a
+# terminated pod from its active pods a moment after removing its cgroup).
+SIGNAL_POLL_DELAY, SIGNAL_SETTLE_DELAY = 0.5, 5.0
 # Seconds one pod resources call may take at most.
 POLL_TIMEOUT = 2.0
 # Between registrations, GetAllocatableResources is read again every this many polls.
@@ -91,6 +82,10 @@ class CapacityPoller:
         self._read_at: float | None = None
         self._now = asyncio.Event()
         self._timer: asyncio.TimerHandle | None = None
+        self._settle: asyncio.TimerHandle | None = None
+        # Whether a signal of the kubelet's changes is live (set by the owner of the
+        # kubepods watch); while it is, the interval is a backstop.
+        self.signalled: Callable[[], bool] = lambda: False
         self._allocatable_asked = False
         self._polls = 0
         self._foreign_warned: set[tuple[str, str]] = set()
@@ -241,6 +236,22 @@ class CapacityPoller:
         elif self._timer is None or self._timer.cancelled():
             self._timer = asyncio.get_running_loop().call_later(delay, self._fire)
 
+    def period(self) -> float:
+        """Seconds to the next read when nothing asks sooner: ``pod_resources_interval``,
+        or at least :data:`SIGNALLED_INTERVAL` while :attr:`signalled` says a signal of
+        the kubelet's changes is live."""
+        interval = self.config.pod_resources_interval
+        return max(interval, SIGNALLED_INTERVAL) if self.signalled() else interval
+
+    def pods_changed(self) -> None:
+        """A Guaranteed pod's cgroup came or went (loop thread only): read
+        :data:`SIGNAL_POLL_DELAY` seconds from now, and again
+        :data:`SIGNAL_SETTLE_DELAY` seconds after the last such signal."""
+        self.request(SIGNAL_POLL_DELAY)
+        if self._settle is not None:
+            self._settle.cancel()
+        self._settle = asyncio.get_running_loop().call_later(SIGNAL_SETTLE_DELAY, self._now.set)
+
     def _fire(self) -> None:
         self._timer = None
         self._now.set()
@@ -301,14 +312,13 @@ class CapacityPoller:
         self.recorder.pod_resources(False, self._read_at)
 
     async def run(self) -> None:
-        """Read every ``pod_resources_interval`` seconds, or when asked sooner; until
-        cancelled."""
+        """Read every :meth:`period` seconds, or when asked sooner; until cancelled."""
         while True:
             # asyncio.timeout, not wait_for: Python 3.11's wait_for swallows a
             # cancellation that arrives as the event is set, and the poller would
             # outlive the plugin's shutdown by an interval.
             with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(self.config.pod_resources_interval):
+                async with asyncio.timeout(self.period()):
                     await self._now.wait()
             self._now.clear()
             try:
@@ -317,64 +327,8 @@ class CapacityPoller:
                 log.exception("reading the pod resources API failed unexpectedly")
 
     async def close(self) -> None:
-        """Cancel a pending timer and close the connection."""
-        if self._timer is not None:
-            self._timer.cancel()
+        """Cancel the pending timers and close the connection."""
+        for timer in (self._timer, self._settle):
+            if timer is not None:
+                timer.cancel()
         await self.client.close()
-
-
-def plan(
-    config: Config, catalog: Catalog, view: KubeletView | None, resources: Mapping[str, Resource]
-) -> Planned:
-    """Pure (thread-safe): each resource's device list and foreign held ids, and the
-    figures the recorder takes, for ``view``."""
-    lists: dict[str, tuple[tuple[Device, ...], set[str]]] = {}
-    known = catalog.discovery.plans if catalog.discovery is not None else ()
-    nodes = frozenset(p.node.id for p in known)  # ids held elsewhere are listed on these only
-    for name, resource in resources.items():
-        ours = {
-            node_id: admissible(config.capacity, resource, node_id, catalog.node_cpus(node_id))
-            for node_id in resource.node_ids
-        }
-        devices = with_left_behind(resource, live_resource_devices(
-            config.capacity,
-            resource,
-            catalog.node_cpus,
-            view,
-            reserved_cpus=config.reserved_cpus,
-            allow_unaligned=config.allow_unaligned,
-        ), view, nodes)  # fmt: skip
-        listed = {device.id for device in devices}
-        lists[name] = (devices, foreign_devices(view, name, resource.node_ids, ours) - listed)
-    return Planned(
-        lists,
-        node_capacities(config, catalog, view, resources, lambda name: lists[name][0]),
-        view.memory if view is not None else {},
-        assigned_memory(view, resources),
-    )
-
-
-def node_capacities(
-    config: Config,
-    catalog: Catalog,
-    view: KubeletView | None,
-    resources: Mapping[str, Resource],
-    devices: Callable[[str], tuple[Device, ...]],
-) -> list[NodeCapacity]:
-    """Per advertised NUMA node its figures (:func:`node_capacity`), each resource's
-    devices given by ``devices(name)``; holders of a resource that follows a device
-    count for the node of the device they hold."""
-    near = [r for r in resources.values() if r.near is not None]
-    return [
-        node_capacity(
-            name,
-            resource.node_id,
-            catalog.node_cpus(resource.node_id),
-            devices(name),
-            view,
-            config.reserved_cpus,
-            related=[r.name for r in near if resource.node_id in r.near_nodes],
-        )
-        for name, resource in resources.items()
-        if resource.memory is None and resource.near is None
-    ]

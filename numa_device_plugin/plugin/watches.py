@@ -1,18 +1,26 @@
 """What wakes the restart loop while :meth:`PluginManager.serve` runs, besides the
 kubelet's calls: the device-plugin folder's watcher (with the instance lock's
-subfolder), the lock keeper's backstop check and the device watch. They only wake
-the loop or feed it; this module starts and stops them together."""
+subfolder), the lock keeper's backstop check, the device watch and (``--cgroup-root``)
+the kubelet's kubepods folder's watcher. They only wake the loop or feed it (the
+kubepods watcher asks the capacity poller for a read); this module starts and stops
+them together."""
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
+from pathlib import Path
 
+import structlog
+
+from numa_device_plugin.kubelet.kubepods import KubepodsWatcher, find_kubepods
 from numa_device_plugin.kubelet.watcher import SocketDirWatcher
 from numa_device_plugin.ops.instancelock import LOCK_DIR_NAME
 from numa_device_plugin.plugin.config import Config
 from numa_device_plugin.plugin.devicewatch import DeviceWatch
 from numa_device_plugin.plugin.lockkeeper import LockKeeper
+
+log = structlog.get_logger(__name__)
 
 
 class Watches:
@@ -24,12 +32,15 @@ class Watches:
         wake: Callable[[str, str], None],
         lock_keeper: LockKeeper,
         device_watch: DeviceWatch,
+        pods_changed: Callable[[], None] = lambda: None,
     ) -> None:
         self._config = config
         self._wake = wake
         self._lock_keeper = lock_keeper
         self._device_watch = device_watch
+        self._pods_changed = pods_changed
         self._watcher: SocketDirWatcher | None = None
+        self._kubepods: KubepodsWatcher | None = None
         self._tasks: list[asyncio.Task[None]] = []
 
     def start(self) -> None:
@@ -48,6 +59,14 @@ class Watches:
             ),
             asyncio.create_task(self._device_watch.run(), name="device watch"),
         ]
+        if self._config.cgroup_root is not None:
+            self._kubepods = watch_kubepods(self._config.cgroup_root, self._pods_changed, loop)
+
+    @property
+    def pods_signalled(self) -> bool:
+        """True while the kubelet's kubepods folder is watched (a Guaranteed pod's
+        cgroup coming or going calls ``pods_changed``)."""
+        return self._kubepods is not None and self._kubepods.live
 
     async def stop(self) -> None:
         """Cancel the checks and stop the watcher thread. Idempotent."""
@@ -58,3 +77,36 @@ class Watches:
         watcher, self._watcher = self._watcher, None
         if watcher is not None:
             watcher.stop()
+        kubepods, self._kubepods = self._kubepods, None
+        if kubepods is not None:
+            kubepods.stop()
+
+
+def watch_kubepods(
+    cgroup_root: Path, changed: Callable[[], None], loop: asyncio.AbstractEventLoop
+) -> KubepodsWatcher | None:
+    """A started watcher of the kubelet's kubepods folder under ``cgroup_root``, or None
+    when there is none or it cannot be watched (said in the log: the pod resources API
+    is then read on its interval). Never raises."""
+    folder = find_kubepods(cgroup_root)
+    if folder is None:
+        log.warning(
+            "no kubelet kubepods cgroup folder under --cgroup-root; reading the pod "
+            "resources API on its interval",
+            cgroup_root=str(cgroup_root),
+        )
+        return None
+    watcher = KubepodsWatcher(folder, changed, loop)
+    try:
+        watcher.start()
+    except OSError as exc:
+        log.warning(
+            "cannot watch the kubelet's kubepods cgroup folder; reading the pod "
+            "resources API on its interval",
+            folder=str(folder),
+            error=str(exc),
+        )
+        return None
+    log.info("reading the pod resources API when a Guaranteed pod's cgroup comes or goes",
+             folder=str(folder))  # fmt: skip
+    return watcher

@@ -59,6 +59,7 @@ SERVE_FLAGS = [
     ("--health-address", "NUMA_HEALTH_ADDRESS"),
     ("--pod-resources-socket", "NUMA_POD_RESOURCES_SOCKET"),
     ("--pod-resources-interval", "NUMA_POD_RESOURCES_INTERVAL"),
+    ("--cgroup-root", "NUMA_CGROUP_ROOT"),
     ("--device-interval", "NUMA_DEVICE_INTERVAL"),
     ("--reserved-cpus", "NUMA_RESERVED_CPUS"),
     ("--allow-unaligned", "NUMA_ALLOW_UNALIGNED"),

@@ -257,14 +257,17 @@ def test_host_folders_mounts_and_flags_agree(name: str, monkeypatch: pytest.Monk
     assert volumes == {
         "device-plugins": {"path": str(root / "device-plugins"), "type": "Directory"},
         "pod-resources": {"path": str(root / "pod-resources"), "type": "Directory"},
+        "host-cgroup": {"path": "/sys/fs/cgroup", "type": "Directory"},
     }
     mounts = {m["name"]: m["mountPath"] for m in container(name)["volumeMounts"]}
+    assert mounts["host-cgroup"] == "/host/cgroup"
     assert mounts["device-plugins"] == volumes["device-plugins"]["path"]
     assert mounts["pod-resources"] == volumes["pod-resources"]["path"]
     config = _config(monkeypatch, name)
     assert config.socket_dir == Path(mounts["device-plugins"])
     assert config.pod_resources_path == Path(mounts["pod-resources"]) / "kubelet.sock"
     assert config.socket_dir in KNOWN_SOCKET_DIRS, "serve's auto-detection knows it too"
+    assert config.cgroup_root == Path("/host/cgroup")
 
 
 @pytest.mark.parametrize("name", ["k0s", "microk8s"])
@@ -399,15 +402,17 @@ def test_no_host_namespaces_and_no_api_token() -> None:
     assert pod["automountServiceAccountToken"] is False
 
 
-def test_host_paths_are_only_the_kubelet_folders() -> None:
+def test_host_paths_are_only_the_kubelet_folders_and_the_cgroup_folder() -> None:
     pod = daemonset()["spec"]["template"]["spec"]
     host_paths = {v["name"]: v["hostPath"]["path"] for v in pod["volumes"] if "hostPath" in v}
     assert host_paths == {
         "device-plugins": "/var/lib/kubelet/device-plugins",
         "pod-resources": "/var/lib/kubelet/pod-resources",
+        "host-cgroup": "/sys/fs/cgroup",
     }
     mounts = {m["name"]: m for m in container()["volumeMounts"]}
     assert mounts["pod-resources"]["readOnly"] is True
+    assert mounts["host-cgroup"]["readOnly"] is True
     assert not mounts["device-plugins"].get("readOnly", False), "plugins create their sockets"
 
 

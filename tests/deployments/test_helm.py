@@ -374,6 +374,26 @@ def test_the_host_views_mount_read_only_and_reach_the_plugins_flags(
     assert serve_args(default, monkeypatch)["sysfs_root"] == Path("/sys")
 
 
+def test_the_cgroup_view_is_on_by_default_read_only_and_off_with_host_cgroups_false(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """host.cgroups (default true): the host's /sys/fs/cgroup read-only and --cgroup-root
+    at it; false: neither (the API read every interval)."""
+    default = template()
+    spec = of_kind(default, "DaemonSet")["spec"]["template"]["spec"]
+    volumes = {v["name"]: v.get("hostPath") for v in spec["volumes"]}
+    assert volumes["host-cgroup"] == {"path": "/sys/fs/cgroup", "type": "Directory"}
+    mounts = {m["name"]: m for m in container(default)["volumeMounts"]}
+    assert mounts["host-cgroup"] == {"name": "host-cgroup", "mountPath": "/host/cgroup",
+                                     "readOnly": True}  # fmt: skip
+    assert serve_args(default, monkeypatch)["cgroup_root"] == Path("/host/cgroup")
+    off = template("--set", "host.cgroups=false")
+    spec = of_kind(off, "DaemonSet")["spec"]["template"]["spec"]
+    assert "host-cgroup" not in {v["name"] for v in spec["volumes"]}
+    assert "host-cgroup" not in {m["name"] for m in container(off)["volumeMounts"]}
+    assert serve_args(off, monkeypatch)["cgroup_root"] is None
+
+
 @pytest.mark.parametrize("flavour", list(FLAVOURS))
 def test_each_flavour_moves_host_folder_mount_and_flag_together(
     flavour: str, monkeypatch: pytest.MonkeyPatch
@@ -385,6 +405,7 @@ def test_each_flavour_moves_host_folder_mount_and_flag_together(
     assert volumes == {
         "device-plugins": {"path": str(root / "device-plugins"), "type": "Directory"},
         "pod-resources": {"path": str(root / "pod-resources"), "type": "Directory"},
+        "host-cgroup": {"path": "/sys/fs/cgroup", "type": "Directory"},
     }
     mounts = {m["name"]: m["mountPath"] for m in container(documents)["volumeMounts"]}
     assert mounts["device-plugins"] == str(root / "device-plugins")

@@ -72,7 +72,7 @@ def test_many_device_entries_of_one_resource_are_joined_in_linear_time() -> None
 async def test_the_device_lists_an_answer_calls_for_are_worked_out_off_the_event_loop(
     sock_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from numa_device_plugin.plugin import capacity, poller
+    from numa_device_plugin.plugin import capacity, planning
     from numa_device_plugin.topology.fake import build_machine
     from tests.standin_helpers import running, wait_all_live
 
@@ -83,7 +83,7 @@ async def test_the_device_lists_an_answer_calls_for_are_worked_out_off_the_event
         seen.append(threading.current_thread().name)
         return real(*args, **kwargs)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(poller, "live_resource_devices", recording)
+    monkeypatch.setattr(planning, "live_resource_devices", recording)
     tree = build_machine(sock_dir / "sys", nodes=2, cpus_per_node=2)
     config = Config(sysfs_root=tree.root, socket_dir=sock_dir / "dp", capacity="cpus",
                     pod_resources_socket=sock_dir / "pr" / "kubelet.sock",

@@ -249,7 +249,7 @@ def test_the_poller_counts_holders_of_a_near_resource_as_ours_on_its_node(
 ) -> None:
     """Mutant: the near resources' names never passed to the count: a pod holding
     numa-align/data-disk was counted as another's."""
-    from numa_device_plugin.plugin.poller import node_capacities
+    from numa_device_plugin.plugin.planning import node_capacities
 
     tree = SysfsTree(tmp_path / "sys").cpus(8, online="0-7")
     tree.write("node/online", "0-1\n")

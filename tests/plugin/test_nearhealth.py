@@ -119,7 +119,7 @@ def test_an_id_held_where_the_resource_left_is_listed_unhealthy_and_not_counted_
     left, is in its list (Unhealthy) and so is no id the kubelet made up."""
     from numa_device_plugin.plugin.catalog import Catalog
     from numa_device_plugin.plugin.config import Config
-    from numa_device_plugin.plugin.poller import plan as poller_plan
+    from numa_device_plugin.plugin.planning import plan as poller_plan
     from numa_device_plugin.topology.numa import NodePlan, NumaNode
 
     moved = near_on(0)

@@ -1,0 +1,91 @@
+"""Reading the pod resources API when the kubelet's pods change (``--cgroup-root``):
+a real ``serve`` process, the kubelet stand-in and a kubepods folder made by the test
+as the kubelet makes a Guaranteed pod's cgroup."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+from numa_device_plugin.kubelet_standin import KubeletStandIn
+from numa_device_plugin.plugin.config import Config
+from numa_device_plugin.plugin.poller import SIGNALLED_INTERVAL, CapacityPoller
+from numa_device_plugin.topology.fake import SysfsTree
+from tests.plugin.test_capacity import R1, cpus_mode
+from tests.standin_helpers import wait_all_live
+
+
+async def reads_settled(kubelet: KubeletStandIn, quiet: float = 1.0) -> None:
+    """Until no List call came for ``quiet`` seconds (the plugin's reads after its
+    registrations are over)."""
+    while True:
+        seen = kubelet.pod_resources_calls
+        await asyncio.sleep(quiet)
+        if kubelet.pod_resources_calls == seen:
+            return
+
+
+async def test_a_guaranteed_pods_cpus_count_when_its_cgroup_appears_not_an_interval_later(
+    two_nodes: SysfsTree, sock_dir: Path, tmp_path: Path
+) -> None:
+    """While the kubepods folder is watched, the 0.2 s interval is a 60 s backstop
+    (no reads while nothing changes), and a foreign Guaranteed pod's CPUs are counted
+    within seconds of its cgroup folder, and freed when it goes. Mutants: the poller
+    not told the signal is live; the watcher not wired to the poller; a signal that
+    reads once but not again after it settles."""
+    kubepods = tmp_path / "cgroup" / "kubepods"
+    (kubepods / "burstable").mkdir(parents=True)
+    flags = ("--cgroup-root", str(tmp_path / "cgroup"))
+    async with cpus_mode(two_nodes, sock_dir, *flags) as (kubelet, plugin):
+        await wait_all_live(kubelet, ["numa-align/numa-0", R1], timeout=20)
+        await kubelet.wait_until(lambda: kubelet.allocatable(R1) == 4)
+        assert "when a Guaranteed pod's cgroup comes or goes" in plugin.log()
+
+        await reads_settled(kubelet)  # the reads after the registrations are done
+
+        # Admitted (CPUs assigned) before its cgroup exists: nothing reads yet.
+        reads = kubelet.pod_resources_calls
+        kubelet.add_pod("web", "nginx", [("nginx", {}, [5, 6])])
+        await asyncio.sleep(2.0)
+        assert kubelet.pod_resources_calls == reads, "read on the 0.2 s interval"
+        assert kubelet.allocatable(R1) == 4
+        (kubepods / "pod0001").mkdir()
+        await kubelet.wait_until(lambda: kubelet.allocatable(R1) == 2, timeout=5)
+
+        # It terminates: its cgroup goes first, the kubelet drops it from its active
+        # pods a moment later; the read after the signal settles sees that.
+        (kubepods / "pod0001").rmdir()
+        await asyncio.sleep(1.5)  # past the first read after the signal
+        kubelet.remove_pod("web", "nginx")
+        await kubelet.wait_until(lambda: kubelet.allocatable(R1) == 4, timeout=10)
+        assert await plugin.terminate() == 0
+
+
+async def test_without_a_kubepods_folder_the_interval_reads_as_before(
+    two_nodes: SysfsTree, sock_dir: Path, tmp_path: Path
+) -> None:
+    """A --cgroup-root without the kubelet's folder (not a node's) is said, and the
+    API is read on the interval (0.2 s here). Mutant: the backstop used regardless."""
+    (tmp_path / "cgroup" / "system.slice").mkdir(parents=True)
+    async with cpus_mode(two_nodes, sock_dir, "--cgroup-root", str(tmp_path / "cgroup")) as (
+        kubelet,
+        plugin,
+    ):
+        await wait_all_live(kubelet, ["numa-align/numa-0", R1], timeout=20)
+        await kubelet.wait_until(lambda: kubelet.allocatable(R1) == 4)
+        assert "no kubelet kubepods cgroup folder under --cgroup-root" in plugin.log()
+        kubelet.add_pod("web", "nginx", [("nginx", {}, [5, 6])])
+        await kubelet.wait_until(lambda: kubelet.allocatable(R1) == 2, timeout=5)
+        assert await plugin.terminate() == 0
+
+
+def test_the_interval_is_a_backstop_only_while_the_signal_is_live(two_nodes: SysfsTree) -> None:
+    poller = CapacityPoller.__new__(CapacityPoller)
+    poller.config = Config(sysfs_root=two_nodes.root, pod_resources_interval=5.0)
+    live = False
+    poller.signalled = lambda: live
+    assert poller.period() == 5.0
+    live = True
+    assert poller.period() == SIGNALLED_INTERVAL
+    poller.config = Config(sysfs_root=two_nodes.root, pod_resources_interval=600.0)
+    assert poller.period() == 600.0, "a longer interval stays"
