@@ -15,7 +15,9 @@ goes falls on all alike.
 
 Both serve the same two resources of 100 devices, ``numa-align/numa-0`` and ``-1``: ours
 on a synthetic sysfs tree of two NUMA nodes with the DaemonSet's settings (metrics and
-health listeners, the pod resources poll, the device watch, default intervals); the
+health listeners, the pod resources poll, the device watch, default intervals, and
+``--cgroup-root`` at a folder holding a kubepods folder, as the host's; with
+``--without-cgroups`` also without it, reading the pod resources API every 5 s); the
 peer (squat's generic-device-plugin, or any plugin that takes the same flags: ``--peer
 PATH``) as ``--domain numa-align --device`` twice, each a group of ``/dev/null`` with
 ``count`` 100, with its health and metrics listener. Without ``--peer`` only ours is
@@ -107,12 +109,14 @@ class Plugin:
 
 
 class Ours(Plugin):
-    def __init__(self, name: str, python: str = sys.executable) -> None:
+    def __init__(self, name: str, python: str = sys.executable, *, cgroups: bool = True) -> None:
         super().__init__(name)
         self.python = python
+        self.cgroups = cgroups
 
     def argv(self, folder: Path, socket_dir: Path, pod_resources: Path) -> list[str]:
         tree = build_machine(folder / "sys", NODES, 2)
+        (folder / "cgroup" / "kubepods" / "burstable").mkdir(parents=True)  # as on a node
         return [
             self.python, "-m", "numa_device_plugin", "serve",
             "--sysfs-root", str(tree.root), "--socket-dir", str(socket_dir),
@@ -120,7 +124,13 @@ class Ours(Plugin):
             "--metrics-address", f"127.0.0.1:{held_port()}",
             "--health-address", f"127.0.0.1:{held_port()}",
             "--pod-resources-socket", str(pod_resources),
+            *self.cgroup_args(folder),
         ]  # fmt: skip
+
+    def cgroup_args(self, folder: Path) -> list[str]:
+        """The DaemonSet's ``--cgroup-root`` (the host's cgroup folder, with the kubelet's
+        kubepods folder in it), where the interpreter's plugin has the flag."""
+        return ["--cgroup-root", str(folder / "cgroup")] if self.cgroups else []
 
 
 class Peer(Plugin):
@@ -276,15 +286,20 @@ async def run(
     before: str | None = None,
     allocates: int = ALLOCATES,
     idle_runs: int = 1,
+    without_cgroups: bool = False,
 ) -> dict[str, Any]:
     """Every plugin ``runs`` times, in turn: ours (``python``), ours as it was
     (``before``: another interpreter whose environment holds an earlier version), the
-    peer, the floor. The rows (:func:`rows`) and each plugin's samples."""
+    peer, the floor; ``without_cgroups``: ours without ``--cgroup-root`` too (the pod
+    resources API read every interval). The rows (:func:`rows`) and each plugin's
+    samples."""
     ours = Ours("numa-device-plugin", python)
     peer = Peer(peer_path.name, peer_path) if peer_path is not None else None
     others: list[Plugin] = []
+    if without_cgroups:
+        others.append(Ours("without --cgroup-root", python, cgroups=False))
     if before is not None:
-        others.append(Ours("before", before))
+        others.append(Ours("before", before, cgroups=False))
     if peer is not None:
         others.append(peer)
     if floor:
@@ -318,6 +333,8 @@ def main(argv: list[str] | None = None) -> int:
                              "requirements.lock and the wheel, as in the image)")  # fmt: skip
     parser.add_argument("--before", help="an interpreter whose environment holds an earlier "
                         "version of ours, measured in the same run (before/after)")  # fmt: skip
+    parser.add_argument("--without-cgroups", action="store_true",
+                        help="also ours without --cgroup-root (reads on the interval)")  # fmt: skip
     parser.add_argument("--allocates", type=int, default=ALLOCATES,
                         help=f"sequential Allocates in each first run ({ALLOCATES})")  # fmt: skip
     parser.add_argument("--json", action="store_true", help="JSON instead of a table")
@@ -342,6 +359,7 @@ def main(argv: list[str] | None = None) -> int:
             before,
             args.allocates,
             min(args.idle_runs, args.runs),
+            args.without_cgroups,
         )
     )
     if args.json:

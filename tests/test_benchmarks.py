@@ -119,8 +119,8 @@ def test_the_fleet_benchmark_names_its_slow_pod_and_prints_the_others(
 def test_the_side_by_side_benchmark_measures_each_plugin_and_compares(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    """``benchmarks.peer`` with ours, an earlier version (here the same interpreter) and
-    the floor, two starts each, an idle window in the first: every plugin registers
+    """``benchmarks.peer`` with ours, ours without ``--cgroup-root``, an earlier version
+    (here the same interpreter) and the floor, two starts each, an idle window in the first: every plugin registers
     healthy and gets its figures; the ratio needs a peer, so there is none; a bad flag
     exits 2."""
     import sys
@@ -128,9 +128,11 @@ def test_the_side_by_side_benchmark_measures_each_plugin_and_compares(
     from benchmarks import peer
 
     assert peer.main(["--runs", "2", "--idle", "0.5", "--idle-runs", "1", "--allocates", "20",
-                      "--floor", "--before", sys.executable, "--json"]) == 0  # fmt: skip
+                      "--floor", "--before", sys.executable, "--without-cgroups",
+                      "--json"]) == 0  # fmt: skip
     result = json.loads(capsys.readouterr().out)
-    names = ["numa-device-plugin", "before", "floor (empty grpc.aio plugin)"]
+    names = ["numa-device-plugin", "without --cgroup-root", "before",
+             "floor (empty grpc.aio plugin)"]  # fmt: skip
     assert list(result["samples"]) == names
     for name in names:
         samples = result["samples"][name]

@@ -44,7 +44,10 @@ CHART_VALUES = {
     "memory-unit": "memoryUnit",
     "reserved-memory": "reservedMemory",
     "near": "near",
+    "pod-resources-interval": "podResourcesInterval",
 }
+# Settings the chart takes as numbers.
+NUMERIC = ("capacity", "pod-resources-interval")
 
 
 class ShippedPlatform(LocalPlatform):
@@ -232,7 +235,7 @@ class ShippedPlatform(LocalPlatform):
         if self.mode == "helm":
             sets: list[str] = []
             for flag, value in settings.items():
-                typed: object = int(value) if value.isdigit() and flag == "capacity" else value
+                typed: object = int(value) if value.isdigit() and flag in NUMERIC else value
                 if flag == "near":  # NAME=SELECTOR ...: the chart's map NAME: SELECTOR
                     typed = dict(pair.split("=", 1) for pair in value.split())
                 sets += ["--set-json", f"config.{CHART_VALUES[flag]}={json.dumps(typed)}"]

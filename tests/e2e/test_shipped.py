@@ -20,6 +20,7 @@ from tests.e2e.shipped import ShippedPlatform
 from tests.e2e.test_cluster import (
     _survivor,
     _untouched,
+    allocatable_is,
     container_processes,
     create,
     pod_manifest,
@@ -233,6 +234,42 @@ def test_a_plugin_pod_deleted_right_after_it_starts_is_gone_within_2_s(
         lambda: platform.plugin_ready() and platform.registered(resources), 120,
         "the DaemonSet's next pod Ready and registered",
     )  # fmt: skip
+
+
+def test_a_guaranteed_pods_cpus_are_counted_on_its_cgroup_not_on_the_interval(
+    shipped: ShippedPlatform, namespace: str
+) -> None:
+    """The shipped DaemonSet watches the host's kubepods cgroup folder (chart
+    ``host.cgroups``, the kustomize base alike): with the pod resources API read only
+    every hour, a Guaranteed pod without our resource still takes its exclusive CPUs off
+    NUMA node 1's count, and gives them back when deleted; only its cgroup says so (no
+    Allocate, no registration)."""
+    platform = shipped
+    cluster = platform.cluster_config()
+    full = cluster.exclusive_cpus(1)
+    saved = platform.plugin_settings()
+    settings = {"capacity": "cpus", "reserved-cpus": platform.description["reserved_cpus"],
+                "pod-resources-interval": "3600"}  # fmt: skip
+    try:
+        platform.configure(settings)
+        log = platform.plugin_log()
+        assert "when a Guaranteed pod's cgroup comes or goes" in log, log[-2000:]
+        assert "/host/cgroup/kubepods" in log
+        platform.eventually(
+            lambda: allocatable_is(platform, {"numa-align/numa-1": full}), 60, "numa-1 full"
+        )
+        create(platform, namespace, pod_manifest(platform, "hog", "sleep 3600", full))
+        platform.eventually(
+            lambda: allocatable_is(platform, {"numa-align/numa-1": 0}), 120,
+            "numa-1 at 0 with the hog's cgroup",
+        )  # fmt: skip
+        platform.core.delete_namespaced_pod("hog", namespace, grace_period_seconds=1)
+        platform.eventually(
+            lambda: allocatable_is(platform, {"numa-align/numa-1": full}), 120,
+            "numa-1 back once the hog's cgroup is gone",
+        )  # fmt: skip
+    finally:
+        platform.restore_plugin(saved)
 
 
 def test_allocatable_with_capacity_cpus_is_what_a_cpu_pod_can_be_scheduled_on(
