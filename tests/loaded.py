@@ -64,6 +64,8 @@ LOAD_SENSITIVE = (
     "tests/cli/test_check.py",
     "tests/plugin/test_devicewatch.py",
     "tests/topology/test_mount_tree.py",
+    "tests/kubelet/test_kubepods.py",
+    "tests/plugin/test_podsignal.py",
 )
 
 
