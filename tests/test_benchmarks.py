@@ -120,9 +120,9 @@ def test_the_side_by_side_benchmark_measures_each_plugin_and_compares(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     """``benchmarks.peer`` with ours, ours without ``--cgroup-root``, an earlier version
-    (here the same interpreter) and the floor, two starts each, an idle window in the first: every plugin registers
-    healthy and gets its figures; the ratio needs a peer, so there is none; a bad flag
-    exits 2."""
+    (here the same interpreter) and the floor, two starts each, an idle window in the
+    first: every plugin registers healthy and gets its figures; the ratio needs a peer,
+    so there is none; a bad flag exits 2."""
     import sys
 
     from benchmarks import peer
