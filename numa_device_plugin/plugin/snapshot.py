@@ -58,6 +58,8 @@ class PluginState:
     answer of the kubelet's pod resources API (None: none yet);
     ``pod_resources_up``: whether the last read succeeded (None: not read yet);
     ``pod_resources_read_at``: ``time.time()`` of the last good read;
+    ``pod_resources_period``: seconds between reads while nothing asks sooner (60 while
+    the kubepods cgroup folder is watched, else the interval; None: not serving);
     ``lock``: who holds the instance lock (``pid=12 host=node-a``) or why it is not
     held; ``problems``: the readiness problems (empty: ready); ``inventory``: the PCI
     devices, disks and interfaces of the last discovery, with their NUMA nodes;
@@ -72,6 +74,7 @@ class PluginState:
     view: KubeletView | None = None
     pod_resources_up: bool | None = None
     pod_resources_read_at: float | None = None
+    pod_resources_period: float | None = None
     lock: str = ""
     problems: tuple[str, ...] = ()
     configuration: Mapping[str, str] | None = None
@@ -120,6 +123,7 @@ def take(
         view=poller.view,
         pod_resources_up=poller.reachable,
         pod_resources_read_at=poller.read_at,
+        pod_resources_period=poller.period(),
         lock=keeper.problem or f"held by this instance ({keeper.lock.path})",
         problems=tuple(problems),
     )
@@ -135,7 +139,8 @@ def debug_document(state: PluginState) -> dict[str, Any]:
     "registered", "streams", "kubelet_stream"}}, "near": [{"resource", "selector",
     "matched", "matched_count", "unlocated", "nodes", "reason"}], "inventory": {"disks",
     "nics", "accelerators"} | null, "pod_resources":
-    {"up", "read_at", "age_seconds", "holders", "others", "allocatable_cpus"}}``.
+    {"up", "read_at", "age_seconds", "period_seconds", "holders", "others",
+    "allocatable_cpus"}}``.
     """
     view = state.view
     age = state.pod_resources_age
@@ -180,6 +185,7 @@ def debug_document(state: PluginState) -> dict[str, Any]:
             "up": state.pod_resources_up,
             "read_at": state.pod_resources_read_at,
             "age_seconds": None if age is None else round(age, 3),
+            "period_seconds": state.pod_resources_period,
             "holders": None if view is None else [_holder(h, devices=True) for h in view.holders],
             "others": None if view is None else [_holder(h) for h in view.others],
             "allocatable_cpus": None

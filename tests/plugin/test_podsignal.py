@@ -5,14 +5,29 @@ as the kubelet makes a Guaranteed pod's cgroup."""
 from __future__ import annotations
 
 import asyncio
+import json
+import urllib.request
 from pathlib import Path
+from typing import Any
 
 from numa_device_plugin.kubelet_standin import KubeletStandIn
 from numa_device_plugin.plugin.config import Config
 from numa_device_plugin.plugin.poller import SIGNALLED_INTERVAL, CapacityPoller
 from numa_device_plugin.topology.fake import SysfsTree
 from tests.plugin.test_capacity import R1, cpus_mode
-from tests.standin_helpers import wait_all_live
+from tests.standin_helpers import ServeProcess, bound_port, wait_all_live
+
+
+async def debug_state(plugin: ServeProcess) -> Any:
+    """The plugin's ``/debug/state`` document (its metrics listener)."""
+    port = await bound_port(plugin, "metrics")
+
+    def get() -> Any:
+        url = f"http://127.0.0.1:{port}/debug/state"
+        with urllib.request.urlopen(url, timeout=5) as answer:
+            return json.load(answer)
+
+    return await asyncio.to_thread(get)
 
 
 async def reads_settled(kubelet: KubeletStandIn, quiet: float = 1.0) -> None:
@@ -35,11 +50,12 @@ async def test_a_guaranteed_pods_cpus_count_when_its_cgroup_appears_not_an_inter
     reads once but not again after it settles."""
     kubepods = tmp_path / "cgroup" / "kubepods"
     (kubepods / "burstable").mkdir(parents=True)
-    flags = ("--cgroup-root", str(tmp_path / "cgroup"))
+    flags = ("--cgroup-root", str(tmp_path / "cgroup"), "--metrics-address", "127.0.0.1:0")
     async with cpus_mode(two_nodes, sock_dir, *flags) as (kubelet, plugin):
         await wait_all_live(kubelet, ["numa-align/numa-0", R1], timeout=20)
         await kubelet.wait_until(lambda: kubelet.allocatable(R1) == 4)
         assert "when a Guaranteed pod's cgroup comes or goes" in plugin.log()
+        assert (await debug_state(plugin))["pod_resources"]["period_seconds"] == 60.0
 
         await reads_settled(kubelet)  # the reads after the registrations are done
 
@@ -64,16 +80,16 @@ async def test_a_guaranteed_pods_cpus_count_when_its_cgroup_appears_not_an_inter
 async def test_without_a_kubepods_folder_the_interval_reads_as_before(
     two_nodes: SysfsTree, sock_dir: Path, tmp_path: Path
 ) -> None:
-    """A --cgroup-root without the kubelet's folder (not a node's) is said, and the
-    API is read on the interval (0.2 s here). Mutant: the backstop used regardless."""
+    """A --cgroup-root without the kubelet's folder (not a node's) is said, /debug/state
+    shows the interval, and the API is read on it (0.2 s here). Mutant: the backstop
+    used regardless."""
     (tmp_path / "cgroup" / "system.slice").mkdir(parents=True)
-    async with cpus_mode(two_nodes, sock_dir, "--cgroup-root", str(tmp_path / "cgroup")) as (
-        kubelet,
-        plugin,
-    ):
+    flags = ("--cgroup-root", str(tmp_path / "cgroup"), "--metrics-address", "127.0.0.1:0")
+    async with cpus_mode(two_nodes, sock_dir, *flags) as (kubelet, plugin):
         await wait_all_live(kubelet, ["numa-align/numa-0", R1], timeout=20)
         await kubelet.wait_until(lambda: kubelet.allocatable(R1) == 4)
         assert "no kubelet kubepods cgroup folder under --cgroup-root" in plugin.log()
+        assert (await debug_state(plugin))["pod_resources"]["period_seconds"] == 0.2
         kubelet.add_pod("web", "nginx", [("nginx", {}, [5, 6])])
         await kubelet.wait_until(lambda: kubelet.allocatable(R1) == 2, timeout=5)
         assert await plugin.terminate() == 0
