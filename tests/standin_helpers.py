@@ -86,6 +86,11 @@ class ServeProcess:
             return self.final_log
         return self.log_path.read_text(errors="replace")
 
+    def tracebacks(self) -> list[str]:
+        """The log lines that hold a traceback, whole (a failed check then shows which
+        logger and event wrote it, where pytest would cut the log short)."""
+        return [line for line in self.log().splitlines() if "Traceback" in line]
+
     def events(self) -> list[dict[str, Any]]:
         """The JSON log lines (the process logs with ``--log-format json``)."""
         return [json.loads(line) for line in self.log().splitlines() if line.startswith("{")]

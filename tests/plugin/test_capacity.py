@@ -743,7 +743,7 @@ async def test_serve_with_a_foreign_id_at_start_and_later_keeps_counting(
         if event["event"].startswith("the kubelet lists a device id this plugin never")
     ]
     assert warned == ["numa0-mem²", huge[:80]], "one warning per id"
-    assert "Traceback" not in plugin.log()
+    assert not plugin.tracebacks(), "\n".join(plugin.tracebacks())
 
 
 def test_over_assigned_memory_leaves_only_the_held_devices_healthy(tmp_path: Path) -> None:
