@@ -9,9 +9,10 @@ time from exec to every resource registered with all its devices healthy (the st
 in the first run, the latency of 2,000 sequential one-device Allocates (the stand-in's
 client is the kubelet: the same client cost for each plugin) and the CPU of all its
 threads (``/proc/PID/task/*/schedstat``, ns) over ``--idle`` seconds of nothing
-asked, in each of the first ``--idle-runs`` runs (the median is shown: one window moves
-by a third from the next). Runs alternate between the plugins, so load that comes and
-goes falls on all alike.
+asked, ``--settle`` seconds (20) after the last thing asked (grpc's workers wind down
+over ~13 s after any work), in each of the first ``--idle-runs`` runs (the median is
+shown: one window moves by a third from the next). Runs alternate between the
+plugins, so load that comes and goes falls on all alike.
 
 Both serve the same two resources of 100 devices, ``numa-align/numa-0`` and ``-1``: ours
 on a synthetic sysfs tree of two NUMA nodes with the DaemonSet's settings (metrics and
@@ -66,6 +67,10 @@ NAMES = [f"numa-align/numa-{node}" for node in range(NODES)]
 # also relative to the peer.
 START_TARGET, START_RATIO, RSS_TARGET, IDLE_TARGET = 0.120, 5.0, 32.0, 0.015
 ALLOCATE_TARGET = 1.0  # ms
+# Seconds from the last Allocate (or the RSS reading) to the idle window: grpc core's
+# EventEngine workers, once they have run anything, wake with a backoff of 15 ms x1.3
+# up to 3 s, about 13 s to wind down; a window opened sooner measures that.
+SETTLE = 20.0
 
 
 def proc_status(pid: int, key: str) -> int:
@@ -167,7 +172,7 @@ def spawn(argv: list[str], log_path: Path, cwd: Path) -> tuple[subprocess.Popen[
         return child, started
 
 
-async def one_run(plugin: Plugin, idle: float, calls: int = 0) -> None:
+async def one_run(plugin: Plugin, idle: float, calls: int = 0, settle: float = SETTLE) -> None:
     """Start ``plugin`` beside a fresh stand-in; record its start, RSS, ``calls``
     sequential Allocates' latency (one device, the stand-in's client as the kubelet's:
     the same client cost for every plugin) and (``idle`` > 0) its idle CPU. Raises
@@ -201,7 +206,7 @@ async def one_run(plugin: Plugin, idle: float, calls: int = 0) -> None:
                         await kubelet.allocate(NAMES[0], [device])
                         plugin.allocate_ms.append((time.perf_counter() - sent) * 1000)
                 if idle > 0:
-                    await asyncio.sleep(2.0)
+                    await asyncio.sleep(settle)
                     before = cpu_seconds(child.pid)
                     await asyncio.sleep(idle)
                     plugin.idle_cpu.append((cpu_seconds(child.pid) - before) * 30 / idle)
@@ -287,6 +292,7 @@ async def run(
     allocates: int = ALLOCATES,
     idle_runs: int = 1,
     without_cgroups: bool = False,
+    settle: float = SETTLE,
 ) -> dict[str, Any]:
     """Every plugin ``runs`` times, in turn: ours (``python``), ours as it was
     (``before``: another interpreter whose environment holds an earlier version), the
@@ -307,7 +313,7 @@ async def run(
     for index in range(runs):
         for plugin in (ours, *others):
             await one_run(plugin, idle if index < idle_runs else 0.0,
-                          allocates if index == 0 else 0)  # fmt: skip
+                          allocates if index == 0 else 0, settle)  # fmt: skip
     extra = {
         p.name: {"starts_s": p.starts, "rss_mb": p.rss_mb, "idle_cpu_s_per_30s": p.idle_cpu,
                  "allocate_p50_ms": median(p.allocate_ms)}
@@ -333,14 +339,18 @@ def main(argv: list[str] | None = None) -> int:
                              "requirements.lock and the wheel, as in the image)")  # fmt: skip
     parser.add_argument("--before", help="an interpreter whose environment holds an earlier "
                         "version of ours, measured in the same run (before/after)")  # fmt: skip
+    parser.add_argument("--settle", type=float, default=SETTLE,
+                        help=f"seconds before an idle window ({SETTLE:g})")  # fmt: skip
     parser.add_argument("--without-cgroups", action="store_true",
                         help="also ours without --cgroup-root (reads on the interval)")  # fmt: skip
     parser.add_argument("--allocates", type=int, default=ALLOCATES,
                         help=f"sequential Allocates in each first run ({ALLOCATES})")  # fmt: skip
     parser.add_argument("--json", action="store_true", help="JSON instead of a table")
     args = parser.parse_args(argv)
-    if args.runs < 1 or args.idle < 0 or args.allocates < 1 or args.idle_runs < 1:
-        parser.error("--runs, --idle-runs and --allocates must be at least 1, --idle at least 0")
+    if min(args.runs, args.allocates, args.idle_runs) < 1 or min(args.idle, args.settle) < 0:
+        parser.error(
+            "--runs, --idle-runs and --allocates must be at least 1, --idle and --settle at least 0"
+        )
     if args.peer is not None and not args.peer.is_file():
         parser.error(f"--peer {args.peer}: no such file")
     # Absolute (the plugins run in their own folders), symlinks kept (a venv's python).
@@ -360,6 +370,7 @@ def main(argv: list[str] | None = None) -> int:
             args.allocates,
             min(args.idle_runs, args.runs),
             args.without_cgroups,
+            args.settle,
         )
     )
     if args.json:

@@ -127,9 +127,9 @@ def test_the_side_by_side_benchmark_measures_each_plugin_and_compares(
 
     from benchmarks import peer
 
-    assert peer.main(["--runs", "2", "--idle", "0.5", "--idle-runs", "1", "--allocates", "20",
-                      "--floor", "--before", sys.executable, "--without-cgroups",
-                      "--json"]) == 0  # fmt: skip
+    assert peer.main(["--runs", "2", "--idle", "0.5", "--settle", "0.5", "--idle-runs", "1",
+                      "--allocates", "20", "--floor", "--before", sys.executable,
+                      "--without-cgroups", "--json"]) == 0  # fmt: skip
     result = json.loads(capsys.readouterr().out)
     names = ["numa-device-plugin", "without --cgroup-root", "before",
              "floor (empty grpc.aio plugin)"]  # fmt: skip
