@@ -32,7 +32,7 @@ class Watches:
         wake: Callable[[str, str], None],
         lock_keeper: LockKeeper,
         device_watch: DeviceWatch,
-        pods_changed: Callable[[], None] = lambda: None,
+        pods_changed: Callable[[], None],
     ) -> None:
         self._config = config
         self._wake = wake
