@@ -56,17 +56,27 @@ class Figure:
 # -- re-registration ------------------------------------------------------------------------
 
 
-async def reregistration(nodes: int, restarts: int) -> list[Figure]:
+async def reregistration(nodes: int, restarts: int, floor: bool = False) -> list[Figure]:
     """Kubelet restart (every socket deleted, kubelet.sock created anew) to every
-    resource registered again with its device list delivered; ms."""
+    resource registered again with its device list delivered; ms. With ``floor`` the
+    plugin is :mod:`benchmarks.floor` with ``--watch`` (the least a Python plugin can
+    do: a watchdog watch, new servers, Register) under the same stand-in."""
     samples: list[float] = []
-    async with rig(nodes) as bench:
+    async with rig(nodes, start=not floor) as bench:
+        if floor:
+            from benchmarks import floor as empty
+
+            bench.plugin.args = empty.argv(bench.kubelet.directory, bench.names, watch=True)
+            bench.plugin.start()
+            await bench.wait_live()
         for _ in range(restarts):
             await bench.kubelet.restart()
             await bench.wait_live()
             samples.append((time.perf_counter() - bench.kubelet.restarted_at) * 1000)
     config = f"{nodes} NUMA nodes, {restarts} restarts"
-    target = 20.0 if nodes == 8 else None
+    if floor:
+        config = f"{config}, floor (empty grpc.aio plugin)"
+    target = 20.0 if nodes == 8 and not floor else None
     return [
         Figure("re-registration", config, "p50", percentile(samples, 0.50), "ms"),
         Figure("re-registration", config, "p99", percentile(samples, 0.99), "ms", target),
@@ -621,7 +631,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     async def run_reregistration() -> list[Figure]:
-        return [f for nodes in (2, 8) for f in await reregistration(nodes, args.restarts)]
+        return [
+            figure
+            for nodes in (2, 8)
+            for floor in (False, True)
+            for figure in await reregistration(nodes, args.restarts, floor)
+        ]
 
     jobs: dict[str, Callable[[], Coroutine[Any, Any, list[Figure]]]] = {
         "reregistration": run_reregistration,
