@@ -499,14 +499,26 @@ def place_containers(
         bench.kubelet.add_pod("bench", f"pod-{index}", [("app", devices, [cpu], blocks)])
 
 
+async def cpu_per_read(bench: Rig, window: float) -> tuple[int, float]:
+    """Reads of the pod resources API in ``window`` seconds, and the plugin's CPU per
+    read (ms), after a second of settling."""
+    await settle(1.0)
+    calls, before = bench.kubelet.pod_resources_calls, bench.plugin.cpu_seconds()
+    await asyncio.sleep(window)
+    polls = bench.kubelet.pod_resources_calls - calls
+    used = bench.plugin.cpu_seconds() - before
+    return polls, used / max(polls, 1) * 1000
+
+
 async def polling(idle_seconds: float, window: float = 8.0) -> list[Figure]:
     """Plugin CPU per pod resources read (List + GetAllocatableResources + the live
     count) at 10 and 200 containers, read every 100 ms (the floor) for a few seconds,
     with CPUs only and with ``--memory-unit 1Gi``, against the same kubelet (Memory
     Manager Static, 256 GiB per node, each container a 1 GiB memory block): memory on
     adds 3 resources per node (238 + 16 + 2 devices), and its figure's target is the
-    CPUs-only figure plus 10%. Then idle CPU with the default 5 s
-    interval. 2 NUMA nodes x 128 CPUs, cpus mode."""
+    CPUs-only figure plus 10%. Beside them the floor: :mod:`benchmarks.floor` reading
+    ``List`` as often against the same kubelet (what any Python reader pays). Then idle
+    CPU with the default 5 s interval. 2 NUMA nodes x 128 CPUs, cpus mode."""
     figures = []
     for containers in (10, 200):
         cpus_only = 0.0
@@ -515,12 +527,7 @@ async def polling(idle_seconds: float, window: float = 8.0) -> list[Figure]:
             async with rig(2, CPUS, cpus_per_node=128, extra=fast, pod_resources=True,
                            memory=True, memory_unit=memory) as bench:  # fmt: skip
                 place_containers(bench, containers, memory=True, hold_memory=memory)
-                await settle(1.0)
-                calls, before = bench.kubelet.pod_resources_calls, bench.plugin.cpu_seconds()
-                await asyncio.sleep(window)
-                polls = bench.kubelet.pod_resources_calls - calls
-                used = bench.plugin.cpu_seconds() - before
-            per_read = used / max(polls, 1) * 1000
+                polls, per_read = await cpu_per_read(bench, window)
             target = 1.0 if containers == 200 and not memory else None
             if memory:
                 target = cpus_only * 1.1
@@ -537,6 +544,27 @@ async def polling(idle_seconds: float, window: float = 8.0) -> list[Figure]:
                     extra={"resolution_ms": 10 / max(polls, 1)},
                 )
             )
+        async with rig(2, CPUS, cpus_per_node=128, pod_resources=True, memory=True,
+                       start=False) as bench:  # fmt: skip
+            from benchmarks import floor
+
+            socket = bench.kubelet.pod_resources_socket
+            bench.plugin.args = floor.argv(bench.kubelet.directory, bench.names,
+                                           pod_resources=socket, interval=0.1)  # fmt: skip
+            bench.plugin.start()
+            await bench.wait_live()
+            place_containers(bench, containers, memory=True)
+            polls, per_read = await cpu_per_read(bench, window)
+        figures.append(
+            Figure(
+                "pod resources",
+                f"{containers} containers, floor (empty grpc.aio plugin), {polls} reads",
+                "CPU per read",
+                per_read,
+                "ms",
+                extra={"resolution_ms": 10 / max(polls, 1)},
+            )
+        )
     async with rig(2, CPUS, cpus_per_node=128, pod_resources=True) as bench:
         place_containers(bench, 10)
         await settle(2.0)

@@ -2,23 +2,29 @@
 ``grpc.aio`` server per resource that registers with the kubelet and sends one list of
 healthy devices, and nothing else (no discovery, logging, metrics or probes; with
 ``--watch``, the least restart handling: serve and register again on a new
-``kubelet.sock``). What ``numa-device-plugin serve`` costs beyond this is ours to cut; this
-much is CPython's and grpcio's.
+``kubelet.sock``; with ``--pod-resources``, the least reading: ``List`` every interval).
+What ``numa-device-plugin serve`` costs beyond this is ours to cut; this much is
+CPython's and grpcio's.
 
-Usage: python -m benchmarks.floor [--watch] SOCKET_DIR RESOURCE... (100 devices each)
+Usage: python -m benchmarks.floor [--watch] [--pod-resources SOCKET [--interval S]] SOCKET_DIR
+RESOURCE... (100 devices each)
 """
 
 from __future__ import annotations
 
+import argparse
 import asyncio
+import contextlib
 import signal
 import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import grpc
 
 from numa_device_plugin.api.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
+from numa_device_plugin.api.podresources.v1 import api_pb2 as pr_pb2
 
 DEVICES = 100
 
@@ -64,10 +70,38 @@ async def serve(socket_dir: Path, resources: list[str]) -> list[grpc.aio.Server]
     return list(await asyncio.gather(*(one(i, r) for i, r in enumerate(resources))))
 
 
-async def main(socket_dir: Path, resources: list[str], watch: bool = False) -> None:
+async def read_pod_resources(socket: Path, interval: float) -> None:
+    """``List`` of the pod resources API every ``interval`` seconds over one channel,
+    the answer kept as bytes (what the plugin does with an answer that did not change);
+    until cancelled."""
+    channel = grpc.aio.insecure_channel(f"unix://{socket}")
+    serializer = pr_pb2.ListPodResourcesRequest.SerializeToString
+    call: grpc.aio.UnaryUnaryMultiCallable[Any, bytes] = channel.unary_unary(
+        "/v1.PodResourcesLister/List", request_serializer=serializer
+    )
+    last = b""
+    try:
+        while True:
+            with contextlib.suppress(grpc.aio.AioRpcError):
+                answer = await call(pr_pb2.ListPodResourcesRequest(), timeout=5.0)
+                if answer != last:
+                    last = answer
+            await asyncio.sleep(interval)
+    finally:
+        await channel.close()
+
+
+async def main(
+    socket_dir: Path,
+    resources: list[str],
+    watch: bool = False,
+    pod_resources: Path | None = None,
+    interval: float = 5.0,
+) -> None:
     """Serve and register ``resources``; with ``watch`` also again whenever a new
     ``kubelet.sock`` appears (a kubelet restart: inotify through watchdog, as the
-    plugin's own watch), the old servers stopped first. Until SIGTERM."""
+    plugin's own watch), the old servers stopped first; with ``pod_resources`` (its
+    socket) also read it every ``interval`` seconds. Until SIGTERM."""
     loop = asyncio.get_running_loop()
     stop, restarted = asyncio.Event(), asyncio.Event()
     loop.add_signal_handler(signal.SIGTERM, stop.set)
@@ -85,6 +119,9 @@ async def main(socket_dir: Path, resources: list[str], watch: bool = False) -> N
         observer.schedule(Handler(), str(socket_dir))
         observer.start()
     servers = await serve(socket_dir, resources)
+    reader = None
+    if pod_resources is not None:
+        reader = asyncio.create_task(read_pod_resources(pod_resources, interval))
     stopping = asyncio.ensure_future(stop.wait())
     while not stop.is_set():
         waking = asyncio.ensure_future(restarted.wait())
@@ -94,21 +131,38 @@ async def main(socket_dir: Path, resources: list[str], watch: bool = False) -> N
             restarted.clear()
             await asyncio.gather(*(server.stop(0) for server in servers))
             servers = await serve(socket_dir, resources)
+    if reader is not None:
+        reader.cancel()
+        await asyncio.gather(reader, return_exceptions=True)
     if observer is not None:
         observer.stop()
     await asyncio.gather(*(server.stop(0) for server in servers))
 
 
 if __name__ == "__main__":
-    WATCH = sys.argv[1] == "--watch"
-    ARGS = sys.argv[2:] if WATCH else sys.argv[1:]
-    asyncio.run(main(Path(ARGS[0]), ARGS[1:], WATCH))
+    PARSER = argparse.ArgumentParser(prog="python -m benchmarks.floor", description=__doc__)
+    PARSER.add_argument("--watch", action="store_true", help="register again on a new kubelet")
+    PARSER.add_argument("--pod-resources", type=Path, help="the pod resources API socket to read")
+    PARSER.add_argument("--interval", type=float, default=5.0, help="seconds between reads")
+    PARSER.add_argument("socket_dir", type=Path)
+    PARSER.add_argument("resources", nargs="+")
+    ARGS = PARSER.parse_args()
+    asyncio.run(main(ARGS.socket_dir, ARGS.resources, ARGS.watch, ARGS.pod_resources,
+                     ARGS.interval))  # fmt: skip
 
 
 def argv(
-    socket_dir: Path, resources: list[str], python: str = sys.executable, watch: bool = False
+    socket_dir: Path,
+    resources: list[str],
+    python: str = sys.executable,
+    *,
+    watch: bool = False,
+    pod_resources: Path | None = None,
+    interval: float = 5.0,
 ) -> list[str]:
-    """The floor plugin's command line for :mod:`benchmarks.peer` and the re-registration
-    benchmark (run from the repository's folder: ``benchmarks`` is not installed)."""
-    return [python, "-m", "benchmarks.floor", *(["--watch"] if watch else []), str(socket_dir),
-            *resources]  # fmt: skip
+    """The floor plugin's command line for :mod:`benchmarks.peer` and :mod:`benchmarks.bench`
+    (run from the repository's folder: ``benchmarks`` is not installed)."""
+    flags = ["--watch"] if watch else []
+    if pod_resources is not None:
+        flags += ["--pod-resources", str(pod_resources), "--interval", str(interval)]
+    return [python, "-m", "benchmarks.floor", *flags, str(socket_dir), *resources]

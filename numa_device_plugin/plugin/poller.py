@@ -278,7 +278,11 @@ class CapacityPoller:
         if self._applied and (
             view is self.view or await asyncio.to_thread(operator.eq, view, self.view)
         ):
-            return  # nothing changed since the last read: the usual case, kept cheap
+            # Nothing changed since the last read: the usual case, kept cheap. An equal
+            # answer in a new object (the kubelet lists from Go maps, in no fixed order)
+            # is kept, so that the client's next unchanged answer is told by identity.
+            self.view = view
+            return
         was_cpus, was_memory = self.unaligned(), self.memory_unaligned()
         await self.apply_off_loop(view)
         if self.unaligned() and not was_cpus:

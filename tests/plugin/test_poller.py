@@ -3,9 +3,12 @@ and what it warns about, once per change."""
 
 from __future__ import annotations
 
+import asyncio
+import operator
 from pathlib import Path
 from typing import Any
 
+import pytest
 import structlog
 
 from numa_device_plugin.cli.options import config_from_params
@@ -73,3 +76,35 @@ async def test_the_memory_warning_is_said_once_per_change_not_per_read(tmp_path:
     said = [entry for entry in logs if entry["event"].startswith(MEMORY_WARNING)]
     assert len(said) == 1
     assert M1 in said[0]["resources"]
+
+
+async def test_an_equal_answer_in_a_new_object_is_kept_so_the_next_read_is_told_by_identity(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An answer equal to the last but another object (the kubelet's
+    GetAllocatableResources in another order) is compared once, in a worker thread;
+    the client then returns that same object while nothing changes, and the reads
+    after it need no comparison. Mutant: the poller keeps its old view, and every
+    read after such an answer hops to a thread for a deep comparison (seen at 200
+    containers: 2.7 thread wakes per read)."""
+    poller = memory_poller(tmp_path)
+    first, equal = no_memory_view(3), no_memory_view(3)
+    assert first == equal
+    assert first is not equal
+    poller.client = ScriptedClient([first, equal, equal, equal])  # type: ignore[assignment]
+    compared: list[object] = []
+    real_to_thread = asyncio.to_thread
+
+    async def counting_to_thread(func: Any, /, *args: Any) -> Any:
+        compared.append(func)
+        return await real_to_thread(func, *args)
+
+    monkeypatch.setattr(asyncio, "to_thread", counting_to_thread)
+    await poller.poll_once()  # the first answer: planned (in a thread) and applied
+    applied = len(compared)
+    await poller.poll_once()
+    assert compared[applied:] == [operator.eq]
+    assert poller.view is equal
+    await poller.poll_once()
+    await poller.poll_once()
+    assert compared[applied:] == [operator.eq], "unchanged reads compare by identity"
