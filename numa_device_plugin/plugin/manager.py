@@ -82,6 +82,7 @@ class PluginManager:
         self._trim_pending = False
         self._seen_kubelet: KubeletIdentity | None = None
         self._serve_problem: str | None = None
+        self._watches: Watches | None = None
         self.device_watch = DeviceWatch(config, discover_fn, lambda: self.catalog.discovery,
                                         lambda: self.wake(DEVICES_CHANGED))  # fmt: skip
 
@@ -160,6 +161,8 @@ class PluginManager:
     def _registered(self, name: str) -> None:
         if self.poller.withheld(name):
             self.poller.warn_withheld([name])
+        if self._watches is not None:  # before the read below: what comes later, it signals
+            self._watches.ensure_kubepods(self._seen_kubelet)
         # A (new) kubelet: its allocatable CPUs may differ from the last one's.
         self.poller.request(allocatable=True)
 
@@ -193,6 +196,7 @@ class PluginManager:
         watches = Watches(self.config, self.wake, self.lock_keeper, self.device_watch,
                           self.poller.pods_changed)  # fmt: skip
         watches.start()
+        self._watches = watches
         self.poller.signalled = lambda: watches.pods_signalled
         first = True
         try:
@@ -215,6 +219,7 @@ class PluginManager:
                 if self.wakeups.stopping:
                     break
         finally:
+            self._watches = None
             await watches.stop()
             await self.poller.close()
             await self.endpoints.stop(self.endpoints.running, self.config.shutdown_grace)

@@ -3,7 +3,9 @@ kubelet's calls: the device-plugin folder's watcher (with the instance lock's
 subfolder), the lock keeper's backstop check, the device watch and (``--cgroup-root``)
 the kubelet's kubepods folder's watcher. They only wake the loop or feed it (the
 kubepods watcher asks the capacity poller for a read); this module starts and stops
-them together."""
+them together. The kubepods watch starts at the first accepted registration, not
+before (registering does not need it), and is made again at a later one when it has
+ended (a kubelet that replaced the folder, such as after a change of cgroup driver)."""
 
 from __future__ import annotations
 
@@ -41,12 +43,17 @@ class Watches:
         self._pods_changed = pods_changed
         self._watcher: SocketDirWatcher | None = None
         self._kubepods: KubepodsWatcher | None = None
+        # The kubelet (its kubelet.sock identity) the kubepods folder was last looked
+        # for under, and whether its absence was said (then later looks say it at debug).
+        self._kubepods_looked: object = None
+        self._kubepods_absent_said = False
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._tasks: list[asyncio.Task[None]] = []
 
     def start(self) -> None:
         """Watch the device-plugin folder (which must exist) and start the checks.
         Raises OSError when the folder cannot be watched (inotify)."""
-        loop = asyncio.get_running_loop()
+        loop = self._loop = asyncio.get_running_loop()
         watcher = SocketDirWatcher(self._config.socket_dir, self._wake, loop, (LOCK_DIR_NAME,))
         watcher.start()
         self._watcher = watcher
@@ -59,8 +66,26 @@ class Watches:
             ),
             asyncio.create_task(self._device_watch.run(), name="device watch"),
         ]
-        if self._config.cgroup_root is not None:
-            self._kubepods = watch_kubepods(self._config.cgroup_root, self._pods_changed, loop)
+
+    def ensure_kubepods(self, kubelet: object) -> None:
+        """Watch the kubelet's kubepods folder (``--cgroup-root``) unless a live watch
+        does (loop thread, after :meth:`start`). Called at each accepted registration;
+        ``kubelet``: the identity of the kubelet.sock registered with. When the folder
+        is not found it is looked for again only under another kubelet. Never raises."""
+        root = self._config.cgroup_root
+        if root is None or self._loop is None or self.pods_signalled:
+            return
+        if self._kubepods is None and kubelet == self._kubepods_looked:
+            return  # looked for under this kubelet already: not there
+        self._kubepods_looked = kubelet
+        ended, self._kubepods = self._kubepods, None
+        if ended is not None:
+            ended.stop()
+            log.info("the kubepods cgroup folder's watch ended; looking for it again",
+                     folder=str(ended.folder))  # fmt: skip
+        self._kubepods = watch_kubepods(root, self._pods_changed, self._loop,
+                                        quiet=self._kubepods_absent_said)  # fmt: skip
+        self._kubepods_absent_said |= self._kubepods is None
 
     @property
     def pods_signalled(self) -> bool:
@@ -83,14 +108,18 @@ class Watches:
 
 
 def watch_kubepods(
-    cgroup_root: Path, changed: Callable[[], None], loop: asyncio.AbstractEventLoop
+    cgroup_root: Path,
+    changed: Callable[[], None],
+    loop: asyncio.AbstractEventLoop,
+    *,
+    quiet: bool = False,
 ) -> KubepodsWatcher | None:
     """A started watcher of the kubelet's kubepods folder under ``cgroup_root``, or None
-    when there is none or it cannot be watched (said in the log: the pod resources API
-    is then read on its interval). Never raises."""
+    when there is none or it cannot be watched (said in the log, at debug level with
+    ``quiet``: the pod resources API is then read on its interval). Never raises."""
     folder = find_kubepods(cgroup_root)
     if folder is None:
-        log.warning(
+        (log.debug if quiet else log.warning)(
             "no kubelet kubepods cgroup folder under --cgroup-root; reading the pod "
             "resources API on its interval",
             cgroup_root=str(cgroup_root),

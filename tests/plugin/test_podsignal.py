@@ -15,7 +15,9 @@ from numa_device_plugin.plugin.config import Config
 from numa_device_plugin.plugin.poller import SIGNALLED_INTERVAL, CapacityPoller
 from numa_device_plugin.topology.fake import SysfsTree
 from tests.plugin.test_capacity import R1, cpus_mode
-from tests.standin_helpers import ServeProcess, bound_port, wait_all_live
+from tests.standin_helpers import ServeProcess, bound_port, eventually, wait_all_live
+
+ABSENT = "no kubelet kubepods cgroup folder under --cgroup-root"
 
 
 async def debug_state(plugin: ServeProcess) -> Any:
@@ -81,16 +83,57 @@ async def test_without_a_kubepods_folder_the_interval_reads_as_before(
     two_nodes: SysfsTree, sock_dir: Path, tmp_path: Path
 ) -> None:
     """A --cgroup-root without the kubelet's folder (not a node's) is said, /debug/state
-    shows the interval, and the API is read on it (0.2 s here). Mutant: the backstop
-    used regardless."""
+    shows the interval, and the API is read on it (0.2 s here); a new kubelet looks
+    again and says the absence at debug level. Mutants: the backstop used regardless;
+    the absence said as a warning under every kubelet."""
     (tmp_path / "cgroup" / "system.slice").mkdir(parents=True)
-    flags = ("--cgroup-root", str(tmp_path / "cgroup"), "--metrics-address", "127.0.0.1:0")
+    flags = ("--cgroup-root", str(tmp_path / "cgroup"), "--metrics-address", "127.0.0.1:0",
+             "--log-format", "json", "--log-level", "debug")  # fmt: skip
     async with cpus_mode(two_nodes, sock_dir, *flags) as (kubelet, plugin):
         await wait_all_live(kubelet, ["numa-align/numa-0", R1], timeout=20)
         await kubelet.wait_until(lambda: kubelet.allocatable(R1) == 4)
-        assert "no kubelet kubepods cgroup folder under --cgroup-root" in plugin.log()
+        assert ABSENT in plugin.log()
         assert (await debug_state(plugin))["pod_resources"]["period_seconds"] == 0.2
         kubelet.add_pod("web", "nginx", [("nginx", {}, [5, 6])])
+        await kubelet.wait_until(lambda: kubelet.allocatable(R1) == 2, timeout=5)
+        # A new kubelet looks again, and says the absence no more at warning level.
+        await kubelet.restart()
+        await wait_all_live(kubelet, ["numa-align/numa-0", R1], timeout=20)
+
+        def said() -> list[str]:
+            return [e["level"] for e in plugin.events() if e["event"].startswith(ABSENT)]
+
+        await eventually(lambda: len(said()) == 2)
+        assert said() == ["warning", "debug"]
+        assert await plugin.terminate() == 0
+
+
+async def test_a_kubepods_folder_replaced_is_watched_again_after_the_next_registration(
+    two_nodes: SysfsTree, sock_dir: Path, tmp_path: Path
+) -> None:
+    """The watch ends with its folder (the interval reads meanwhile); the kubelet's
+    next registration (a kubelet restart, as after a change of cgroup driver) finds
+    the new folder and watches it, and a pod's cgroup there is counted at once.
+    Mutant: the watch made only at the first registration (the interval forever)."""
+    kubepods = tmp_path / "cgroup" / "kubepods"
+    kubepods.mkdir(parents=True)
+    flags = ("--cgroup-root", str(tmp_path / "cgroup"), "--metrics-address", "127.0.0.1:0",
+             "--pod-resources-interval", "3600")  # fmt: skip
+    async with cpus_mode(two_nodes, sock_dir, *flags) as (kubelet, plugin):
+        await wait_all_live(kubelet, ["numa-align/numa-0", R1], timeout=20)
+        await kubelet.wait_until(lambda: kubelet.allocatable(R1) == 4)
+        assert (await debug_state(plugin))["pod_resources"]["period_seconds"] == 3600.0
+
+        kubepods.rmdir()  # the kubelet stops; its kubepods folder goes
+        await reads_settled(kubelet, quiet=1.0)  # the read its removal asks for
+        kubepods.with_name("kubepods.slice").mkdir()  # a kubelet with the systemd driver
+        await kubelet.restart()
+        await wait_all_live(kubelet, ["numa-align/numa-0", R1], timeout=20)
+        assert "the kubepods cgroup folder's watch ended" in plugin.log()
+        await reads_settled(kubelet, quiet=1.0)
+
+        kubelet.add_pod("web", "nginx", [("nginx", {}, [5, 6])])
+        (kubepods.with_name("kubepods.slice") / "pod0001").mkdir()
         await kubelet.wait_until(lambda: kubelet.allocatable(R1) == 2, timeout=5)
         assert await plugin.terminate() == 0
 
