@@ -5,7 +5,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 BIN    := $(VENV)/bin
 
-.PHONY: install run test coverage test-loaded test-e2e test-e2e-local kube-etcd helm kubectl prometheus promtool chromium iptables screenshots reference docs lint proto bench bench-peer bench-fleet attack soak image image-name image-tag push release lock docker-build docker-push deploy undeploy clean
+.PHONY: install run test coverage test-loaded test-e2e test-e2e-local kube-etcd helm kubectl prometheus promtool chromium iptables screenshots reference docs lint proto bench bench-peer bench-drift bench-fleet attack soak image image-name image-tag push release lock docker-build docker-push deploy undeploy clean
 
 install: $(VENV)/.installed
 
@@ -142,6 +142,11 @@ bench: install
 ## without PEER ours alone), one run, same kubelet stand-in: start, RSS, idle CPU
 bench-peer: install .bench-venv/.installed
 	$(PY) -m benchmarks.peer --python .bench-venv/bin/python $(if $(PEER),--peer "$(PEER)") $(PEER_ARGS)
+
+## bench-drift: the plugin's RSS after registration, after 10,000 Allocates and over an
+## hour idle, with the DaemonSet's settings (DRIFT_ARGS="--hold 60" for a minute)
+bench-drift: install .bench-venv/.installed
+	$(PY) -m benchmarks.drift --python .bench-venv/bin/python $(DRIFT_ARGS)
 
 # What the image installs (requirements.lock, the package as a wheel, not editable), for
 # the figures of bench-peer: no development packages or editable-install hooks at start.

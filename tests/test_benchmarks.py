@@ -156,3 +156,34 @@ def test_the_side_by_side_benchmark_measures_each_plugin_and_compares(
     with pytest.raises(SystemExit) as exit_info:
         peer.main(["--idle-runs", "0"])
     assert exit_info.value.code == 2
+
+
+def test_the_drift_benchmark_reads_rss_after_registration_allocates_and_the_hold(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """`python -m benchmarks.drift` at a small size: ours registers with the DaemonSet's
+    settings, answers its Allocates, and the hold is read every period and at its end."""
+    from benchmarks import drift
+
+    assert drift.main(["--allocates", "20", "--hold", "1", "--every", "0.5", "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["allocates"] == 20
+    seconds = [at for at, _ in result["trace"]]
+    assert seconds == sorted(seconds)
+    assert seconds[0] >= 0.5, "a reading per period, none before the first ends"
+    assert seconds[-1] >= 1.0, "the hold is read at its end"
+    for key in ("rss_after_registration_mb", "rss_after_allocates_mb", "rss_after_hold_mb"):
+        assert result[key] > 5, key
+    assert result["verdict"] in ("ok", "MISSED")
+
+
+@pytest.mark.parametrize("args", [["--every", "0"], ["--hold", "-1"], ["--allocates", "-5"]])
+def test_the_drift_benchmark_refuses_bad_flags_with_usage(
+    args: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    from benchmarks import drift
+
+    with pytest.raises(SystemExit) as exit_info:
+        drift.main(args)
+    assert exit_info.value.code == 2
+    assert "usage:" in capsys.readouterr().err
