@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import shutil
 import signal
 import subprocess
@@ -109,7 +110,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.allocates < 0 or args.hold < 0 or args.every <= 0:
         parser.error("--allocates and --hold must not be negative, --every must be positive")
-    result = asyncio.run(drift(args.python, args.allocates, args.hold, args.every))
+    # Absolute (the plugin runs in its own folder), symlinks kept (a venv's python).
+    python = os.path.abspath(args.python) if os.sep in args.python else args.python
+    result = asyncio.run(drift(python, args.allocates, args.hold, args.every))
     if args.json:
         print(json.dumps({"machine": machine_info(), **result}, indent=1))
         return 0
