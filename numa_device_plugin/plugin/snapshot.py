@@ -60,6 +60,8 @@ class PluginState:
     ``pod_resources_read_at``: ``time.time()`` of the last good read;
     ``pod_resources_period``: seconds between reads while nothing asks sooner (60 while
     the kubepods cgroup folder is watched, else the interval; None: not serving);
+    ``pod_resources_on_change``: whether that folder is watched (a Guaranteed pod's
+    cgroup coming or going asks for a read);
     ``lock``: who holds the instance lock (``pid=12 host=node-a``) or why it is not
     held; ``problems``: the readiness problems (empty: ready); ``inventory``: the PCI
     devices, disks and interfaces of the last discovery, with their NUMA nodes;
@@ -75,6 +77,7 @@ class PluginState:
     pod_resources_up: bool | None = None
     pod_resources_read_at: float | None = None
     pod_resources_period: float | None = None
+    pod_resources_on_change: bool = False
     lock: str = ""
     problems: tuple[str, ...] = ()
     configuration: Mapping[str, str] | None = None
@@ -124,6 +127,7 @@ def take(
         pod_resources_up=poller.reachable,
         pod_resources_read_at=poller.read_at,
         pod_resources_period=poller.period(),
+        pod_resources_on_change=poller.signalled(),
         lock=keeper.problem or f"held by this instance ({keeper.lock.path})",
         problems=tuple(problems),
     )
@@ -139,7 +143,7 @@ def debug_document(state: PluginState) -> dict[str, Any]:
     "registered", "streams", "kubelet_stream"}}, "near": [{"resource", "selector",
     "matched", "matched_count", "unlocated", "nodes", "reason"}], "inventory": {"disks",
     "nics", "accelerators"} | null, "pod_resources":
-    {"up", "read_at", "age_seconds", "period_seconds", "holders", "others",
+    {"up", "read_at", "age_seconds", "period_seconds", "on_change", "holders", "others",
     "allocatable_cpus"}}``.
     """
     view = state.view
@@ -186,6 +190,7 @@ def debug_document(state: PluginState) -> dict[str, Any]:
             "read_at": state.pod_resources_read_at,
             "age_seconds": None if age is None else round(age, 3),
             "period_seconds": state.pod_resources_period,
+            "on_change": state.pod_resources_on_change,
             "holders": None if view is None else [_holder(h, devices=True) for h in view.holders],
             "others": None if view is None else [_holder(h) for h in view.others],
             "allocatable_cpus": None

@@ -130,6 +130,20 @@ def test_without_a_pod_resources_read_nobodys_cpus_are_known() -> None:
     assert "has not been read yet" in page.pod_resources
 
 
+@pytest.mark.parametrize(
+    ("on_change", "expected"),
+    [
+        (False, "the kubelet's pod resources API, read 3 s ago"),
+        (True, "the kubelet's pod resources API, read 3 s ago (and again when a "
+               "Guaranteed pod's cgroup comes or goes)"),
+    ],
+)  # fmt: skip
+def test_the_page_says_when_the_pod_resources_api_is_read(on_change: bool, expected: str) -> None:
+    """With the kubepods watch live a read is a minute old at most and still current."""
+    page = build_page(state(VIEW, pod_resources_on_change=on_change), node="n1")
+    assert page.pod_resources == expected
+
+
 def test_memory_bars_split_ours_from_others_under_the_memory_manager() -> None:
     page = build_page(state(VIEW), node="n1")
     node0 = {bar.memory_type: bar for bar in page.boxes[0].memory}

@@ -57,7 +57,8 @@ async def test_a_guaranteed_pods_cpus_count_when_its_cgroup_appears_not_an_inter
         await wait_all_live(kubelet, ["numa-align/numa-0", R1], timeout=20)
         await kubelet.wait_until(lambda: kubelet.allocatable(R1) == 4)
         assert "when a Guaranteed pod's cgroup comes or goes" in plugin.log()
-        assert (await debug_state(plugin))["pod_resources"]["period_seconds"] == 60.0
+        read = (await debug_state(plugin))["pod_resources"]
+        assert (read["period_seconds"], read["on_change"]) == (60.0, True)
 
         await reads_settled(kubelet)  # the reads after the registrations are done
 
@@ -93,7 +94,8 @@ async def test_without_a_kubepods_folder_the_interval_reads_as_before(
         await wait_all_live(kubelet, ["numa-align/numa-0", R1], timeout=20)
         await kubelet.wait_until(lambda: kubelet.allocatable(R1) == 4)
         assert ABSENT in plugin.log()
-        assert (await debug_state(plugin))["pod_resources"]["period_seconds"] == 0.2
+        read = (await debug_state(plugin))["pod_resources"]
+        assert (read["period_seconds"], read["on_change"]) == (0.2, False)
         kubelet.add_pod("web", "nginx", [("nginx", {}, [5, 6])])
         await kubelet.wait_until(lambda: kubelet.allocatable(R1) == 2, timeout=5)
         # A new kubelet looks again, and says the absence no more at warning level.

@@ -306,7 +306,10 @@ def _pod_resources_line(state: PluginState) -> str:
     if state.pod_resources_up is None:
         return "the kubelet's pod resources API has not been read yet"
     if state.pod_resources_up:
-        return f"the kubelet's pod resources API, read {age:.0f} s ago"
+        line = f"the kubelet's pod resources API, read {age:.0f} s ago"
+        if state.pod_resources_on_change:
+            line += " (and again when a Guaranteed pod's cgroup comes or goes)"
+        return line
     if age is None:
         return "the kubelet's pod resources API cannot be read: nobody's CPUs are known"
     return (
