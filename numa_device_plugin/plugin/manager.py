@@ -82,9 +82,11 @@ class PluginManager:
         self._trim_pending = False
         self._seen_kubelet: KubeletIdentity | None = None
         self._serve_problem: str | None = None
-        self._watches: Watches | None = None
         self.device_watch = DeviceWatch(config, discover_fn, lambda: self.catalog.discovery,
                                         lambda: self.wake(DEVICES_CHANGED))  # fmt: skip
+        self.watches = Watches(config, self.wake, self.lock_keeper, self.device_watch,
+                               self.poller.pods_changed)  # fmt: skip
+        self.poller.signalled = lambda: self.watches.pods_signalled
 
     # -- what is served, for probes, status and tests -----------------------------------------
 
@@ -161,8 +163,7 @@ class PluginManager:
     def _registered(self, name: str) -> None:
         if self.poller.withheld(name):
             self.poller.warn_withheld([name])
-        if self._watches is not None:  # before the read below: what comes later, it signals
-            self._watches.ensure_kubepods(self._seen_kubelet)
+        self.watches.ensure_kubepods(self._seen_kubelet)  # before the read: it signals the rest
         # A (new) kubelet: its allocatable CPUs may differ from the last one's.
         self.poller.request(allocatable=True)
 
@@ -193,11 +194,7 @@ class PluginManager:
         check_serving(self.config, discovery, self._listener_connections)
         self._set_discovery(discovery)
         self.config.socket_dir.mkdir(parents=True, exist_ok=True)
-        watches = Watches(self.config, self.wake, self.lock_keeper, self.device_watch,
-                          self.poller.pods_changed)  # fmt: skip
-        watches.start()
-        self._watches = watches
-        self.poller.signalled = lambda: watches.pods_signalled
+        self.watches.start()
         first = True
         try:
             while await self.lock_keeper.acquire(
@@ -219,8 +216,7 @@ class PluginManager:
                 if self.wakeups.stopping:
                     break
         finally:
-            self._watches = None
-            await watches.stop()
+            await self.watches.stop()
             await self.poller.close()
             await self.endpoints.stop(self.endpoints.running, self.config.shutdown_grace)
             self.lock_keeper.release()

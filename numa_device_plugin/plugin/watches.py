@@ -69,9 +69,10 @@ class Watches:
 
     def ensure_kubepods(self, kubelet: object) -> None:
         """Watch the kubelet's kubepods folder (``--cgroup-root``) unless a live watch
-        does (loop thread, after :meth:`start`). Called at each accepted registration;
-        ``kubelet``: the identity of the kubelet.sock registered with. When the folder
-        is not found it is looked for again only under another kubelet. Never raises."""
+        does (loop thread, between :meth:`start` and :meth:`stop`). Called at each
+        accepted registration; ``kubelet``: the identity of the kubelet.sock registered
+        with. When the folder is not found it is looked for again only under another
+        kubelet. Never raises."""
         root = self._config.cgroup_root
         if root is None or self._loop is None or self.pods_signalled:
             return
@@ -94,7 +95,9 @@ class Watches:
         return self._kubepods is not None and self._kubepods.live
 
     async def stop(self) -> None:
-        """Cancel the checks and stop the watcher thread. Idempotent."""
+        """Cancel the checks and stop the watcher threads; no watch starts after it
+        (:meth:`ensure_kubepods` does nothing). Idempotent."""
+        self._loop = None
         tasks, self._tasks = self._tasks, []
         for task in tasks:
             task.cancel()

@@ -150,3 +150,36 @@ def test_the_interval_is_a_backstop_only_while_the_signal_is_live(two_nodes: Sys
     assert poller.period() == SIGNALLED_INTERVAL
     poller.config = Config(sysfs_root=two_nodes.root, pod_resources_interval=600.0)
     assert poller.period() == 600.0, "a longer interval stays"
+
+
+async def test_the_kubepods_watch_starts_at_a_registration_and_never_after_stop(
+    two_nodes: SysfsTree, tmp_path: Path
+) -> None:
+    """Not before :meth:`Watches.ensure_kubepods` (the first registration), once for
+    many registrations, and not at all once stopped (a registration that ends during
+    shutdown). Mutant: ``stop`` leaving the watches able to start a new watch thread."""
+    from numa_device_plugin.plugin.devicewatch import DeviceWatch
+    from numa_device_plugin.plugin.discovery import discover
+    from numa_device_plugin.plugin.lockkeeper import LockKeeper
+    from numa_device_plugin.plugin.watches import Watches
+
+    (tmp_path / "cgroup" / "kubepods").mkdir(parents=True)
+    (tmp_path / "dp").mkdir()
+    config = Config(sysfs_root=two_nodes.root, socket_dir=tmp_path / "dp",
+                    cgroup_root=tmp_path / "cgroup", device_interval=0)  # fmt: skip
+    device_watch = DeviceWatch(config, discover, lambda: None, lambda: None)
+    watches = Watches(config, lambda *_: None, LockKeeper(config.socket_dir, lambda: None),
+                      device_watch, lambda: None)  # fmt: skip
+    watches.start()
+    try:
+        assert not watches.pods_signalled, "nothing is watched before a registration"
+        watches.ensure_kubepods(("kubelet", 1))
+        assert watches.pods_signalled
+        first = watches._kubepods
+        watches.ensure_kubepods(("kubelet", 1))
+        assert watches._kubepods is first, "a live watch is kept"
+    finally:
+        await watches.stop()
+    watches.ensure_kubepods(("kubelet", 2))
+    assert not watches.pods_signalled
+    assert watches._kubepods is None
