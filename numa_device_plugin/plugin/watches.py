@@ -44,8 +44,9 @@ class Watches:
         self._watcher: SocketDirWatcher | None = None
         self._kubepods: KubepodsWatcher | None = None
         # The kubelet (its kubelet.sock identity) the kubepods folder was last looked
-        # for under, and whether its absence was said (then later looks say it at debug).
-        self._kubepods_looked: object = None
+        # for under (none yet: a value no kubelet has), and whether its absence was
+        # said (then later looks say it at debug).
+        self._kubepods_looked: object = object()
         self._kubepods_absent_said = False
         self._loop: asyncio.AbstractEventLoop | None = None
         self._tasks: list[asyncio.Task[None]] = []
@@ -67,12 +68,12 @@ class Watches:
             asyncio.create_task(self._device_watch.run(), name="device watch"),
         ]
 
-    def ensure_kubepods(self, kubelet: object) -> None:
+    def ensure_kubepods(self, kubelet: tuple[int, int, int] | None) -> None:
         """Watch the kubelet's kubepods folder (``--cgroup-root``) unless a live watch
         does (loop thread, between :meth:`start` and :meth:`stop`). Called at each
-        accepted registration; ``kubelet``: the identity of the kubelet.sock registered
-        with. When the folder is not found it is looked for again only under another
-        kubelet. Never raises."""
+        accepted registration; ``kubelet``: the file identity of the kubelet.sock
+        registered with (``grpcserver.file_identity``). When the folder is not found it
+        is looked for again only under another kubelet. Never raises."""
         root = self._config.cgroup_root
         if root is None or self._loop is None or self.pods_signalled:
             return

@@ -173,13 +173,13 @@ async def test_the_kubepods_watch_starts_at_a_registration_and_never_after_stop(
     watches.start()
     try:
         assert not watches.pods_signalled, "nothing is watched before a registration"
-        watches.ensure_kubepods(("kubelet", 1))
+        watches.ensure_kubepods((1, 1, 1))
         assert watches.pods_signalled
         first = watches._kubepods
-        watches.ensure_kubepods(("kubelet", 1))
+        watches.ensure_kubepods((1, 1, 1))
         assert watches._kubepods is first, "a live watch is kept"
     finally:
         await watches.stop()
-    watches.ensure_kubepods(("kubelet", 2))
+    watches.ensure_kubepods((1, 2, 2))
     assert not watches.pods_signalled
     assert watches._kubepods is None
