@@ -17,18 +17,12 @@ import argparse
 import asyncio
 import json
 import os
-import shutil
-import signal
-import subprocess
 import sys
-import tempfile
 import time
-from pathlib import Path
 from typing import Any
 
-from benchmarks.harness import machine_info, registration_deadline
-from benchmarks.peer import DEVICES, NAMES, NODES, Ours, proc_status, spawn
-from numa_device_plugin.kubelet_standin import KubeletStandIn
+from benchmarks.harness import machine_info
+from benchmarks.peer import NAMES, Ours, proc_status, registered
 
 MB = 1024
 # Within this many MB of the RSS after registration (issue 58).
@@ -38,54 +32,26 @@ DRIFT_TARGET_MB = 1.0
 async def drift(python: str, allocates: int, hold: float, every: float) -> dict[str, Any]:
     """Run ours once; the RSS figures (MB) and the trace of the hold (``[seconds, MB]``).
     Raises RuntimeError when the plugin does not register in time."""
-    folder = Path(tempfile.mkdtemp(prefix="ndpd-", dir="/tmp"))
-    log_path = folder / "plugin.log"
-    try:
-        socket_dir = folder / "dp"
-        standin = KubeletStandIn(socket_dir, pod_resources_dir=folder / "pr",
-                                 allocatable_cpus=range(NODES * 2))  # fmt: skip
-        async with standin as kubelet:
-            argv = Ours("ours", python).argv(folder, socket_dir, folder / "pr" / "kubelet.sock")
-            child, _ = spawn(argv, log_path, folder)
-            try:
-
-                def healthy() -> bool:
-                    return all(kubelet.live(n) and kubelet.allocatable(n) == DEVICES
-                               for n in NAMES)  # fmt: skip
-
-                try:
-                    await kubelet.wait_until(healthy, registration_deadline(NODES, 2 * DEVICES))
-                except TimeoutError:
-                    raise RuntimeError("the plugin did not register; its log ends:\n"
-                                       + log_path.read_text()[-2000:]) from None  # fmt: skip
-                await asyncio.sleep(1.0)
-                registered = proc_status(child.pid, "VmRSS") / MB
-                device = kubelet.devices(NAMES[0])[0].ID
-                for _ in range(allocates):
-                    await kubelet.allocate(NAMES[0], [device])
-                await asyncio.sleep(1.0)
-                allocated = proc_status(child.pid, "VmRSS") / MB
-                trace: list[tuple[float, float]] = []
-                started = time.monotonic()
-                while (elapsed := time.monotonic() - started) < hold:
-                    await asyncio.sleep(min(every, hold - elapsed))
-                    trace.append((round(time.monotonic() - started, 1),
-                                  proc_status(child.pid, "VmRSS") / MB))  # fmt: skip
-                if child.poll() is not None:
-                    raise RuntimeError(f"the plugin exited {child.returncode} during the hold")
-            finally:
-                child.send_signal(signal.SIGTERM)
-                try:
-                    child.wait(10)
-                except subprocess.TimeoutExpired:
-                    child.kill()
-                    child.wait()
-    finally:
-        shutil.rmtree(folder, ignore_errors=True)
+    async with registered(Ours("ours", python), prefix="ndpd-") as (kubelet, child, _):
+        await asyncio.sleep(1.0)
+        registered_mb = proc_status(child.pid, "VmRSS") / MB
+        device = kubelet.devices(NAMES[0])[0].ID
+        for _ in range(allocates):
+            await kubelet.allocate(NAMES[0], [device])
+        await asyncio.sleep(1.0)
+        allocated = proc_status(child.pid, "VmRSS") / MB
+        trace: list[tuple[float, float]] = []
+        started = time.monotonic()
+        while (elapsed := time.monotonic() - started) < hold:
+            await asyncio.sleep(min(every, hold - elapsed))
+            trace.append((round(time.monotonic() - started, 1),
+                          proc_status(child.pid, "VmRSS") / MB))  # fmt: skip
+        if child.poll() is not None:
+            raise RuntimeError(f"the plugin exited {child.returncode} during the hold")
     held = trace[-1][1] if trace else allocated
-    worst = max([allocated, held, *(mb for _, mb in trace)], key=lambda mb: abs(mb - registered))
+    worst = max([allocated, held, *(mb for _, mb in trace)], key=lambda mb: abs(mb - registered_mb))
     return {
-        "rss_after_registration_mb": registered,
+        "rss_after_registration_mb": registered_mb,
         "rss_after_allocates_mb": allocated,
         "rss_after_hold_mb": held,
         "rss_farthest_mb": worst,
@@ -93,7 +59,7 @@ async def drift(python: str, allocates: int, hold: float, every: float) -> dict[
         "hold_seconds": hold,
         "trace": trace,
         "target_mb": DRIFT_TARGET_MB,
-        "verdict": "ok" if abs(worst - registered) <= DRIFT_TARGET_MB else "MISSED",
+        "verdict": "ok" if abs(worst - registered_mb) <= DRIFT_TARGET_MB else "MISSED",
     }
 
 

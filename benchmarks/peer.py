@@ -43,7 +43,8 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -172,12 +173,16 @@ def spawn(argv: list[str], log_path: Path, cwd: Path) -> tuple[subprocess.Popen[
         return child, started
 
 
-async def one_run(plugin: Plugin, idle: float, calls: int = 0, settle: float = SETTLE) -> None:
-    """Start ``plugin`` beside a fresh stand-in; record its start, RSS, ``calls``
-    sequential Allocates' latency (one device, the stand-in's client as the kubelet's:
-    the same client cost for every plugin) and (``idle`` > 0) its idle CPU. Raises
-    RuntimeError when it does not register in time."""
-    folder = Path(tempfile.mkdtemp(prefix="ndpp-", dir="/tmp"))
+@asynccontextmanager
+async def registered(
+    plugin: Plugin, prefix: str = "ndpp-"
+) -> AsyncIterator[tuple[KubeletStandIn, subprocess.Popen[bytes], float]]:
+    """``plugin`` started in a fresh folder beside a fresh stand-in (device manager and
+    pod resources API) and waited for until every resource is registered with all its
+    devices healthy: the stand-in, the process and the seconds from exec to then.
+    Raises RuntimeError when it does not register in time. On exit the process gets
+    SIGTERM (killed after 10 s) and the folder goes."""
+    folder = Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))
     log_path = folder / "plugin.log"
     try:
         socket_dir = folder / "dp"
@@ -196,20 +201,7 @@ async def one_run(plugin: Plugin, idle: float, calls: int = 0, settle: float = S
                 except TimeoutError:
                     raise RuntimeError(f"{plugin.name} did not register; its log ends:\n"
                                        + log_path.read_text()[-2000:]) from None  # fmt: skip
-                plugin.starts.append(time.perf_counter() - started)
-                await asyncio.sleep(1.0)
-                plugin.rss_mb.append(proc_status(child.pid, "VmRSS") / 1024)
-                if calls > 0:
-                    device = kubelet.devices(NAMES[0])[0].ID
-                    for _ in range(calls):
-                        sent = time.perf_counter()
-                        await kubelet.allocate(NAMES[0], [device])
-                        plugin.allocate_ms.append((time.perf_counter() - sent) * 1000)
-                if idle > 0:
-                    await asyncio.sleep(settle)
-                    before = cpu_seconds(child.pid)
-                    await asyncio.sleep(idle)
-                    plugin.idle_cpu.append((cpu_seconds(child.pid) - before) * 30 / idle)
+                yield kubelet, child, time.perf_counter() - started
             finally:
                 child.send_signal(signal.SIGTERM)
                 try:
@@ -219,6 +211,28 @@ async def one_run(plugin: Plugin, idle: float, calls: int = 0, settle: float = S
                     child.wait()
     finally:
         shutil.rmtree(folder, ignore_errors=True)
+
+
+async def one_run(plugin: Plugin, idle: float, calls: int = 0, settle: float = SETTLE) -> None:
+    """Start ``plugin`` beside a fresh stand-in (:func:`registered`); record its start,
+    RSS, ``calls`` sequential Allocates' latency (one device, the stand-in's client as
+    the kubelet's: the same client cost for every plugin) and (``idle`` > 0) its idle
+    CPU. Raises RuntimeError when it does not register in time."""
+    async with registered(plugin) as (kubelet, child, start):
+        plugin.starts.append(start)
+        await asyncio.sleep(1.0)
+        plugin.rss_mb.append(proc_status(child.pid, "VmRSS") / 1024)
+        if calls > 0:
+            device = kubelet.devices(NAMES[0])[0].ID
+            for _ in range(calls):
+                sent = time.perf_counter()
+                await kubelet.allocate(NAMES[0], [device])
+                plugin.allocate_ms.append((time.perf_counter() - sent) * 1000)
+        if idle > 0:
+            await asyncio.sleep(settle)
+            before = cpu_seconds(child.pid)
+            await asyncio.sleep(idle)
+            plugin.idle_cpu.append((cpu_seconds(child.pid) - before) * 30 / idle)
 
 
 def median(values: Sequence[float]) -> float | None:
