@@ -26,6 +26,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from benchmarks.floor import FLOOR
+from benchmarks.floor import argv as floor_argv
 from benchmarks.harness import Rig, machine_info, pace_flag, paced, percentile, rig, settle
 from numa_device_plugin.plugin.devices import CPUS
 
@@ -56,6 +58,14 @@ class Figure:
 # -- re-registration ------------------------------------------------------------------------
 
 
+async def start_floor(bench: Rig, **flags: Any) -> None:
+    """Run :mod:`benchmarks.floor` as ``bench``'s plugin (a rig made with ``start``
+    False), with ``flags`` of :func:`benchmarks.floor.argv`, until it is live."""
+    bench.plugin.args = floor_argv(bench.kubelet.directory, bench.names, **flags)
+    bench.plugin.start()
+    await bench.wait_live()
+
+
 async def reregistration(nodes: int, restarts: int, floor: bool = False) -> list[Figure]:
     """Kubelet restart (every socket deleted, kubelet.sock created anew) to every
     resource registered again with its device list delivered; ms. With ``floor`` the
@@ -64,18 +74,14 @@ async def reregistration(nodes: int, restarts: int, floor: bool = False) -> list
     samples: list[float] = []
     async with rig(nodes, start=not floor) as bench:
         if floor:
-            from benchmarks import floor as empty
-
-            bench.plugin.args = empty.argv(bench.kubelet.directory, bench.names, watch=True)
-            bench.plugin.start()
-            await bench.wait_live()
+            await start_floor(bench, watch=True)
         for _ in range(restarts):
             await bench.kubelet.restart()
             await bench.wait_live()
             samples.append((time.perf_counter() - bench.kubelet.restarted_at) * 1000)
     config = f"{nodes} NUMA nodes, {restarts} restarts"
     if floor:
-        config = f"{config}, floor (empty grpc.aio plugin)"
+        config = f"{config}, {FLOOR}"
     target = 20.0 if nodes == 8 and not floor else None
     return [
         Figure("re-registration", config, "p50", percentile(samples, 0.50), "ms"),
@@ -546,19 +552,14 @@ async def polling(idle_seconds: float, window: float = 8.0) -> list[Figure]:
             )
         async with rig(2, CPUS, cpus_per_node=128, pod_resources=True, memory=True,
                        start=False) as bench:  # fmt: skip
-            from benchmarks import floor
-
-            socket = bench.kubelet.pod_resources_socket
-            bench.plugin.args = floor.argv(bench.kubelet.directory, bench.names,
-                                           pod_resources=socket, interval=0.1)  # fmt: skip
-            bench.plugin.start()
-            await bench.wait_live()
+            await start_floor(bench, pod_resources=bench.kubelet.pod_resources_socket,
+                              interval=0.1)  # fmt: skip
             place_containers(bench, containers, memory=True)
             polls, per_read = await cpu_per_read(bench, window)
         figures.append(
             Figure(
                 "pod resources",
-                f"{containers} containers, floor (empty grpc.aio plugin), {polls} reads",
+                f"{containers} containers, {FLOOR}, {polls} reads",
                 "CPU per read",
                 per_read,
                 "ms",

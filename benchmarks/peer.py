@@ -49,6 +49,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from benchmarks.floor import FLOOR
+from benchmarks.floor import argv as floor_argv
 from benchmarks.harness import (
     CLOCK_TICKS,
     held_port,
@@ -156,9 +158,7 @@ class Peer(Plugin):
 
 class Floor(Ours):
     def argv(self, folder: Path, socket_dir: Path, pod_resources: Path) -> list[str]:
-        from benchmarks import floor
-
-        return floor.argv(socket_dir, NAMES, self.python)
+        return floor_argv(socket_dir, NAMES, self.python)
 
     def cwd(self, folder: Path) -> Path:
         return Path(__file__).resolve().parents[1]
@@ -323,7 +323,7 @@ async def run(
     if peer is not None:
         others.append(peer)
     if floor:
-        others.append(Floor("floor (empty grpc.aio plugin)", python))
+        others.append(Floor(FLOOR, python))
     for index in range(runs):
         for plugin in (ours, *others):
             await one_run(plugin, idle if index < idle_runs else 0.0,
