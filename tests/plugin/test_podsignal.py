@@ -18,6 +18,7 @@ from tests.plugin.test_capacity import R1, cpus_mode
 from tests.standin_helpers import ServeProcess, bound_port, eventually, wait_all_live
 
 ABSENT = "no kubelet kubepods cgroup folder under --cgroup-root"
+WATCHED = "when a Guaranteed pod's cgroup comes or goes"
 
 
 async def debug_state(plugin: ServeProcess) -> Any:
@@ -56,7 +57,9 @@ async def test_a_guaranteed_pods_cpus_count_when_its_cgroup_appears_not_an_inter
     async with cpus_mode(two_nodes, sock_dir, *flags) as (kubelet, plugin):
         await wait_all_live(kubelet, ["numa-align/numa-0", R1], timeout=20)
         await kubelet.wait_until(lambda: kubelet.allocatable(R1) == 4)
-        assert "when a Guaranteed pod's cgroup comes or goes" in plugin.log()
+        # The watch starts at the plugin's first accepted registration, which the
+        # stand-in can see live a moment before the plugin has the answer.
+        await eventually(lambda: plugin.log().count(WATCHED) == 1)
         read = (await debug_state(plugin))["pod_resources"]
         assert (read["period_seconds"], read["on_change"]) == (60.0, True)
 
@@ -93,7 +96,7 @@ async def test_without_a_kubepods_folder_the_interval_reads_as_before(
     async with cpus_mode(two_nodes, sock_dir, *flags) as (kubelet, plugin):
         await wait_all_live(kubelet, ["numa-align/numa-0", R1], timeout=20)
         await kubelet.wait_until(lambda: kubelet.allocatable(R1) == 4)
-        assert ABSENT in plugin.log()
+        await eventually(lambda: ABSENT in plugin.log())
         read = (await debug_state(plugin))["pod_resources"]
         assert (read["period_seconds"], read["on_change"]) == (0.2, False)
         kubelet.add_pod("web", "nginx", [("nginx", {}, [5, 6])])
@@ -131,6 +134,9 @@ async def test_a_kubepods_folder_replaced_is_watched_again_after_the_next_regist
         kubepods.with_name("kubepods.slice").mkdir()  # a kubelet with the systemd driver
         await kubelet.restart()
         await wait_all_live(kubelet, ["numa-align/numa-0", R1], timeout=20)
+        # Said, then the new folder watched, at the plugin's registration (a moment
+        # after the stand-in sees it live): a pod's cgroup made before is not seen.
+        await eventually(lambda: plugin.log().count(WATCHED) == 2)
         assert "the kubepods cgroup folder's watch ended" in plugin.log()
         await reads_settled(kubelet, quiet=1.0)
 
