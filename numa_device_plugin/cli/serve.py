@@ -29,6 +29,7 @@ from numa_device_plugin.ops.probes import MAX_CONNECTIONS
 from numa_device_plugin.ops.signals import LEVEL_SIGNAL, STOP_SIGNALS
 from numa_device_plugin.plugin.config import Config, check_socket_dir
 from numa_device_plugin.plugin.manager import PluginManager
+from numa_device_plugin.plugin.recorder import DeferredRecorder
 from numa_device_plugin.topology.memory import MemoryUnitError
 
 log = structlog.get_logger(__name__)
@@ -36,6 +37,7 @@ log = structlog.get_logger(__name__)
 if TYPE_CHECKING:
     from numa_device_plugin.nodeconfig.supervisor import Selector
     from numa_device_plugin.ops.probes import Pages
+    from numa_device_plugin.plugin.prometheus import PrometheusRecorder
     from numa_device_plugin.plugin.snapshot import PluginState
 
 
@@ -173,13 +175,11 @@ async def serve(
     served."""
     loop = asyncio.get_running_loop()
     loop.set_exception_handler(loop_exception_handler)
-    recorder = None
+    recorder: DeferredRecorder[PrometheusRecorder] | None = None
     render = None
     if metrics_address:
-        from numa_device_plugin.plugin.prometheus import PrometheusRecorder
-
-        recorder = PrometheusRecorder()
-        render = recorder.render
+        recorder = DeferredRecorder(_prometheus_recorder)
+        render = _renderer(recorder)
     listeners = sum(1 for address in (metrics_address, health_address) if address)
 
     def make_manager(chosen: Config) -> PluginManager:
@@ -214,9 +214,13 @@ async def serve(
     loop.add_signal_handler(signal.SIGHUP, manager.reload)
     if levels is not None:
         loop.add_signal_handler(LEVEL_SIGNAL, levels.toggle)
+    if recorder is not None:
+        recorder.start()
     try:
         await manager.serve()
     finally:
+        if recorder is not None:
+            recorder.stop()
         for server in servers:
             await server.stop()
         for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, LEVEL_SIGNAL):
@@ -225,17 +229,32 @@ async def serve(
     return 0
 
 
-def node_pages(snapshot: Callable[[], PluginState]) -> Pages:
-    """The metrics listener's ``/`` and ``/debug/state`` for a runner's ``snapshot``."""
-    import json
+def _prometheus_recorder() -> PrometheusRecorder:
+    from numa_device_plugin.plugin.prometheus import PrometheusRecorder
 
-    from numa_device_plugin.plugin.nodepage import build_page, render_page
-    from numa_device_plugin.plugin.snapshot import debug_document
+    return PrometheusRecorder()
+
+
+def _renderer(recorder: DeferredRecorder[PrometheusRecorder]) -> Callable[[], bytes]:
+    """``/metrics``' text for ``recorder``, made first if not yet (a scrape before
+    registration ended; worker thread)."""
+    return lambda: recorder.load().render()
+
+
+def node_pages(snapshot: Callable[[], PluginState]) -> Pages:
+    """The metrics listener's ``/`` and ``/debug/state`` for a runner's ``snapshot``;
+    what renders them is imported at the first request (not before registering)."""
 
     def page(state: PluginState) -> bytes:
+        from numa_device_plugin.plugin.nodepage import build_page, render_page
+
         return render_page(build_page(state))
 
     def debug(state: PluginState) -> bytes:
+        import json
+
+        from numa_device_plugin.plugin.snapshot import debug_document
+
         return (json.dumps(debug_document(state), indent=1) + "\n").encode()
 
     return snapshot, page, debug

@@ -725,15 +725,18 @@ def test_resource_socket_path_too_long_exits_2(
 
 
 def test_serve_loads_only_what_it_uses() -> None:
-    """The stand-in (demo's), the status report, prometheus-client (metrics off) and
-    PyYAML (no configuration file) stay out of serve's imports; once, cli/__init__
-    imported every command, and the bounded readers PyYAML."""
+    """The stand-in (demo's), the status report, prometheus-client (made after
+    registration), the node page (at its first request) and PyYAML (no configuration
+    file) stay out of serve's imports and its listeners' making; once, cli/__init__
+    imported every command, the bounded readers PyYAML, and the listeners the node
+    page."""
     import subprocess
     import sys
 
     code = (
         "import sys; from numa_device_plugin.cli import cli; import click; "
         "cli.get_command(click.Context(cli), 'serve'); "
+        "from numa_device_plugin.cli.serve import node_pages; node_pages(lambda: None); "
         "print(' '.join(sorted(sys.modules)))"
     )
     result = subprocess.run(
@@ -749,6 +752,7 @@ def test_serve_loads_only_what_it_uses() -> None:
         "numa_device_plugin.plugin.status",
         "numa_device_plugin.plugin.prometheus",
         "prometheus_client",
+        "numa_device_plugin.plugin.nodepage",
         "yaml",
         "numa_device_plugin.nodeconfig.configs",
     ):
