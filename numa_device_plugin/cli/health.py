@@ -24,7 +24,8 @@ MAX_ANSWER = 64 << 10
 def command(**params: Any) -> int:
     """GET the probe within :data:`DEADLINE` seconds in all, at most
     :data:`MAX_ANSWER` bytes: 0 on 200 (body on stdout), 1 otherwise (stderr)."""
-    from numa_device_plugin.ops.bounded import BoundError, http_get
+    from numa_device_plugin.ops.bounded import BoundError
+    from numa_device_plugin.ops.httpget import http_get
     from numa_device_plugin.ops.probes import parse_address
 
     configure_logging(params["log_level"], "text")

@@ -34,13 +34,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from numa_device_plugin.ops.bounded import (
-    Answer,
-    BoundError,
-    http_get,
-    one_line,
-    read_file,
-)
+from numa_device_plugin.ops.bounded import BoundError, one_line, read_file
+from numa_device_plugin.ops.httpget import Answer, http_get
 from numa_device_plugin.ops.yamlfile import read_yaml
 
 # Bytes of an answer: a Node object with a long image list is ~100 KB.
@@ -80,7 +75,7 @@ class ApiTarget:
 
     def get(self, path: str, deadline: float) -> Answer:
         """GET ``path`` (``/api/v1/nodes/n1``), the whole of it within ``deadline``
-        seconds (:func:`numa_device_plugin.ops.bounded.http_get`: a total deadline
+        seconds (:func:`numa_device_plugin.ops.httpget.http_get`: a total deadline
         that a dripping server cannot extend, at most :data:`MAX_ANSWER` bytes).
         Raises :class:`ApiRequestError` (no whole answer) or :class:`ApiConfigError`
         (the token file cannot be read, or the token cannot go in a header)."""

@@ -5,11 +5,9 @@
   (``/dev/zero``) or a folder is refused without blocking;
   :func:`~numa_device_plugin.ops.yamlfile.read_yaml` parses it (a module of its own:
   PyYAML is imported only where YAML is read).
-- :func:`http_get`: one HTTP(S) GET whose whole exchange (connect, TLS, request,
-  answer) ends within a total deadline that nothing extends, with an answer cap. A
-  timer shuts the connection's socket down through a duplicate of its descriptor, so
-  the cut-off holds however :mod:`http.client` passes the socket around (it drops its
-  own reference in ``getresponse()`` when the server says ``Connection: close``).
+- :func:`~numa_device_plugin.ops.httpget.http_get`: one HTTP(S) GET within a total
+  deadline, with an answer cap (a module of its own: :mod:`http.client` is imported
+  only where one is made, not by ``serve`` at start).
 - :func:`run_command`: a command (a kubeconfig's exec credential plugin) with a total
   deadline and an output cap, in its own process group, killed with its children when
   either bound is passed.
@@ -18,15 +16,11 @@
 from __future__ import annotations
 
 import contextlib
-import http.client
 import os
 import selectors
 import signal
-import socket
-import ssl
 import stat
 import subprocess
-import threading
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -74,148 +68,6 @@ def read_file(path: Path, limit: int) -> bytes:
         raise BoundError(f"cannot read {path}: {exc.strerror or exc}") from None
     finally:
         os.close(fd)
-
-
-@dataclass(frozen=True)
-class Answer:
-    """An HTTP answer: ``status`` (200), ``reason``, ``content_type`` (the media type
-    alone, lower case: ``application/json``) and ``body`` (at most the cap)."""
-
-    status: int
-    reason: str
-    content_type: str
-    body: bytes
-
-
-class _Cutoff:
-    """Shuts down every socket a connection opened once the deadline passes, through
-    duplicates of their descriptors (``http.client`` may have dropped or closed its own
-    reference by then)."""
-
-    def __init__(self, deadline: float) -> None:
-        self.end = time.monotonic() + deadline
-        self.expired = False
-        self._lock = threading.Lock()
-        self._watched: list[socket.socket] = []
-        self._timer = threading.Timer(deadline, self.expire)
-        self._timer.daemon = True
-
-    def remaining(self) -> float:
-        """Seconds left; raises :class:`BoundError` when none are."""
-        left = self.end - time.monotonic()
-        if left <= 0 or self.expired:
-            raise BoundError("deadline passed", timed_out=True)
-        return left
-
-    def watch(self, sock: socket.socket) -> None:
-        with self._lock:
-            self._watched.append(sock.dup())
-            if self.expired:
-                self._shut()
-
-    def expire(self) -> None:
-        with self._lock:
-            self.expired = True
-            self._shut()
-
-    def _shut(self) -> None:
-        for sock in self._watched:
-            with contextlib.suppress(OSError):
-                sock.shutdown(socket.SHUT_RDWR)
-
-    def __enter__(self) -> _Cutoff:
-        self._timer.start()
-        return self
-
-    def __exit__(self, *_: object) -> None:
-        self._timer.cancel()
-        with self._lock:
-            for sock in self._watched:
-                sock.close()
-            self._watched.clear()
-
-
-class _Connection(http.client.HTTPConnection):
-    """HTTP, or HTTPS when given a TLS context (checking ``server_name``, default the
-    host), whose sockets a :class:`_Cutoff` watches."""
-
-    def __init__(
-        self,
-        host: str,
-        port: int,
-        cutoff: _Cutoff,
-        context: ssl.SSLContext | None,
-        server_name: str | None,
-    ) -> None:
-        super().__init__(host, port, timeout=cutoff.remaining())
-        self._cutoff = cutoff
-        self._tls = context
-        self._server_name = server_name or host
-
-    def connect(self) -> None:
-        self.timeout = self._cutoff.remaining()
-        super().connect()
-        assert self.sock is not None
-        self._cutoff.watch(self.sock)
-        if self._tls is not None:
-            self.sock = self._tls.wrap_socket(self.sock, server_hostname=self._server_name)
-
-
-def http_get(
-    host: str,
-    port: int,
-    path: str,
-    *,
-    deadline: float,
-    limit: int,
-    headers: Mapping[str, str] | None = None,
-    context: ssl.SSLContext | None = None,
-    server_name: str | None = None,
-    name: str = "the server",
-) -> Answer:
-    """GET ``path`` from ``host:port`` (HTTPS with ``context``), the whole exchange
-    within ``deadline`` seconds, the body at most ``limit`` bytes; ``name`` says whom
-    the messages are about (``the API server``). Raises
-    :class:`BoundError` (``timed_out`` when the deadline passed) for no whole answer:
-    refused, broken off, too large, malformed."""
-    where = f"{name} at {'https' if context else 'http'}://{host}:{port}"
-    with _Cutoff(deadline) as cutoff:
-        conn = _Connection(host, port, cutoff, context, server_name)
-        try:
-            conn.request("GET", path, headers=dict(headers or {}))
-            response = conn.getresponse()
-            chunks: list[bytes] = []
-            size = 0
-            while True:
-                cutoff.remaining()
-                chunk = response.read1(65536)
-                if not chunk:
-                    break
-                size += len(chunk)
-                if size > limit:
-                    raise BoundError(f"the answer from {where} is over {limit} bytes")
-                chunks.append(chunk)
-            cutoff.remaining()
-            return Answer(
-                response.status,
-                one_line(response.reason, 80),
-                response.headers.get_content_type(),
-                b"".join(chunks),
-            )
-        except BoundError as exc:
-            if exc.timed_out:
-                raise BoundError(f"no whole answer from {where} within {deadline:g} s",
-                                 timed_out=True) from None  # fmt: skip
-            raise
-        except (OSError, http.client.HTTPException, ValueError) as exc:
-            if cutoff.expired or time.monotonic() >= cutoff.end:
-                raise BoundError(f"no whole answer from {where} within {deadline:g} s",
-                                 timed_out=True) from None  # fmt: skip
-            raise BoundError(
-                f"cannot reach {where}: {type(exc).__name__}: {one_line(str(exc))}"
-            ) from None
-        finally:
-            conn.close()
 
 
 @dataclass(frozen=True)

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING
 
 import structlog
 
@@ -41,10 +42,12 @@ from numa_device_plugin.plugin.lockkeeper import LockKeeper
 from numa_device_plugin.plugin.poller import ALLOCATE_POLL_DELAY, CapacityPoller
 from numa_device_plugin.plugin.recorder import NullRecorder, Recorder
 from numa_device_plugin.plugin.servicer import NumaDevicePluginServicer
-from numa_device_plugin.plugin.snapshot import PluginState, take
 from numa_device_plugin.plugin.verdicts import readiness, restart_reason
 from numa_device_plugin.plugin.watches import Watches
 from numa_device_plugin.topology import sysfs
+
+if TYPE_CHECKING:
+    from numa_device_plugin.plugin.snapshot import PluginState
 
 log = structlog.get_logger(__name__)
 
@@ -112,7 +115,9 @@ class PluginManager:
 
     def snapshot(self) -> PluginState:
         """The state now as plain data (:func:`numa_device_plugin.plugin.snapshot.take`), for
-        the node page and ``/debug/state`` (loop thread)."""
+        the node page and ``/debug/state`` (loop thread; imported at the first call)."""
+        from numa_device_plugin.plugin.snapshot import take
+
         return take(
             self.config, self.catalog, self.registered, self.poller, self.lock_keeper,
             self.readiness_problems(),

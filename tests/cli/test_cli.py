@@ -726,9 +726,10 @@ def test_resource_socket_path_too_long_exits_2(
 
 def test_serve_loads_only_what_it_uses() -> None:
     """The stand-in (demo's), the status report, prometheus-client (made after
-    registration), the node page (at its first request) and PyYAML (no configuration
-    file) stay out of serve's imports and its listeners' making; once, cli/__init__
-    imported every command, the bounded readers PyYAML, and the listeners the node
+    registration), the node page and the state it shows (at their first request),
+    http.client (the API server's reads, with a configuration file) and PyYAML stay out
+    of serve's imports and its listeners' making; once, cli/__init__ imported every
+    command, the bounded readers PyYAML and http.client, and the listeners the node
     page."""
     import subprocess
     import sys
@@ -753,6 +754,8 @@ def test_serve_loads_only_what_it_uses() -> None:
         "numa_device_plugin.plugin.prometheus",
         "prometheus_client",
         "numa_device_plugin.plugin.nodepage",
+        "numa_device_plugin.plugin.snapshot",
+        "http.client",
         "yaml",
         "numa_device_plugin.nodeconfig.configs",
     ):

@@ -17,13 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from numa_device_plugin.ops.bounded import (
-    BoundError,
-    http_get,
-    one_line,
-    read_file,
-    run_command,
-)
+from numa_device_plugin.ops.bounded import BoundError, one_line, read_file, run_command
+from numa_device_plugin.ops.httpget import http_get
 from numa_device_plugin.ops.yamlfile import read_yaml
 
 
