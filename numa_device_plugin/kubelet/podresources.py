@@ -149,11 +149,25 @@ class PodResourcesClient:
             await self.close()
             raise
 
-    async def close(self) -> None:
-        self._allocatable = self._last = None
+    @property
+    def connected(self) -> bool:
+        """True while a connection is kept for the next read."""
+        return self._channel is not None
+
+    async def disconnect(self) -> None:
+        """Close the connection and keep the last answers: the next read dials anew
+        and still tells an unchanged answer by identity. (A connection kept idle for
+        long costs more than a dial: grpc's worker threads were seen waking ~10 times
+        a second beside one, against ~2 ms of CPU for a dial.)"""
         channel, self._channel = self._channel, None
         if channel is not None:
             await channel.close()
+
+    async def close(self) -> None:
+        """Close the connection and forget the last answers (after an error: the next
+        read may reach another kubelet)."""
+        self._allocatable = self._last = None
+        await self.disconnect()
 
     async def __aenter__(self) -> PodResourcesClient:
         return self

@@ -209,7 +209,7 @@ class PluginManager:
                 folder, names = str(self.config.socket_dir), list(self.resources)
                 log.info("device plugin started", socket_dir=folder, resources=names)
                 self._to_restart = set(self.resources)
-                await self.poller.poll_once()  # advertise live counts from the start
+                await self.poller.read_before_registering()  # live counts from the start
                 poller = asyncio.create_task(self.poller.run(), name="pod resources")
                 self.started.set()
                 try:
