@@ -59,8 +59,9 @@ POLL_TIMEOUT = 2.0
 # Reads this many seconds apart or more each dial anew (~2 ms of CPU); closer ones
 # share a kept connection. A pod resources connection kept from before the plugin's
 # registrations to after them was seen to leave grpc's worker threads waking ~20 times
-# a second (~20 ms of CPU per 30 s more) for as long as the plugin then ran, in 13 of
-# 19 starts; closed after each read, in none of 15 (grpc's own; not understood).
+# a second (the floor's ~10; ~20 ms of CPU per 30 s more) for as long as the plugin
+# then ran, in 13 of 19 starts; closed after each read, in none of 15; closed as here,
+# in none of 7 (grpc core's own doing, not understood: docs/performance.md).
 KEEP_CONNECTION_BELOW = 10.0
 # Between registrations, GetAllocatableResources is read again every this many polls.
 ALLOCATABLE_EVERY = 12
