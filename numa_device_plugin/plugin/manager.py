@@ -88,8 +88,8 @@ class PluginManager:
         self.device_watch = DeviceWatch(config, discover_fn, lambda: self.catalog.discovery,
                                         lambda: self.wake(DEVICES_CHANGED))  # fmt: skip
         self.watches = Watches(config, self.wake, self.lock_keeper, self.device_watch,
-                               self.poller.pods_changed)  # fmt: skip
-        self.poller.signalled = lambda: self.watches.pods_signalled
+                               self.poller.schedule.pods_changed)  # fmt: skip
+        self.poller.schedule.signalled = lambda: self.watches.pods_signalled
 
     # -- what is served, for probes, status and tests -----------------------------------------
 
@@ -157,7 +157,7 @@ class PluginManager:
         return NumaDevicePluginServicer(
             resource,
             on_stream_lost=self._stream_lost,
-            on_allocate=lambda _: self.poller.request(ALLOCATE_POLL_DELAY),
+            on_allocate=lambda _: self.poller.schedule.request(ALLOCATE_POLL_DELAY),
             recorder=self.recorder,
         )
 
@@ -170,7 +170,7 @@ class PluginManager:
             self.poller.warn_withheld([name])
         self.watches.ensure_kubepods(self._seen_kubelet)  # before the read: it signals the rest
         # A (new) kubelet: its allocatable CPUs may differ from the last one's.
-        self.poller.request(allocatable=True)
+        self.poller.schedule.request(allocatable=True)
 
     def _set_discovery(self, discovery: Discovery) -> None:
         self.catalog.update(discovery)

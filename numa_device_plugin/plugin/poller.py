@@ -12,8 +12,10 @@ kubelet:
   (:mod:`numa_device_plugin.kubelet.kubepods`), a Guaranteed pod's cgroup coming or
   going is when a pod without devices may have taken or given back CPUs or memory:
   ``List`` is read then (and once more a few seconds later), and the interval becomes
-  a backstop of at least :data:`SIGNALLED_INTERVAL`; while the watch is not live (no
-  such folder, replaced, no inotify watch left) the interval is as given.
+  a backstop of at least
+  :data:`~numa_device_plugin.plugin.readschedule.SIGNALLED_INTERVAL`; while the watch
+  is not live (no such folder, replaced, no inotify watch left) the interval is as
+  given. When the next read is due: :mod:`numa_device_plugin.plugin.readschedule`.
 - ``GetAllocatableResources`` changes only when the kubelet restarts with other
   settings, so it is read after registrations and every :data:`ALLOCATABLE_EVERY`
   polls, not at every one.
@@ -29,10 +31,8 @@ kubelet:
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import operator
 import time
-from collections.abc import Callable
 
 import structlog
 
@@ -43,17 +43,13 @@ from numa_device_plugin.plugin.catalog import Catalog
 from numa_device_plugin.plugin.config import Config
 from numa_device_plugin.plugin.devices import HEALTHY
 from numa_device_plugin.plugin.planning import Planned, node_capacities, plan
+from numa_device_plugin.plugin.readschedule import ReadSchedule
 from numa_device_plugin.plugin.recorder import Recorder
 
 log = structlog.get_logger(__name__)
 
 # Seconds after an Allocate to read the pod resources API again.
 ALLOCATE_POLL_DELAY = 0.5
-# While a change signal is live (the kubepods watch), seconds between reads at least.
-SIGNALLED_INTERVAL = 60.0
-# Seconds after a signal to read, and to read once more (the kubelet may drop a
-# terminated pod from its active pods a moment after removing its cgroup).
-SIGNAL_POLL_DELAY, SIGNAL_SETTLE_DELAY = 0.5, 5.0
 # Seconds one pod resources call may take at most.
 POLL_TIMEOUT = 2.0
 # Reads this many seconds apart or more each dial anew (~2 ms of CPU); closer ones
@@ -74,7 +70,8 @@ class CapacityPoller:
     ``catalog`` from it (ListAndWatch sends the changes).
 
     ``view`` is the last answer (None before the first, or while the API has never
-    answered). :meth:`run` is the polling task; :meth:`request` asks for a read sooner.
+    answered). :meth:`run` is the polling task; ``schedule.request()`` asks for a read
+    sooner.
     """
 
     def __init__(self, config: Config, catalog: Catalog, recorder: Recorder) -> None:
@@ -87,13 +84,7 @@ class CapacityPoller:
         self._reachable: bool | None = None
         # time.time() of the last good read; None: never since start.
         self._read_at: float | None = None
-        self._now = asyncio.Event()
-        self._timer: asyncio.TimerHandle | None = None
-        self._settle: asyncio.TimerHandle | None = None
-        # Whether a signal of the kubelet's changes is live (set by the owner of the
-        # kubepods watch); while it is, the interval is a backstop.
-        self.signalled: Callable[[], bool] = lambda: False
-        self._allocatable_asked = False
+        self.schedule = ReadSchedule(config.pod_resources_interval)
         self._polls = 0
         self._foreign_warned: set[tuple[str, str]] = set()
 
@@ -234,43 +225,14 @@ class CapacityPoller:
 
     # -- reading ----------------------------------------------------------------------------
 
-    def request(self, delay: float = 0.0, *, allocatable: bool = False) -> None:
-        """Read ``delay`` seconds from now (loop thread only); ``allocatable``: read
-        ``GetAllocatableResources`` too, not only ``List``."""
-        self._allocatable_asked |= allocatable
-        if delay <= 0:
-            self._now.set()
-        elif self._timer is None or self._timer.cancelled():
-            self._timer = asyncio.get_running_loop().call_later(delay, self._fire)
-
-    def period(self) -> float:
-        """Seconds to the next read when nothing asks sooner: ``pod_resources_interval``,
-        or at least :data:`SIGNALLED_INTERVAL` while :attr:`signalled` says a signal of
-        the kubelet's changes is live."""
-        interval = self.config.pod_resources_interval
-        return max(interval, SIGNALLED_INTERVAL) if self.signalled() else interval
-
-    def pods_changed(self) -> None:
-        """A Guaranteed pod's cgroup came or went (loop thread only): read
-        :data:`SIGNAL_POLL_DELAY` seconds from now, and again
-        :data:`SIGNAL_SETTLE_DELAY` seconds after the last such signal."""
-        self.request(SIGNAL_POLL_DELAY)
-        if self._settle is not None:
-            self._settle.cancel()
-        self._settle = asyncio.get_running_loop().call_later(SIGNAL_SETTLE_DELAY, self._now.set)
-
-    def _fire(self) -> None:
-        self._timer = None
-        self._now.set()
-
     async def poll_once(self) -> None:
         """One read, applied when its answer differs from the last one. With a
-        :meth:`period` of :data:`KEEP_CONNECTION_BELOW` seconds or more, the connection
+        ``schedule.period()`` of :data:`KEEP_CONNECTION_BELOW` seconds or more, the connection
         is closed after it (the answers kept)."""
         try:
             await self._read()
         finally:
-            if self.period() >= KEEP_CONNECTION_BELOW:
+            if self.schedule.period() >= KEEP_CONNECTION_BELOW:
                 await self.client.disconnect()
 
     async def read_before_registering(self) -> None:
@@ -285,8 +247,7 @@ class CapacityPoller:
     async def _read(self) -> None:
         timeout = min(self.config.pod_resources_interval, POLL_TIMEOUT)
         self._polls += 1
-        allocatable = self._allocatable_asked or self._polls % ALLOCATABLE_EVERY == 0
-        self._allocatable_asked = False
+        allocatable = self.schedule.take_allocatable() or self._polls % ALLOCATABLE_EVERY == 0
         try:
             view: KubeletView | None = await self.client.view(timeout, allocatable=allocatable)
         except PodResourcesError as exc:
@@ -341,15 +302,9 @@ class CapacityPoller:
         self.recorder.pod_resources(False, self._read_at)
 
     async def run(self) -> None:
-        """Read every :meth:`period` seconds, or when asked sooner; until cancelled."""
+        """Read whenever :attr:`schedule` says; until cancelled."""
         while True:
-            # asyncio.timeout, not wait_for: Python 3.11's wait_for swallows a
-            # cancellation that arrives as the event is set, and the poller would
-            # outlive the plugin's shutdown by an interval.
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(self.period()):
-                    await self._now.wait()
-            self._now.clear()
+            await self.schedule.wait()
             try:
                 await self.poll_once()
             except Exception:
@@ -357,7 +312,5 @@ class CapacityPoller:
 
     async def close(self) -> None:
         """Cancel the pending timers and close the connection."""
-        for timer in (self._timer, self._settle):
-            if timer is not None:
-                timer.cancel()
+        self.schedule.cancel()
         await self.client.close()

@@ -126,8 +126,8 @@ def take(
         view=poller.view,
         pod_resources_up=poller.reachable,
         pod_resources_read_at=poller.read_at,
-        pod_resources_period=poller.period(),
-        pod_resources_on_change=poller.signalled(),
+        pod_resources_period=poller.schedule.period(),
+        pod_resources_on_change=poller.schedule.signalled(),
         lock=keeper.problem or f"held by this instance ({keeper.lock.path})",
         problems=tuple(problems),
     )

@@ -537,7 +537,7 @@ async def test_the_poller_stops_when_cancelled_as_a_read_is_requested(sock_dir: 
     try:
         task = asyncio.create_task(poller.run())
         await asyncio.sleep(0)  # the poller waits for its event now
-        poller.request()
+        poller.schedule.request()
         task.cancel()
         await asyncio.wait({task}, timeout=5)
         assert task.cancelled()

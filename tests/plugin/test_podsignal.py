@@ -12,7 +12,7 @@ from typing import Any
 
 from numa_device_plugin.kubelet_standin import KubeletStandIn
 from numa_device_plugin.plugin.config import Config
-from numa_device_plugin.plugin.poller import SIGNALLED_INTERVAL, CapacityPoller
+from numa_device_plugin.plugin.readschedule import SIGNALLED_INTERVAL, ReadSchedule
 from numa_device_plugin.topology.fake import SysfsTree
 from tests.plugin.test_capacity import R1, cpus_mode
 from tests.standin_helpers import ServeProcess, bound_port, eventually, wait_all_live
@@ -146,16 +146,14 @@ async def test_a_kubepods_folder_replaced_is_watched_again_after_the_next_regist
         assert await plugin.terminate() == 0
 
 
-def test_the_interval_is_a_backstop_only_while_the_signal_is_live(two_nodes: SysfsTree) -> None:
-    poller = CapacityPoller.__new__(CapacityPoller)
-    poller.config = Config(sysfs_root=two_nodes.root, pod_resources_interval=5.0)
+def test_the_interval_is_a_backstop_only_while_the_signal_is_live() -> None:
+    schedule = ReadSchedule(5.0)
     live = False
-    poller.signalled = lambda: live
-    assert poller.period() == 5.0
+    schedule.signalled = lambda: live
+    assert schedule.period() == 5.0
     live = True
-    assert poller.period() == SIGNALLED_INTERVAL
-    poller.config = Config(sysfs_root=two_nodes.root, pod_resources_interval=600.0)
-    assert poller.period() == 600.0, "a longer interval stays"
+    assert schedule.period() == SIGNALLED_INTERVAL
+    assert ReadSchedule(600.0).period() == 600.0, "a longer interval stays"
 
 
 async def test_the_kubepods_watch_starts_at_a_registration_and_never_after_stop(

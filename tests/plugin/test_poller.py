@@ -128,7 +128,7 @@ async def test_reads_far_apart_each_dial_anew_and_close_ones_share_a_connection(
     dial. Mutants: the connection always kept; closed with the answers (``close``)."""
     socket = sock_dir / "pr" / "kubelet.sock"
     poller = memory_poller(tmp_path, pod_resources_socket=socket, pod_resources_interval=interval)
-    poller.signalled = lambda: signalled
+    poller.schedule.signalled = lambda: signalled
     standin = KubeletStandIn(sock_dir / "dp", pod_resources_dir=sock_dir / "pr",
                              allocatable_cpus=range(8))  # fmt: skip
     async with standin:
