@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import operator
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -114,6 +116,21 @@ async def test_an_equal_answer_in_a_new_object_is_kept_so_the_next_read_is_told_
     assert compared[applied:] == [operator.eq], "unchanged reads compare by identity"
 
 
+@asynccontextmanager
+async def reading(tmp_path: Path, sock_dir: Path, interval: float) -> AsyncIterator[CapacityPoller]:
+    """A poller reading the pod resources API of a stand-in every ``interval`` seconds,
+    for the block; its connection closed after."""
+    socket = sock_dir / "pr" / "kubelet.sock"
+    poller = memory_poller(tmp_path, pod_resources_socket=socket, pod_resources_interval=interval)
+    standin = KubeletStandIn(sock_dir / "dp", pod_resources_dir=sock_dir / "pr",
+                             allocatable_cpus=range(8))  # fmt: skip
+    async with standin:
+        try:
+            yield poller
+        finally:
+            await poller.close()
+
+
 @pytest.mark.parametrize(("signalled", "interval", "kept"), [
     (True, 5.0, False),  # the kubepods watch live: reads 60 s apart
     (False, 30.0, False),
@@ -123,25 +140,18 @@ async def test_an_equal_answer_in_a_new_object_is_kept_so_the_next_read_is_told_
 async def test_reads_far_apart_each_dial_anew_and_close_ones_share_a_connection(
     tmp_path: Path, sock_dir: Path, signalled: bool, interval: float, kept: bool
 ) -> None:
-    """An idle grpc connection kept for a minute costs grpc's workers ~10 wakes a second
+    """An idle grpc connection kept for a minute costs grpc's workers ~20 wakes a second
     (sometimes); a dial ~2 ms. Reads of the same answer stay told by identity across a
     dial. Mutants: the connection always kept; closed with the answers (``close``)."""
-    socket = sock_dir / "pr" / "kubelet.sock"
-    poller = memory_poller(tmp_path, pod_resources_socket=socket, pod_resources_interval=interval)
-    poller.schedule.signalled = lambda: signalled
-    standin = KubeletStandIn(sock_dir / "dp", pod_resources_dir=sock_dir / "pr",
-                             allocatable_cpus=range(8))  # fmt: skip
-    async with standin:
-        try:
-            await poller.poll_once()
-            first = poller.view
-            assert first is not None
-            assert poller.client.connected is kept
-            await poller.poll_once()
-            assert poller.view is first
-            assert poller.client.connected is kept
-        finally:
-            await poller.close()
+    async with reading(tmp_path, sock_dir, interval) as poller:
+        poller.schedule.signalled = lambda: signalled
+        await poller.poll_once()
+        first = poller.view
+        assert first is not None
+        assert poller.client.connected is kept
+        await poller.poll_once()
+        assert poller.view is first
+        assert poller.client.connected is kept
 
 
 async def test_the_read_before_registering_keeps_no_connection(
@@ -150,18 +160,11 @@ async def test_the_read_before_registering_keeps_no_connection(
     """Even with reads close together: one kept from before the registrations to after
     them left grpc's workers waking ~20 times a second in 13 starts of 19. Mutant: the
     read before registering is an ordinary read."""
-    socket = sock_dir / "pr" / "kubelet.sock"
-    poller = memory_poller(tmp_path, pod_resources_socket=socket, pod_resources_interval=0.1)
-    standin = KubeletStandIn(sock_dir / "dp", pod_resources_dir=sock_dir / "pr",
-                             allocatable_cpus=range(8))  # fmt: skip
-    async with standin:
-        try:
-            await poller.read_before_registering()
-            first = poller.view
-            assert first is not None
-            assert not poller.client.connected
-            await poller.poll_once()
-            assert poller.view is first
-            assert poller.client.connected
-        finally:
-            await poller.close()
+    async with reading(tmp_path, sock_dir, 0.1) as poller:
+        await poller.read_before_registering()
+        first = poller.view
+        assert first is not None
+        assert not poller.client.connected
+        await poller.poll_once()
+        assert poller.view is first
+        assert poller.client.connected
