@@ -8,8 +8,11 @@ and, in a pod without a kubeconfig, the service account. Around it:
 - **one total deadline** for the whole command (:func:`total_deadline`, ``--timeout``):
   an interval timer raises :class:`DeadlinePassed` in the main thread wherever it
   waits (a kubeconfig that is a FIFO, DNS, TLS, a server dripping its answer, an
-  endless run of ``continue`` pages); each request also gets the time left as its
-  connect and read timeouts, and the client never retries;
+  endless run of ``continue`` pages); each request also ends within its own deadline
+  (the time left, or a plugin pod's ``--pod-timeout``), in any thread: the connect
+  counts against it, and a timer shuts its socket down at the deadline however slowly
+  the answer drips (:class:`~numa_device_plugin.ops.httpget.Cutoff`, raising
+  :class:`DeadlinePassed`); the client never retries;
 - a kubeconfig's ``exec`` plugin run by :mod:`.execcredential`, bounded and killed with
   its children at the deadline, its credential handed to the client in its place (the
   client itself runs no command);
@@ -35,6 +38,7 @@ from typing import Any
 from urllib.parse import quote
 
 from numa_device_plugin.ops.bounded import BoundError, one_line
+from numa_device_plugin.ops.httpget import Cutoff
 from numa_device_plugin.ops.yamlfile import read_yaml
 
 # Bytes of the kubeconfig.
@@ -178,8 +182,10 @@ class KubeApi:
 
     def _answer(self, path: str, deadline: Deadline | None = None) -> tuple[int, str, bytes]:
         """Status, reason and body (at most :data:`MAX_ANSWER` bytes) of GET ``path``
-        within ``deadline`` (default: the command's). Thread-safe: several threads may
-        read at once (the byte count of all answers is kept under a lock)."""
+        within ``deadline`` (default: the command's), connect included. Raises
+        :class:`DeadlinePassed` when the deadline ends it, :class:`ApiError` for no
+        answer otherwise or one over the caps. Thread-safe: several threads may read at
+        once (the byte count of all answers is kept under a lock)."""
         import urllib3
 
         deadline = deadline or self.deadline
@@ -190,29 +196,36 @@ class KubeApi:
         }
         self._client.update_params_for_auth(headers, [], ["BearerToken"], path, "GET", None)
         left = deadline.left()
-        try:
-            response = self._client.rest_client.pool_manager.request(
-                "GET", self.host + path, headers=headers, preload_content=False,
-                timeout=urllib3.Timeout(connect=left, read=left), retries=False,
-                redirect=False,
-            )  # fmt: skip
+        with Cutoff(left) as cutoff:
             try:
-                chunks: list[bytes] = []
-                size = 0
-                while chunk := response.read(65536):
-                    deadline.left()
-                    self.deadline.left()
-                    size += len(chunk)
-                    if size > MAX_ANSWER:
-                        raise ApiError(f"GET {path}: the answer is over {MAX_ANSWER} bytes")
-                    chunks.append(chunk)
-            finally:
-                response.release_conn()
-        except (urllib3.exceptions.HTTPError, OSError, ValueError) as exc:
-            raise ApiError(
-                f"GET {path}: cannot reach the API server at {self.host}: "
-                f"{type(exc).__name__}: {one_line(str(exc))}"
-            ) from None
+                response = self._client.rest_client.pool_manager.request(
+                    "GET", self.host + path, headers=headers, preload_content=False,
+                    # total: the connect counts (a SYN dropped by a full accept queue
+                    # is sent again 1 s later; the read then had all of ``left`` again).
+                    timeout=urllib3.Timeout(total=left), retries=False, redirect=False,
+                )  # fmt: skip
+                cutoff.watch(response.fileno())  # the body within it, however it drips
+                try:
+                    chunks: list[bytes] = []
+                    size = 0
+                    while chunk := response.read(65536):
+                        deadline.left()
+                        self.deadline.left()
+                        size += len(chunk)
+                        if size > MAX_ANSWER:
+                            raise ApiError(f"GET {path}: the answer is over {MAX_ANSWER} bytes")
+                        chunks.append(chunk)
+                finally:
+                    response.release_conn()
+            except (urllib3.exceptions.HTTPError, OSError, ValueError) as exc:
+                if cutoff.expired or time.monotonic() >= cutoff.end:
+                    raise DeadlinePassed from None
+                raise ApiError(
+                    f"GET {path}: cannot reach the API server at {self.host}: "
+                    f"{type(exc).__name__}: {one_line(str(exc))}"
+                ) from None
+            if cutoff.expired:  # a close-delimited body ended by the cut-off
+                raise DeadlinePassed
         with self._lock:
             self.total += size
             total = self.total

@@ -77,6 +77,11 @@ def json_api(answer: Answer, folder: Path) -> Iterator[Path]:
             pass
 
     class Server(ThreadingHTTPServer):
+        # Connections waiting to be accepted: socketserver's 5 overflowed when 16 reads
+        # start at once on a loaded machine, and each SYN dropped cost its read 1 s (the
+        # API server's Go listener takes the kernel's somaxconn).
+        request_queue_size = 128
+
         def handle_error(self, request: object, client_address: object) -> None:
             """A client that hung up before its answer was written (a request given up
             at its deadline on a loaded machine) is no error of the API server's: only

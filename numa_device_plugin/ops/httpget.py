@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import http.client
+import os
 import socket
 import ssl
 import threading
@@ -32,10 +33,13 @@ class Answer:
     body: bytes
 
 
-class _Cutoff:
-    """Shuts down every socket a connection opened once the deadline passes, through
-    duplicates of their descriptors (``http.client`` may have dropped or closed its own
-    reference by then)."""
+class Cutoff:
+    """A context manager that shuts down every socket it watches once ``deadline``
+    seconds have passed (a timer thread), through duplicates of their descriptors
+    (``http.client`` may have dropped or closed its own reference by then; a TLS
+    socket is shut through its TCP descriptor). A read blocked on a watched socket then
+    ends (an error or end of file) however its library loops over ``recv``: how a
+    dripping server is cut off. :attr:`expired` says the deadline did it."""
 
     def __init__(self, deadline: float) -> None:
         self.end = time.monotonic() + deadline
@@ -52,9 +56,11 @@ class _Cutoff:
             raise BoundError("deadline passed", timed_out=True)
         return left
 
-    def watch(self, sock: socket.socket) -> None:
+    def watch(self, descriptor: int) -> None:
+        """Shut the socket of ``descriptor`` down at the deadline (at once when it has
+        passed); a duplicate of the descriptor is kept until the block ends."""
         with self._lock:
-            self._watched.append(sock.dup())
+            self._watched.append(socket.socket(fileno=os.dup(descriptor)))
             if self.expired:
                 self._shut()
 
@@ -68,7 +74,7 @@ class _Cutoff:
             with contextlib.suppress(OSError):
                 sock.shutdown(socket.SHUT_RDWR)
 
-    def __enter__(self) -> _Cutoff:
+    def __enter__(self) -> Cutoff:
         self._timer.start()
         return self
 
@@ -82,13 +88,13 @@ class _Cutoff:
 
 class _Connection(http.client.HTTPConnection):
     """HTTP, or HTTPS when given a TLS context (checking ``server_name``, default the
-    host), whose sockets a :class:`_Cutoff` watches."""
+    host), whose sockets a :class:`Cutoff` watches."""
 
     def __init__(
         self,
         host: str,
         port: int,
-        cutoff: _Cutoff,
+        cutoff: Cutoff,
         context: ssl.SSLContext | None,
         server_name: str | None,
     ) -> None:
@@ -101,7 +107,7 @@ class _Connection(http.client.HTTPConnection):
         self.timeout = self._cutoff.remaining()
         super().connect()
         assert self.sock is not None
-        self._cutoff.watch(self.sock)
+        self._cutoff.watch(self.sock.fileno())
         if self._tls is not None:
             self.sock = self._tls.wrap_socket(self.sock, server_hostname=self._server_name)
 
@@ -124,7 +130,7 @@ def http_get(
     :class:`BoundError` (``timed_out`` when the deadline passed) for no whole answer:
     refused, broken off, too large, malformed."""
     where = f"{name} at {'https' if context else 'http'}://{host}:{port}"
-    with _Cutoff(deadline) as cutoff:
+    with Cutoff(deadline) as cutoff:
         conn = _Connection(host, port, cutoff, context, server_name)
         try:
             conn.request("GET", path, headers=dict(headers or {}))

@@ -9,6 +9,7 @@ import os
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -210,3 +211,72 @@ def test_the_total_deadline_puts_back_a_timer_set_before_it() -> None:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)
     assert fired == []
+
+
+def test_a_read_slow_to_connect_still_ends_at_its_own_deadline(tmp_path: Path) -> None:
+    """A read's deadline counts its connect. An API server whose accept queue is full
+    (a loaded machine) drops the SYN and the kernel sends it again 1 s later; the read
+    then once waited its whole deadline again after connecting, so a slow plugin pod's
+    read ran past ``devices``' --timeout (CI: ``not done within 12 s``)."""
+    listener = socket.create_server(("127.0.0.1", 0), backlog=0)
+    filler = socket.create_connection(listener.getsockname())  # the accept queue is full
+    accepted: list[float] = []
+    held: list[socket.socket] = []
+
+    def accept_late() -> None:
+        time.sleep(0.3)
+        held.append(listener.accept()[0])  # room for one: the read's next SYN gets in
+        held.append(listener.accept()[0])  # the read's connection, never answered
+        accepted.append(time.monotonic())
+
+    port = listener.getsockname()[1]
+    (tmp_path / "kubeconfig").write_text(kubeconfig_text(f"http://127.0.0.1:{port}"))
+    thread = threading.Thread(target=accept_late, daemon=True)
+    try:
+        with kubeapi.total_deadline(30) as total:
+            api = kubeapi.KubeApi(tmp_path / "kubeconfig", total)
+            thread.start()
+            started = time.monotonic()
+            with pytest.raises(kubeapi.DeadlinePassed):
+                api.get("/api/v1/namespaces/kube-system/pods/p:8080/proxy/debug/state",
+                        None, kubeapi.Deadline(2.0))  # fmt: skip
+            took = time.monotonic() - started
+            api.close()
+    finally:
+        for conn in [listener, filler, *held]:
+            conn.close()
+    assert accepted, "the read never connected"
+    assert accepted[0] - started > 0.8, "the premise: a connect slowed by 1 s"
+    assert took < 2.5, f"{took:.2f} s for a 2 s deadline"
+
+
+@pytest.mark.parametrize("thread", ["main", "reader"])
+def test_a_read_dripping_its_answer_ends_at_its_own_deadline(tmp_path: Path, thread: str) -> None:
+    """A plugin pod's read (``devices``, ``check``: in a reader thread, no SIGALRM)
+    ends at its own deadline however slowly its answer drips: the body was once read in
+    64 KiB blocks, the deadline checked between them, so a drip held the reader (and
+    the command, waiting for it) until the command's --timeout."""
+    caught: list[BaseException] = []
+
+    def read(api: kubeapi.KubeApi) -> None:
+        try:
+            api.get("/api/v1/namespaces/kube-system/pods/p:8080/proxy/debug/state",
+                    None, kubeapi.Deadline(1.0))  # fmt: skip
+        except BaseException as exc:  # DeadlinePassed is no Exception
+            caught.append(exc)
+
+    with raw_server(drip_after_close_head) as port:
+        (tmp_path / "kubeconfig").write_text(kubeconfig_text(f"http://127.0.0.1:{port}"))
+        with kubeapi.total_deadline(30) as total:
+            api = kubeapi.KubeApi(tmp_path / "kubeconfig", total)
+            started = time.monotonic()
+            if thread == "main":
+                read(api)
+            else:
+                reader = threading.Thread(target=read, args=(api,))
+                reader.start()
+                reader.join(20)
+            took = time.monotonic() - started
+            api.close()
+    assert [type(exc) for exc in caught] == [kubeapi.DeadlinePassed]
+    assert took < 2.5, f"{took:.2f} s for a 1 s deadline (the drip lasts 20 s)"
