@@ -66,6 +66,9 @@ LOAD_SENSITIVE = (
     "tests/topology/test_mount_tree.py",
     "tests/kubelet/test_kubepods.py",
     "tests/plugin/test_podsignal.py",
+    "tests/plugin/test_deferred_metrics.py",
+    "tests/ops/test_wakeups.py",
+    "tests/nodeconfig/test_apiclient.py",
 )
 
 
