@@ -37,7 +37,7 @@ READERS = 16
 PODS_PER_PAGE = 100
 # Seconds of the command's deadline kept for what comes after the reads (printing). Each
 # read ends by its own deadline, its connect and a dripping answer included (KubeApi);
-# twice a read that did not (a connect slowed 1 s by a full accept queue) overran this.
+# a read that did not (a connect slowed 1 s by a full accept queue) overran it on CI.
 RESERVE = 1.0
 # Seconds one pod's read may take at most (a plugin answers in milliseconds; a pod that
 # does not answer within this is named, and waits for it end here, not at --timeout).
