@@ -27,6 +27,9 @@ from numa_device_plugin.api.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
 from numa_device_plugin.api.podresources.v1 import api_pb2 as pr_pb2
 
 DEVICES = 100
+# Register calls per server at most, and seconds between them, while kubelet.sock refuses.
+REGISTER_ATTEMPTS = 1000
+REGISTER_RETRY = 0.01
 # How the benchmarks name this plugin in their tables.
 FLOOR = "floor (empty grpc.aio plugin)"
 
@@ -64,9 +67,21 @@ async def serve(socket_dir: Path, resources: list[str]) -> list[grpc.aio.Server]
         api_pb2_grpc.add_DevicePluginServicer_to_server(Servicer(), server)
         server.add_insecure_port(f"unix://{socket_dir / endpoint}")
         await server.start()
-        async with grpc.aio.insecure_channel(f"unix://{socket_dir / 'kubelet.sock'}") as channel:
-            await api_pb2_grpc.RegistrationStub(channel).Register(api_pb2.RegisterRequest(
-                version="v1beta1", endpoint=endpoint, resource_name=resource))  # fmt: skip
+        request = api_pb2.RegisterRequest(version="v1beta1", endpoint=endpoint,
+                                          resource_name=resource)  # fmt: skip
+        for attempt in range(REGISTER_ATTEMPTS):
+            try:
+                async with grpc.aio.insecure_channel(f"unix://{socket_dir / 'kubelet.sock'}") as ch:
+                    await api_pb2_grpc.RegistrationStub(ch).Register(request)
+                break
+            except grpc.aio.AioRpcError as exc:
+                # kubelet.sock refused: it exists a moment before its kubelet listens, and
+                # a restarting kubelet's old one a moment after it stopped (CI: the floor
+                # exited, and the re-registration benchmark with it). As any plugin must,
+                # try again; a new channel each time (a channel's own backoff is 1 s).
+                if exc.code() != grpc.StatusCode.UNAVAILABLE or attempt + 1 == REGISTER_ATTEMPTS:
+                    raise
+                await asyncio.sleep(REGISTER_RETRY)
         return server
 
     return list(await asyncio.gather(*(one(i, r) for i, r in enumerate(resources))))

@@ -6,7 +6,11 @@ tests check behaviour: the soak's end state, and that each benchmark runs.
 
 from __future__ import annotations
 
+import asyncio
 import json
+import socket
+import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -187,3 +191,32 @@ def test_the_drift_benchmark_refuses_bad_flags_with_usage(
         drift.main(args)
     assert exit_info.value.code == 2
     assert "usage:" in capsys.readouterr().err
+
+
+async def test_the_floor_plugin_registers_once_a_refusing_kubelet_sock_listens(
+    tmp_path: Path,
+) -> None:
+    """kubelet.sock exists a moment before its kubelet listens (and a stopped kubelet's
+    a moment after): a Register refused then once made the floor plugin exit, and the
+    re-registration benchmark with it (CI). Like any plugin, it tries again."""
+    from benchmarks.floor import argv
+    from numa_device_plugin.kubelet_standin import KubeletStandIn
+    from tests.conftest import REPO
+
+    socket_dir = tmp_path / "dp"
+    socket_dir.mkdir()
+    refusing = socket.socket(socket.AF_UNIX)
+    refusing.bind(str(socket_dir / "kubelet.sock"))  # bound, never listening: refused
+    floor = subprocess.Popen(argv(socket_dir, ["numa-align/numa-0"]), cwd=REPO,
+                             stderr=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        await asyncio.sleep(0.5)
+        assert floor.poll() is None, floor.communicate()[1]
+        refusing.close()
+        (socket_dir / "kubelet.sock").unlink()
+        async with KubeletStandIn(socket_dir) as kubelet:
+            await kubelet.wait_until(lambda: kubelet.live("numa-align/numa-0"), 20)
+    finally:
+        refusing.close()
+        floor.terminate()
+        floor.communicate(timeout=20)
