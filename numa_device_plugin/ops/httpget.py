@@ -3,7 +3,9 @@ total deadline that nothing extends, with an answer cap (:func:`http_get`; the A
 server's Node read, the ``health`` command). A timer shuts the connection's socket down
 through a duplicate of its descriptor, so the cut-off holds however :mod:`http.client`
 passes the socket around (it drops its own reference in ``getresponse()`` when the
-server says ``Connection: close``). The other bounded reads are in
+server says ``Connection: close``); that timer, :class:`Cutoff`, also bounds the
+``kubectl numa`` commands' reads through the ``kubernetes`` client
+(:mod:`numa_device_plugin.cluster.kubeapi`). The other bounded reads are in
 :mod:`numa_device_plugin.ops.bounded`.
 """
 
