@@ -404,8 +404,8 @@ async def locality(pci: int, block: int, runs: int, mounts: int = 200) -> list[F
     import tempfile
 
     from numa_device_plugin.plugin.config import Config
-    from numa_device_plugin.plugin.devices import parse_near
     from numa_device_plugin.plugin.discovery import discover, look_key
+    from numa_device_plugin.plugin.near import parse_near
     from numa_device_plugin.topology.locality import read_inventory
     from numa_device_plugin.topology.mounts import read_mount_table
     from numa_device_plugin.topology.selectors import parse_selector, select

@@ -25,10 +25,9 @@ from numa_device_plugin.plugin.config import config_from_params as config_from_p
 from numa_device_plugin.plugin.devices import (
     DEFAULT_CAPACITY,
     DEFAULT_RESOURCE_PREFIX,
-    merge_near,
-    parse_near,
     validate_resource_prefix,
 )
+from numa_device_plugin.plugin.near import merge_near, parse_near
 
 if TYPE_CHECKING:
     from numa_device_plugin.plugin.config import Config

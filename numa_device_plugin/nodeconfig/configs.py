@@ -123,9 +123,9 @@ def _text(convert: Callable[[str], Any]) -> Callable[[Any], Any]:
 def _near(value: Any) -> tuple[Any, ...]:
     """``near:``, a mapping NAME -> SELECTOR (``{data-disk: "serial:S3EV"}``), or NAME ->
     a list of selectors that must all agree (``{osd: [path:/var/lib/ceph, net:ens1]}``),
-    as the tuple of :class:`~numa_device_plugin.plugin.devices.Near` that ``--near``
+    as the tuple of :class:`~numa_device_plugin.plugin.near.Near` that ``--near``
     gives."""
-    from numa_device_plugin.plugin.devices import merge_near, parse_near
+    from numa_device_plugin.plugin.near import merge_near, parse_near
 
     if not isinstance(value, dict):
         raise ValueError(f"expected a mapping of NAME: SELECTOR, got {_shown(value)}")

@@ -19,11 +19,10 @@ from numa_device_plugin.plugin.devices import (
     DEFAULT_CAPACITY,
     DEFAULT_RESOURCE_PREFIX,
     Capacity,
-    Near,
-    check_near,
     validate_capacity,
     validate_resource_prefix,
 )
+from numa_device_plugin.plugin.near import Near, check_near
 from numa_device_plugin.topology.memory import ReservedMemory
 
 DEFAULT_SOCKET_DIR = Path("/var/lib/kubelet/device-plugins")

@@ -18,7 +18,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from numa_device_plugin.plugin.ids import cpu_device_id as cpu_device_id
 from numa_device_plugin.plugin.ids import device_id as device_id
@@ -33,7 +33,9 @@ from numa_device_plugin.topology.memory import (
     resource_suffix,
 )
 from numa_device_plugin.topology.numa import NodePlan
-from numa_device_plugin.topology.selectors import Selector, parse_selector
+
+if TYPE_CHECKING:
+    from numa_device_plugin.plugin.near import Near
 
 DEFAULT_RESOURCE_PREFIX = "numa-align"
 DEFAULT_CAPACITY = 100
@@ -68,43 +70,6 @@ class Device:
 
 
 @dataclass(frozen=True)
-class Near:
-    """A resource that follows a device (``--near data-disk=serial:S3EV``): ``name``
-    (the part after the prefix, ``data-disk``) and the ``selector`` of the device;
-    ``also``: more selectors given for the same name, which must *all* agree (a data
-    path and a NIC: the resource goes to the NUMA nodes every one of them covers)."""
-
-    name: str
-    selector: Selector
-    also: tuple[Selector, ...] = ()
-
-    @property
-    def selectors(self) -> tuple[Selector, ...]:
-        return (self.selector, *self.also)
-
-    def flags(self) -> list[str]:
-        """As ``NAME=SELECTOR`` arguments of ``--near``, one per selector."""
-        return [f"{self.name}={selector}" for selector in self.selectors]
-
-    def __str__(self) -> str:
-        return f"{self.name}=" + " & ".join(map(str, self.selectors))
-
-
-def merge_near(entries: Iterable[Near]) -> tuple[Near, ...]:
-    """``--near`` entries with one name given several times as one :class:`Near` whose
-    selectors must all agree, in the order the names first came; a selector repeated
-    for a name counts once."""
-    merged: dict[str, Near] = {}
-    for entry in entries:
-        found = merged.get(entry.name)
-        if found is None:
-            merged[entry.name] = entry
-        elif entry.selector not in found.selectors:
-            merged[entry.name] = Near(found.name, found.selector, (*found.also, entry.selector))
-    return tuple(merged.values())
-
-
-@dataclass(frozen=True)
 class Resource:
     """One extended resource (``numa-align/numa-<node_id>``) served by one device plugin.
 
@@ -113,12 +78,14 @@ class Resource:
     a memory resource (``numa-align/numa-1-memory``, ``--memory-unit``), the pool
     its devices stand for; None for the NUMA node's CPU (or slot) resource.
     ``near``: for a resource that follows a device (``numa-align/data-disk``), its
-    :class:`Near`; its devices then lie on each of ``near_nodes`` (the selected
-    device's NUMA nodes, sorted), each device's TopologyInfo naming its own node,
-    ``node_id`` is the first of them, and ``near_devices`` says which devices are on
-    each node (:attr:`~numa_device_plugin.topology.selectors.Selection.by_node`), for
-    the container's :func:`near_env` variable; ``lost``: why its device is gone since it
-    was served (it is kept, every device Unhealthy: :mod:`.nearhealth`), else None.
+    :class:`~numa_device_plugin.plugin.near.Near`; its devices then lie on each of
+    ``near_nodes`` (the selected device's NUMA nodes, sorted), each device's
+    TopologyInfo naming its own node, ``node_id`` is the first of them, and
+    ``near_devices`` says which devices are on each node
+    (:attr:`~numa_device_plugin.topology.selectors.Selection.by_node`), for the
+    container's :func:`~numa_device_plugin.plugin.near.near_env` variable; ``lost``: why
+    its device is gone since it was served (it is kept, every device Unhealthy:
+    :mod:`.nearhealth`), else None.
     """
 
     name: str
@@ -154,30 +121,30 @@ def validate_extended_resource_name(name: str) -> None:
     """
     if "/" not in name:
         raise ValueError(
-            f"{_shown(name)} has no domain: extended resource names look like domain/name"
+            f"{quoted(name)} has no domain: extended resource names look like domain/name"
         )
     if "kubernetes.io/" in name:
         raise ValueError(
-            f"{_shown(name)} is in the kubernetes.io domain, reserved for native resources"
+            f"{quoted(name)} is in the kubernetes.io domain, reserved for native resources"
         )
     if name.startswith(_REQUESTS_PREFIX):
-        raise ValueError(f"{_shown(name)} must not start with {_REQUESTS_PREFIX!r}")
+        raise ValueError(f"{quoted(name)} must not start with {_REQUESTS_PREFIX!r}")
     domain, _, part = (_REQUESTS_PREFIX + name).partition("/")
     if "/" in part:
-        raise ValueError(f"{_shown(name)} has more than one '/'")
+        raise ValueError(f"{quoted(name)} has more than one '/'")
     if len(domain) > 253 or not _DNS1123_SUBDOMAIN.match(domain):
         raise ValueError(
-            f"{_shown(name)}: domain {_shown(domain.removeprefix(_REQUESTS_PREFIX))} must be a "
+            f"{quoted(name)}: domain {quoted(domain.removeprefix(_REQUESTS_PREFIX))} must be a "
             "lowercase DNS subdomain (a-z, 0-9, '-', '.'; at most 244 characters)"
         )
     if len(part) > 63 or not _QUALIFIED_NAME_PART.match(part):
         raise ValueError(
-            f"{_shown(name)}: name part {_shown(part)} must be 1-63 characters of A-Z, a-z, "
+            f"{quoted(name)}: name part {quoted(part)} must be 1-63 characters of A-Z, a-z, "
             "0-9, '-', '_', '.', starting and ending with a letter or digit"
         )
 
 
-def _shown(text: str) -> str:
+def quoted(text: str) -> str:
     """``repr(text)`` for an error message, cut to 80 characters with the length said
     (a 120 KB name echoed whole made a 240 KB usage error)."""
     if len(text) <= 80:
@@ -197,78 +164,6 @@ def validate_resource_prefix(prefix: str) -> str:
     """
     validate_extended_resource_name(resource_name(prefix, 0))
     return prefix
-
-
-# Names of the NUMA-node resources (numa-1, numa-1-memory, numa-1-hugepages-2Mi): a
-# near resource may not take one.
-_NUMA_NAME = re.compile(r"numa-[0-9]")
-
-
-def validate_near_name(prefix: str, name: str) -> str:
-    """Return ``name`` when ``<prefix>/<name>`` is a valid extended resource name that
-    is not one of the NUMA-node names (``numa-<id>...``). Raises ValueError."""
-    if "/" in name:
-        raise ValueError(f"{_shown(name)}: give the name without the prefix ({prefix}/ is added)")
-    if _NUMA_NAME.match(name):
-        raise ValueError(f"{_shown(name)} would collide with the NUMA-node resources numa-<id>...")
-    validate_extended_resource_name(f"{prefix}/{name}")
-    return name
-
-
-def parse_near(text: str) -> Near:
-    """``NAME=SELECTOR`` (``data-disk=serial:S3EV``) -> :class:`Near`. Raises ValueError
-    naming the fault (no ``=``, a bad name for the default prefix, a bad selector); the
-    name is checked again against the configured prefix by :class:`Config`."""
-    name, sep, selector = text.partition("=")
-    name = name.strip()
-    if not sep or not name:
-        raise ValueError(f"{_shown(text)} is not NAME=SELECTOR (e.g. data-disk=serial:S3EV)")
-    validate_near_name(DEFAULT_RESOURCE_PREFIX, name)
-    return Near(name, parse_selector(selector))
-
-
-# Resources that follow a device, at most: each is a gRPC server, a socket and a
-# registration of its own; real servers name a few (data disk, NIC, accelerator).
-MAX_NEAR = 64
-# Selectors that must all agree for one resource (a data path, a NIC, an accelerator).
-MAX_ALL_OF = 8
-
-
-def near_env(name: str) -> str:
-    """The variable Allocate sets in a container holding ``<prefix>/<name>``:
-    ``NUMA_NEAR_`` and the name in upper case, each character but a letter or digit an
-    underscore (``data-disk`` -> ``NUMA_NEAR_DATA_DISK``); its value lists the devices
-    on the NUMA node(s) allocated, comma-separated."""
-    return "NUMA_NEAR_" + re.sub(r"[^A-Z0-9]", "_", name.upper())
-
-
-def check_near(prefix: str, near: Iterable[Near]) -> None:
-    """Raise ValueError when a name is invalid under ``prefix``, given twice or the same
-    as another's once made a variable (:func:`near_env`), or when there are more than
-    :data:`MAX_NEAR` (or a name has more than :data:`MAX_ALL_OF` selectors)."""
-    entries = list(near)
-    if len(entries) > MAX_NEAR:
-        raise ValueError(
-            f"{len(entries)} resources that follow a device (--near, NUMA_NEAR or near:): "
-            f"at most {MAX_NEAR}"
-        )
-    seen: dict[str, str] = {}
-    for entry in entries:
-        validate_near_name(prefix, entry.name)
-        if entry.name in seen.values():
-            raise ValueError(f"near resource {_shown(entry.name)} is given twice")
-        variable = near_env(entry.name)
-        if variable in seen:
-            raise ValueError(
-                f"near resources {_shown(seen[variable])} and {_shown(entry.name)} would both "
-                f"set {variable} in their containers: rename one"
-            )
-        seen[variable] = entry.name
-        if len(entry.selectors) > MAX_ALL_OF:
-            raise ValueError(
-                f"near resource {_shown(entry.name)}: {len(entry.selectors)} selectors, at "
-                f"most {MAX_ALL_OF}"
-            )
 
 
 def validate_capacity(capacity: Capacity) -> Capacity:
@@ -360,8 +255,8 @@ def build_resources(
 ) -> Mapping[str, Resource]:
     """One resource per advertised NUMA node, keyed by resource name, in NUMA id order,
     and with ``memory_unit`` (bytes) its memory resources after it; then, per ``near``
-    entry (a :class:`Near` and the NUMA nodes its device sits on), its resource on
-    those of the nodes that are advertised (none: no resource).
+    entry (a :class:`~numa_device_plugin.plugin.near.Near` and the NUMA nodes its device
+    sits on), its resource on those of the nodes that are advertised (none: no resource).
 
     In ``cpus`` mode a node's devices are its usable CPUs minus ``reserved_cpus``
     (the starting point; the kubelet's pod resources API refines it live).

@@ -4,6 +4,13 @@ The first stage of the one-way flow sysfs -> topology -> devices -> servicers ->
 registration: :func:`discover` reads the topology (:mod:`.topology`), decides which
 NUMA nodes to advertise, builds each resource's devices (:mod:`.devices`) and logs
 the plan. It is called at start and on every reload (SIGHUP).
+
+At start, when no resource follows a device, the devices (PCI devices, disks, NICs: the
+node page's inventory and details) are not needed to register and are read after
+(:func:`discover` with ``devices=False``, then :func:`read_devices`): a server with a
+thousand PCI devices registers without waiting for a third of a second of reading. The
+device selectors (:mod:`~numa_device_plugin.topology.selectors`), the mount table and
+the details are imported when first used.
 """
 
 from __future__ import annotations
@@ -11,27 +18,23 @@ from __future__ import annotations
 import os
 from collections.abc import Hashable, Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import structlog
 
 from numa_device_plugin.ops.bounded import BoundError, read_file
 from numa_device_plugin.plugin.config import Config
-from numa_device_plugin.plugin.devices import Near, Resource, build_resources
+from numa_device_plugin.plugin.devices import Resource, build_resources
+from numa_device_plugin.plugin.near import Near
 from numa_device_plugin.plugin.nearmemory import near_memory
 from numa_device_plugin.topology import sysfs
-from numa_device_plugin.topology.details import details
 from numa_device_plugin.topology.locality import Inventory, read_inventory
 from numa_device_plugin.topology.memory import format_quantity
-from numa_device_plugin.topology.mounts import MAX_TABLE_BYTES, MountTable, read_mount_table
 from numa_device_plugin.topology.numa import NodePlan, plan_nodes, read_topology, topology_warnings
-from numa_device_plugin.topology.selectors import (
-    MAX_NAMED,
-    PATH_KINDS,
-    Selection,
-    all_of,
-    select,
-)
+
+if TYPE_CHECKING:
+    from numa_device_plugin.topology.mounts import MountTable
+    from numa_device_plugin.topology.selectors import Selection
 
 log = structlog.get_logger(__name__)
 
@@ -56,7 +59,9 @@ class Discovery:
     """What one look at sysfs yields: the per-node plan, the resources to serve, the
     devices with their NUMA locality (``inventory``), the plan of each resource that
     follows a device (``near``, in the order given) and ``details``: each disk's, NIC's
-    and accelerator's ids (:func:`~numa_device_plugin.topology.details.details`)."""
+    and accelerator's ids (:func:`~numa_device_plugin.topology.details.details`).
+    ``devices_read`` False: a first look that left the devices out (``inventory`` empty,
+    ``details`` None) until :func:`read_devices`."""
 
     plans: tuple[NodePlan, ...]
     resources: Mapping[str, Resource]
@@ -64,6 +69,7 @@ class Discovery:
     near: tuple[NearPlan, ...] = ()
     # What a selector can name, per device (topology.details.details); not compared.
     details: Mapping[str, list[dict[str, Any]]] | None = field(default=None, compare=False)
+    devices_read: bool = field(default=True, compare=False)
 
 
 def near_document(entry: NearPlan) -> dict[str, object]:
@@ -93,6 +99,10 @@ def plan_near(
     ``mounts``, the host's mount table) and the advertised NUMA nodes it covers; pure.
     A selection on NUMA nodes none of which is advertised (a memory-only node, all
     CPUs offline) advertises nothing, and says so."""
+    if not config.near:
+        return ()
+    from numa_device_plugin.topology.selectors import all_of, select
+
     advertised = {plan.node.id for plan in plans if plan.advertised}
     found = []
     for near in config.near:
@@ -135,7 +145,9 @@ def look_key(config: Config) -> Hashable:
         except OSError as exc:
             folders.append((("error", str(exc)),))  # as read_inventory sees it: empty
     mounts: bytes | str = b""
-    if any(one.kind in PATH_KINDS for entry in config.near for one in entry.selectors):
+    if _selects_paths(config):
+        from numa_device_plugin.topology.mounts import MAX_TABLE_BYTES
+
         try:  # as read_mount_table reads it: a FIFO never blocks, a huge table is refused
             mounts = read_file(config.mount_table, MAX_TABLE_BYTES)
         except BoundError as exc:
@@ -143,10 +155,23 @@ def look_key(config: Config) -> Hashable:
     return (read_topology(config.sysfs_root), tuple(folders), mounts)
 
 
-def discover(config: Config, *, quiet: bool = False) -> Discovery:
+def _selects_paths(config: Config) -> bool:
+    """Whether a ``config.near`` selector is a ``path:`` or ``path-below:`` one (the
+    mount table is read at every look)."""
+    if not config.near:
+        return False
+    from numa_device_plugin.topology.selectors import PATH_KINDS
+
+    return any(one.kind in PATH_KINDS for entry in config.near for one in entry.selectors)
+
+
+def discover(config: Config, *, quiet: bool = False, devices: bool = True) -> Discovery:
     """Read the topology under ``config.sysfs_root`` and build the resources; log the plan.
     ``quiet`` (the device watch's looks, every ``--device-interval``): no log lines and
     no ``details`` (they are read again, loud, only when something changed).
+    ``devices`` False (serve's first look): when no resource follows a device, the
+    devices are left out (``devices_read`` False), for :func:`read_devices` once the
+    resources are registered.
 
     Raises :class:`~numa_device_plugin.topology.sysfs.SysfsError` (or its subclass
     ``SysfsFormatError``, naming the file and content) when sysfs cannot be read,
@@ -154,9 +179,12 @@ def discover(config: Config, *, quiet: bool = False) -> Discovery:
     """
     topology = read_topology(config.sysfs_root)
     plans = plan_nodes(topology, include_cpuless=config.include_cpuless_nodes)
-    inventory = read_inventory(config.sysfs_root)
+    devices = devices or bool(config.near)  # a near resource lies where its devices are
+    inventory = read_inventory(config.sysfs_root) if devices else Inventory()
     mounts = None  # read only for path: selectors, at every look (a disk may move)
-    if any(one.kind in PATH_KINDS for entry in config.near for one in entry.selectors):
+    if _selects_paths(config):
+        from numa_device_plugin.topology.mounts import read_mount_table
+
         mounts = read_mount_table(config.mount_table, config.sysfs_root)
     near = plan_near(config, plans, inventory, mounts)
     resources = build_resources(
@@ -180,6 +208,46 @@ def discover(config: Config, *, quiet: bool = False) -> Discovery:
         resources.update(near_memory(resources))
     if quiet:
         return Discovery(plans=plans, resources=resources, inventory=inventory, near=near)
+    _log_plan(plans, near)
+    for warning in (*topology.warnings, *topology_warnings(plans)):
+        log.warning(warning)
+    _log_inventory_warnings(inventory)  # none when the devices were left out
+    if not resources:
+        log.error("no NUMA node can be advertised; serving nothing until the next reload")
+    if not devices:
+        return Discovery(plans=plans, resources=resources, near=near, devices_read=False)
+    return Discovery(plans=plans, resources=resources, inventory=inventory, near=near,
+                     details=_details(config, inventory, mounts))  # fmt: skip
+
+
+def read_devices(config: Config, discovery: Discovery) -> Discovery:
+    """``discovery`` with the devices its first look left out (``devices_read`` False)
+    read: the inventory (its warnings logged, as :func:`discover` logs them) and the
+    details. Blocking (sysfs reads, off the event loop); raises nothing for sysfs
+    content (:func:`~numa_device_plugin.topology.locality.read_inventory` and the
+    mount table's read warn instead)."""
+    inventory = read_inventory(config.sysfs_root)
+    _log_inventory_warnings(inventory)
+    details = _details(config, inventory, None)
+    return replace(discovery, inventory=inventory, details=details, devices_read=True)
+
+
+def _details(
+    config: Config, inventory: Inventory, mounts: MountTable | None
+) -> Mapping[str, list[dict[str, Any]]]:
+    """Each device's ids (:func:`~numa_device_plugin.topology.details.details`), with
+    each disk's mount points (``mounts``, read here when None)."""
+    from numa_device_plugin.topology.details import details
+    from numa_device_plugin.topology.mounts import read_mount_table
+
+    if mounts is None:
+        mounts = read_mount_table(config.mount_table, config.sysfs_root)
+    return details(config.sysfs_root, inventory, mounts)
+
+
+def _log_plan(plans: tuple[NodePlan, ...], near: tuple[NearPlan, ...]) -> None:
+    """One line per NUMA node (advertised or not, and why) and per resource that
+    follows a device."""
     for plan in plans:
         node = plan.node
         fields = {
@@ -195,6 +263,10 @@ def discover(config: Config, *, quiet: bool = False) -> Discovery:
             log.info("advertising NUMA node", **fields)
         else:
             log.warning("not advertising NUMA node", **fields)
+    if not near:
+        return
+    from numa_device_plugin.topology.selectors import MAX_NAMED
+
     for entry in near:
         cut = [node for node, names in entry.selection.by_node if len(names) >= MAX_NAMED]
         if entry.reason is None and cut and entry.selection.count > MAX_NAMED:
@@ -219,13 +291,11 @@ def discover(config: Config, *, quiet: bool = False) -> Discovery:
                 resource=entry.resource,
                 reason=entry.reason,
             )
-    for warning in (*topology.warnings, *topology_warnings(plans), *inventory.warnings[:20]):
+
+
+def _log_inventory_warnings(inventory: Inventory) -> None:
+    """The inventory's warnings (odd sysfs content), the first 20 and a count."""
+    for warning in inventory.warnings[:20]:
         log.warning(warning)
     if len(inventory.warnings) > 20:
         log.warning(f"... and {len(inventory.warnings) - 20} more warnings about devices")
-    if not resources:
-        log.error("no NUMA node can be advertised; serving nothing until the next reload")
-    if mounts is None:  # each disk's mount points, in the inventory
-        mounts = read_mount_table(config.mount_table, config.sysfs_root)
-    return Discovery(plans=plans, resources=resources, inventory=inventory, near=near,
-                     details=details(config.sysfs_root, inventory, mounts))  # fmt: skip

@@ -20,7 +20,8 @@ import grpc
 import structlog
 
 from numa_device_plugin.api.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
-from numa_device_plugin.plugin.devices import Device, Resource, near_env
+from numa_device_plugin.plugin.devices import Device, Resource
+from numa_device_plugin.plugin.near import near_env
 from numa_device_plugin.plugin.recorder import NullRecorder, Recorder
 from numa_device_plugin.topology import sysfs
 

@@ -31,13 +31,12 @@ from numa_device_plugin.plugin.devices import (
     CPUS,
     HEALTHY,
     UNHEALTHY,
-    Near,
     Resource,
     build_resource,
     near_resource,
-    parse_near,
 )
 from numa_device_plugin.plugin.discovery import discover
+from numa_device_plugin.plugin.near import Near, parse_near
 from numa_device_plugin.plugin.poller import CapacityPoller
 from numa_device_plugin.plugin.recorder import NullRecorder
 from numa_device_plugin.topology.fake import DeviceTree, SysfsTree

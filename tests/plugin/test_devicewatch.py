@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 
 from numa_device_plugin.plugin.config import Config
-from numa_device_plugin.plugin.devices import parse_near
 from numa_device_plugin.plugin.devicewatch import DeviceWatch, changed, differs
 from numa_device_plugin.plugin.discovery import Discovery, discover
+from numa_device_plugin.plugin.near import parse_near
 from numa_device_plugin.topology.fake import DeviceTree, SysfsTree
 from numa_device_plugin.topology.sysfs import SysfsFormatError
 
@@ -241,7 +241,7 @@ async def test_a_read_that_keeps_failing_is_logged_once_and_again_when_it_change
 def test_the_mount_table_is_read_for_a_path_selector_anywhere_in_an_all_of_list(
     tmp_path: Path,
 ) -> None:
-    from numa_device_plugin.plugin.devices import merge_near
+    from numa_device_plugin.plugin.near import merge_near
 
     tree, table = mounted_machine(tmp_path / "sys")
     DeviceTree(tree.root).nic("ens1", "0000:41:00.0")

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from numa_device_plugin.plugin.config import Config
-from numa_device_plugin.plugin.devices import parse_near
 from numa_device_plugin.plugin.discovery import discover, plan_near
+from numa_device_plugin.plugin.near import parse_near
 from numa_device_plugin.topology.fake import DeviceTree, SysfsTree
 from numa_device_plugin.topology.locality import read_inventory
 from numa_device_plugin.topology.numa import NodePlan, NumaNode
@@ -101,7 +101,7 @@ def test_several_selectors_for_one_name_go_where_all_of_them_agree(
     nodes: tuple[int, ...],
     reason: str | None,
 ) -> None:
-    from numa_device_plugin.plugin.devices import merge_near
+    from numa_device_plugin.plugin.near import merge_near
 
     DeviceTree(root).pci("0000:82:00.0", 1, "0x020700")
     DeviceTree(root).nic("ib0", "0000:82:00.0")

@@ -782,7 +782,7 @@ async def test_the_manager_reports_each_near_resources_numa_nodes_to_the_metrics
     two_nodes: SysfsTree, sock_dir: Path
 ) -> None:
     """Mutant: ``recorder.near({})``: numa_device_plugin_near_* never reported."""
-    from numa_device_plugin.plugin.devices import parse_near
+    from numa_device_plugin.plugin.near import parse_near
     from numa_device_plugin.topology.fake import DeviceTree
 
     devices = DeviceTree(two_nodes.root)
@@ -801,7 +801,7 @@ async def test_a_disk_that_moves_is_followed_without_a_restart_or_other_registra
     """Hotplug: the disk under a near resource is replaced by one on the other node
     (then taken away): with --device-interval the resource follows it, and only it
     registers again; nothing registers while nothing changes."""
-    from numa_device_plugin.plugin.devices import parse_near
+    from numa_device_plugin.plugin.near import parse_near
     from numa_device_plugin.topology.fake import DeviceTree
 
     devices = DeviceTree(two_nodes.root)

@@ -9,15 +9,9 @@ from dataclasses import replace
 import pytest
 
 from numa_device_plugin.kubelet.view import Holder, KubeletView
-from numa_device_plugin.plugin.devices import (
-    HEALTHY,
-    UNHEALTHY,
-    Device,
-    Resource,
-    build_resource,
-    parse_near,
-)
+from numa_device_plugin.plugin.devices import HEALTHY, UNHEALTHY, Device, Resource, build_resource
 from numa_device_plugin.plugin.discovery import Discovery, NearPlan
+from numa_device_plugin.plugin.near import parse_near
 from numa_device_plugin.plugin.nearhealth import keep_lost, with_left_behind
 from numa_device_plugin.topology.selectors import Selection
 

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from numa_device_plugin.plugin.config import Config
-from numa_device_plugin.plugin.devices import parse_near
 from numa_device_plugin.plugin.discovery import discover
+from numa_device_plugin.plugin.near import parse_near
 from numa_device_plugin.plugin.nearmemory import near_memory
 from numa_device_plugin.topology.fake import DeviceTree, SysfsTree
 

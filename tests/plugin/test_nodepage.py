@@ -468,8 +468,8 @@ def test_the_page_of_a_machine_with_memory_tiers_in_chromium(
 def near_state() -> PluginState:
     """Node 1 holds an NVMe disk and a GPU, node 0 a NIC; data-disk follows the disk
     (node 1), md follows a RAID over both nodes, gone matches nothing."""
-    from numa_device_plugin.plugin.devices import Near
     from numa_device_plugin.plugin.discovery import NearPlan
+    from numa_device_plugin.plugin.near import Near
     from numa_device_plugin.topology.locality import Inventory, Located
     from numa_device_plugin.topology.pci import PciDevice
     from numa_device_plugin.topology.selectors import Selection, parse_selector
@@ -587,7 +587,7 @@ def test_the_near_table_shows_the_advertised_nodes_and_a_dash_for_none() -> None
 
 def test_debug_state_shows_the_near_flags_in_its_configuration() -> None:
     """Mutant: /debug/state dropped --near from its configuration."""
-    from numa_device_plugin.plugin.devices import parse_near
+    from numa_device_plugin.plugin.near import parse_near
 
     near = (parse_near("data-disk=serial:S1"), parse_near("nic=net:ib0"))
     document = debug_document(state(VIEW, config=Config(capacity=CPUS, near=near)))

@@ -15,7 +15,8 @@ import pytest
 from numa_device_plugin.api.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
 from numa_device_plugin.kubelet.grpcserver import UnixSocketServer
 from numa_device_plugin.kubelet_standin import KubeletStandIn
-from numa_device_plugin.plugin.devices import UNHEALTHY, Near, Resource, build_resource
+from numa_device_plugin.plugin.devices import UNHEALTHY, Resource, build_resource
+from numa_device_plugin.plugin.near import Near
 from numa_device_plugin.plugin.servicer import NumaDevicePluginServicer
 from numa_device_plugin.topology.fake import SysfsTree
 from numa_device_plugin.topology.selectors import parse_selector
@@ -311,7 +312,8 @@ async def test_allocate_of_a_near_resource_names_the_node_of_the_devices_given(
     """A resource that follows a device on NUMA nodes 0 and 1: each container's
     NUMA_NODE is the node of the devices it got (both, comma-separated, when a policy
     that does not align gave it devices of both)."""
-    from numa_device_plugin.plugin.devices import Near, near_resource
+    from numa_device_plugin.plugin.devices import near_resource
+    from numa_device_plugin.plugin.near import Near
     from numa_device_plugin.topology.numa import NodePlan, NumaNode
     from numa_device_plugin.topology.selectors import parse_selector
 
@@ -468,7 +470,8 @@ async def test_allocate_never_writes_nor_fails_on_a_hostile_device_name(sock_dir
     """Names from a hostile sysfs (a newline and a variable, an escape, a comma, a
     non-UTF-8 byte as Python holds it) never reach the container's environment, and
     Allocate answers; a device listed on two nodes (a dual-port drive) is named once."""
-    from numa_device_plugin.plugin.devices import Near, near_resource
+    from numa_device_plugin.plugin.devices import near_resource
+    from numa_device_plugin.plugin.near import Near
     from numa_device_plugin.topology.numa import NodePlan, NumaNode
     from numa_device_plugin.topology.selectors import parse_selector
 

@@ -272,7 +272,7 @@ async def test_status_lists_a_near_resource_per_numa_node_it_covers(
     node of the devices it holds."""
     from dataclasses import replace
 
-    from numa_device_plugin.plugin.devices import parse_near
+    from numa_device_plugin.plugin.near import parse_near
     from numa_device_plugin.topology.fake import DeviceTree
 
     devices = DeviceTree(two_nodes.root)

@@ -1,0 +1,135 @@
+"""Resources that follow a device (``--near data-disk=serial:S3EV``, ``near:`` in a
+node's configuration): the :class:`Near` entry, its parsing and its checks. Where such a
+resource's devices lie is planned by :func:`~numa_device_plugin.plugin.discovery.plan_near`
+and built by :func:`~numa_device_plugin.plugin.devices.near_resource`.
+
+The device selectors (:mod:`~numa_device_plugin.topology.selectors`, with the mount
+table's reading) are imported by the first ``--near`` parsed: a plugin without one
+never loads them."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from numa_device_plugin.plugin.devices import (
+    DEFAULT_RESOURCE_PREFIX,
+    quoted,
+    validate_extended_resource_name,
+)
+
+if TYPE_CHECKING:
+    from numa_device_plugin.topology.selectors import Selector
+
+
+@dataclass(frozen=True)
+class Near:
+    """A resource that follows a device (``--near data-disk=serial:S3EV``): ``name``
+    (the part after the prefix, ``data-disk``) and the ``selector`` of the device;
+    ``also``: more selectors given for the same name, which must *all* agree (a data
+    path and a NIC: the resource goes to the NUMA nodes every one of them covers)."""
+
+    name: str
+    selector: Selector
+    also: tuple[Selector, ...] = ()
+
+    @property
+    def selectors(self) -> tuple[Selector, ...]:
+        return (self.selector, *self.also)
+
+    def flags(self) -> list[str]:
+        """As ``NAME=SELECTOR`` arguments of ``--near``, one per selector."""
+        return [f"{self.name}={selector}" for selector in self.selectors]
+
+    def __str__(self) -> str:
+        return f"{self.name}=" + " & ".join(map(str, self.selectors))
+
+
+def merge_near(entries: Iterable[Near]) -> tuple[Near, ...]:
+    """``--near`` entries with one name given several times as one :class:`Near` whose
+    selectors must all agree, in the order the names first came; a selector repeated
+    for a name counts once."""
+    merged: dict[str, Near] = {}
+    for entry in entries:
+        found = merged.get(entry.name)
+        if found is None:
+            merged[entry.name] = entry
+        elif entry.selector not in found.selectors:
+            merged[entry.name] = Near(found.name, found.selector, (*found.also, entry.selector))
+    return tuple(merged.values())
+
+
+# Names of the NUMA-node resources (numa-1, numa-1-memory, numa-1-hugepages-2Mi): a
+# near resource may not take one.
+_NUMA_NAME = re.compile(r"numa-[0-9]")
+
+
+def validate_near_name(prefix: str, name: str) -> str:
+    """Return ``name`` when ``<prefix>/<name>`` is a valid extended resource name that
+    is not one of the NUMA-node names (``numa-<id>...``). Raises ValueError."""
+    if "/" in name:
+        raise ValueError(f"{quoted(name)}: give the name without the prefix ({prefix}/ is added)")
+    if _NUMA_NAME.match(name):
+        raise ValueError(f"{quoted(name)} would collide with the NUMA-node resources numa-<id>...")
+    validate_extended_resource_name(f"{prefix}/{name}")
+    return name
+
+
+def parse_near(text: str) -> Near:
+    """``NAME=SELECTOR`` (``data-disk=serial:S3EV``) -> :class:`Near`. Raises ValueError
+    naming the fault (no ``=``, a bad name for the default prefix, a bad selector); the
+    name is checked again against the configured prefix by :class:`Config`."""
+    name, sep, selector = text.partition("=")
+    name = name.strip()
+    if not sep or not name:
+        raise ValueError(f"{quoted(text)} is not NAME=SELECTOR (e.g. data-disk=serial:S3EV)")
+    validate_near_name(DEFAULT_RESOURCE_PREFIX, name)
+    from numa_device_plugin.topology.selectors import parse_selector
+
+    return Near(name, parse_selector(selector))
+
+
+# Resources that follow a device, at most: each is a gRPC server, a socket and a
+# registration of its own; real servers name a few (data disk, NIC, accelerator).
+MAX_NEAR = 64
+# Selectors that must all agree for one resource (a data path, a NIC, an accelerator).
+MAX_ALL_OF = 8
+
+
+def near_env(name: str) -> str:
+    """The variable Allocate sets in a container holding ``<prefix>/<name>``:
+    ``NUMA_NEAR_`` and the name in upper case, each character but a letter or digit an
+    underscore (``data-disk`` -> ``NUMA_NEAR_DATA_DISK``); its value lists the devices
+    on the NUMA node(s) allocated, comma-separated."""
+    return "NUMA_NEAR_" + re.sub(r"[^A-Z0-9]", "_", name.upper())
+
+
+def check_near(prefix: str, near: Iterable[Near]) -> None:
+    """Raise ValueError when a name is invalid under ``prefix``, given twice or the same
+    as another's once made a variable (:func:`near_env`), or when there are more than
+    :data:`MAX_NEAR` (or a name has more than :data:`MAX_ALL_OF` selectors)."""
+    entries = list(near)
+    if len(entries) > MAX_NEAR:
+        raise ValueError(
+            f"{len(entries)} resources that follow a device (--near, NUMA_NEAR or near:): "
+            f"at most {MAX_NEAR}"
+        )
+    seen: dict[str, str] = {}
+    for entry in entries:
+        validate_near_name(prefix, entry.name)
+        if entry.name in seen.values():
+            raise ValueError(f"near resource {quoted(entry.name)} is given twice")
+        variable = near_env(entry.name)
+        if variable in seen:
+            raise ValueError(
+                f"near resources {quoted(seen[variable])} and {quoted(entry.name)} would both "
+                f"set {variable} in their containers: rename one"
+            )
+        seen[variable] = entry.name
+        if len(entry.selectors) > MAX_ALL_OF:
+            raise ValueError(
+                f"near resource {quoted(entry.name)}: {len(entry.selectors)} selectors, at "
+                f"most {MAX_ALL_OF}"
+            )
