@@ -104,9 +104,9 @@ class Wakeups:
         changed, self._changed = self._changed, asyncio.Event()
         changed.set()
 
-    async def wait_until(self, predicate: Callable[[], bool], timeout: float) -> None:
+    async def wait_until(self, predicate: Callable[[], bool], timeout: float | None) -> None:
         """Wait until ``predicate()``, looked at after every announced change; raises
-        TimeoutError after ``timeout`` seconds."""
+        TimeoutError after ``timeout`` seconds (None: no limit)."""
         async with asyncio.timeout(timeout):
             while not predicate():
                 await self._changed.wait()

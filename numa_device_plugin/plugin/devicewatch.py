@@ -2,19 +2,21 @@
 replaced, a mount moved to another disk, CPUs taken offline): sysfs is read again every
 ``device_interval`` seconds, off the event loop, and a discovery that differs from the
 one served is handed to the manager, which serves again only the resources that
-changed (no re-registration when nothing did). It only feeds the manager."""
+changed (no re-registration when nothing did). At start it first reads the devices
+serve's first look left out (:func:`~.discovery.read_devices`), once the manager has
+acted on that look (registered, or found no kubelet). It only feeds the manager."""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Hashable, Mapping
+from collections.abc import Awaitable, Callable, Hashable, Mapping
 from functools import partial
 
 import structlog
 
 from numa_device_plugin.plugin.config import Config
 from numa_device_plugin.plugin.devices import Resource
-from numa_device_plugin.plugin.discovery import Discovery, discover, look_key
+from numa_device_plugin.plugin.discovery import Discovery, discover, look_key, read_devices
 from numa_device_plugin.plugin.nearhealth import keep_lost, same_served
 from numa_device_plugin.topology import sysfs
 
@@ -58,7 +60,12 @@ class DeviceWatch:
     :func:`discover`, none otherwise) reads what the look depends on, cheaply; while it
     equals the key of the last look that matched what is served, the look is skipped
     (a 1,000-device machine is not read every interval to find nothing), except every
-    :data:`FULL_LOOK_EVERY` looks."""
+    :data:`FULL_LOOK_EVERY` looks.
+
+    :attr:`first_look` is serve's look at start: :func:`discover` without the devices
+    when ``discover_fn`` is it (else ``discover_fn``); :meth:`run` reads what it left out
+    once ``acted()`` returns (the manager's loop has acted on it), and hands that over
+    like a change."""
 
     def __init__(
         self,
@@ -68,11 +75,15 @@ class DeviceWatch:
         woken: Callable[[], None],
         quiet_fn: Callable[[Config], Discovery] | None = None,
         key_fn: Callable[[Config], Hashable] | None = None,
+        acted: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
         self.config = config
         self._discover_fn = discover_fn
+        real = discover_fn is discover
+        self.first_look = partial(discover, devices=False) if real else discover_fn
+        self._acted = acted
         if quiet_fn is None:  # discover's own quiet look, or the injected function's
-            quiet_fn = partial(discover, quiet=True) if discover_fn is discover else discover_fn
+            quiet_fn = partial(discover, quiet=True) if real else discover_fn
         self._quiet_fn = quiet_fn
         self._key_fn = key_fn if key_fn is not None or discover_fn is not discover else look_key
         self._key: Hashable = None  # the key of the last look that matched what is served
@@ -80,16 +91,27 @@ class DeviceWatch:
         self.skipped_looks = 0  # looks the key skipped
         self._current = current
         self._woken = woken
-        self._found: Discovery | None = None
+        # The discovery found, and the one served when it was found (what it changes).
+        self._found: tuple[Discovery, Discovery | None] | None = None
         self._last_error: str | None = None
 
     def take(self) -> Discovery | None:
-        """The changed discovery found since the last call, or None."""
+        """The changed discovery found since the last call, or None; None too when what
+        is served changed since it was found (a reload: its own look is as new)."""
         found, self._found = self._found, None
-        return found
+        if found is None or found[1] is not self._current():
+            return None
+        return found[0]
+
+    def caught_up(self) -> bool:
+        """False while the served discovery lacks the devices its first look left out."""
+        current = self._current()
+        return current is None or current.devices_read
 
     async def run(self) -> None:
-        """Until cancelled."""
+        """Until cancelled: the devices the first look left out, then a look every
+        ``config.device_interval`` seconds (0: no more)."""
+        await self._read_left_out()
         interval = self.config.device_interval
         if interval <= 0:
             return
@@ -130,5 +152,19 @@ class DeviceWatch:
         if current is not None:
             discovery = keep_lost(current.resources, discovery)
         if differs(current, discovery):
-            self._found = discovery
+            self._found = (discovery, current)
+            self._woken()
+
+    async def _read_left_out(self) -> None:
+        """Once ``acted()``: the served discovery with the devices its first look left
+        out, handed over as :meth:`take`'s (unless a reload served another meanwhile)."""
+        if self.caught_up() or self._acted is None:
+            return
+        await self._acted()
+        current = self._current()
+        if current is None or current.devices_read:
+            return
+        found = await asyncio.to_thread(read_devices, self.config, current)
+        if self._current() is current:
+            self._found = (found, current)
             self._woken()

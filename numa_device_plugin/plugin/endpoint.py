@@ -102,6 +102,7 @@ class Endpoints:
         self._on_change = on_change
         self._running: dict[str, Endpoint] = {}
         self.registered: set[str] = set()
+        self.seen_kubelet: KubeletIdentity | None = None  # the last kubelet.sock seen
         # One line per failure kind per longest backoff, for every resource together.
         self._log_limiter = LogLimiter(Backoff().maximum)
         # Registrations in flight together share one connection to kubelet.sock. A new
@@ -112,6 +113,16 @@ class Endpoints:
     @property
     def running(self) -> Mapping[str, Endpoint]:
         return self._running
+
+    def note_kubelet(self, kubelet: KubeletIdentity | None) -> None:
+        """Count a kubelet restart (once) when a kubelet.sock other than the last one
+        seen appears (the first one seen is not a restart); None (no kubelet.sock)
+        changes nothing."""
+        if kubelet is None:
+            return
+        if self.seen_kubelet is not None and kubelet != self.seen_kubelet:
+            self.recorder.kubelet_restart()
+        self.seen_kubelet = kubelet
 
     def registrations_done(self) -> bool:
         """True when no registration is in flight."""

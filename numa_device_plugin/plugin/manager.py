@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Mapping
+from functools import partial
 from typing import TYPE_CHECKING
 
 import structlog
@@ -37,7 +38,7 @@ from numa_device_plugin.plugin.config import Config
 from numa_device_plugin.plugin.devices import Resource
 from numa_device_plugin.plugin.devicewatch import DeviceWatch, changed
 from numa_device_plugin.plugin.discovery import Discovery, discover
-from numa_device_plugin.plugin.endpoint import Endpoints, KubeletIdentity
+from numa_device_plugin.plugin.endpoint import Endpoints
 from numa_device_plugin.plugin.lockkeeper import LockKeeper
 from numa_device_plugin.plugin.poller import ALLOCATE_POLL_DELAY, CapacityPoller
 from numa_device_plugin.plugin.recorder import NullRecorder, Recorder
@@ -83,10 +84,10 @@ class PluginManager:
         self._to_restart: set[str] = set()
         self._backoff = Backoff()
         self._trim_pending = False
-        self._seen_kubelet: KubeletIdentity | None = None
         self._serve_problem: str | None = None
-        self.device_watch = DeviceWatch(config, discover_fn, lambda: self.catalog.discovery,
-                                        lambda: self.wake(DEVICES_CHANGED))  # fmt: skip
+        current, woken = (lambda: self.catalog.discovery), partial(self.wake, DEVICES_CHANGED)
+        acted = partial(self.wakeups.wait_until, self.acted, None)
+        self.device_watch = DeviceWatch(config, discover_fn, current, woken, acted=acted)
         self.watches = Watches(config, self.wake, self.lock_keeper, self.device_watch,
                                self.poller.schedule.pods_changed)  # fmt: skip
         self.poller.schedule.signalled = lambda: self.watches.pods_signalled
@@ -109,9 +110,10 @@ class PluginManager:
 
     def readiness_problems(self) -> list[str]:
         """Why the plugin is not ready, one line per problem; [] when every advertised
-        resource is registered with the kubelet and its ListAndWatch stream is open."""
+        resource is registered with the kubelet, its ListAndWatch stream is open and the
+        devices the first look left out are read (the node page lists them)."""
         return readiness(self.lock_keeper.problem, self._serve_problem, self.servicers,
-                         self.registered)  # fmt: skip
+                         self.registered, self.device_watch.caught_up())  # fmt: skip
 
     def snapshot(self) -> PluginState:
         """The state now as plain data (:func:`numa_device_plugin.plugin.snapshot.take`), for
@@ -124,8 +126,13 @@ class PluginManager:
         )  # fmt: skip
 
     def settled(self) -> bool:
+        """True when :meth:`acted` and the devices the first look left out are read
+        (what tests wait for, not a sleep)."""
+        return self.acted() and self.device_watch.caught_up()
+
+    def acted(self) -> bool:
         """True when the loop sleeps with nothing left to do: no event unhandled, no
-        retry timer, no registration in flight (what tests wait for, not a sleep)."""
+        retry timer, no registration in flight."""
         return (
             self.wakeups.idle
             and not self.wakeups.pending
@@ -168,7 +175,8 @@ class PluginManager:
     def _registered(self, name: str) -> None:
         if self.poller.withheld(name):
             self.poller.warn_withheld([name])
-        self.watches.ensure_kubepods(self._seen_kubelet)  # before the read: it signals the rest
+        # Before the read: the kubepods watch signals the rest.
+        self.watches.ensure_kubepods(self.endpoints.seen_kubelet)
         # A (new) kubelet: its allocatable CPUs may differ from the last one's.
         self.poller.schedule.request(allocatable=True)
 
@@ -195,7 +203,7 @@ class PluginManager:
         too long, and OSError when the device-plugin folder cannot be created,
         watched or locked. Later failures are logged and retried, never raised.
         """
-        discovery = await asyncio.to_thread(self._discover_fn, self.config)
+        discovery = await asyncio.to_thread(self.device_watch.first_look, self.config)
         check_serving(self.config, discovery, self._listener_connections)
         self._set_discovery(discovery)
         self.config.socket_dir.mkdir(parents=True, exist_ok=True)
@@ -209,6 +217,7 @@ class PluginManager:
                 folder, names = str(self.config.socket_dir), list(self.resources)
                 log.info("device plugin started", socket_dir=folder, resources=names)
                 self._to_restart = set(self.resources)
+                self.wakeups.drain()  # events from before (the holder's sockets going): moot
                 await self.poller.read_before_registering()  # live counts from the start
                 poller = asyncio.create_task(self.poller.run(), name="pod resources")
                 self.started.set()
@@ -235,11 +244,19 @@ class PluginManager:
                 if reasons is not None:
                     self._evaluate(reasons)
                 if self.wakeups.take_reload():
-                    await self._rediscover()
-                elif (found := self.device_watch.take()) is not None:
+                    found = await rediscover(
+                        self.config, self._discover_fn, self._listener_connections
+                    )
+                    if found is not None:  # serve everything again
+                        self._to_restart |= set(self.resources) | set(found.resources)
+                        self._set_discovery(found)
+                if (found := self.device_watch.take()) is not None:  # (a reload drops it)
                     self._to_restart |= (names := changed(self.resources, found.resources))
+                    caught_up = self.device_watch.caught_up()  # else: what was left out
                     self._set_discovery(found)
-                    log.info("devices changed; serving again what changed", resources=sorted(names))
+                    if caught_up:
+                        log.info("devices changed; serving again what changed",
+                                 resources=sorted(names))  # fmt: skip
                 if self._to_restart:
                     names, self._to_restart = self._to_restart, set()
                     await self._restart(names)
@@ -272,7 +289,7 @@ class PluginManager:
         if not self.lock_keeper.keep():
             return
         kubelet = file_identity(self.config.kubelet_socket)
-        self._note_kubelet(kubelet)
+        self.endpoints.note_kubelet(kubelet)
         lost = {name for reason, name in reasons if reason == STREAM_LOST}
         for name in self.resources:
             why = restart_reason(self.endpoints.running.get(name), kubelet, name in lost)
@@ -281,27 +298,6 @@ class PluginManager:
                 self._to_restart.add(name)
         if self._to_restart:
             log.debug("restart planned", resources=sorted(self._to_restart), reasons=reasons)
-
-    def _note_kubelet(self, kubelet: KubeletIdentity | None) -> None:
-        """Count a kubelet restart (once) when a kubelet.sock other than the last one
-        seen appears (the first one seen is not a restart)."""
-        if kubelet is None:
-            return
-        if self._seen_kubelet is not None and kubelet != self._seen_kubelet:
-            self.recorder.kubelet_restart()
-        self._seen_kubelet = kubelet
-
-    async def _rediscover(self) -> None:
-        # Off the event loop: sysfs reads can be slow, and the loop must keep serving.
-        try:
-            discovery = await asyncio.to_thread(self._discover_fn, self.config)
-            check_serving(self.config, discovery, self._listener_connections)
-        except (sysfs.SysfsError, ValueError, FdLimitError) as exc:
-            log.error("rediscovery failed; keeping the current resources", error=str(exc))
-            return
-        old = set(self.resources)
-        self._set_discovery(discovery)
-        self._to_restart |= old | set(self.resources)
 
     async def _restart(self, names: set[str]) -> None:
         """Stop the named endpoints, then, if a kubelet is there, serve them again.
@@ -312,7 +308,7 @@ class PluginManager:
         """
         await self.endpoints.stop(names, self.config.shutdown_grace)
         kubelet = file_identity(self.config.kubelet_socket)
-        self._note_kubelet(kubelet)
+        self.endpoints.note_kubelet(kubelet)
         if kubelet is None:
             log.info("waiting for the kubelet", kubelet_socket=str(self.config.kubelet_socket))
             return
@@ -327,6 +323,21 @@ class PluginManager:
             self._serve_problem = (
                 f"cannot serve {len(failed)} resource(s) (first error: {first}); retrying"
             )
+
+
+async def rediscover(
+    config: Config, discover_fn: Callable[[Config], Discovery], listener_connections: int
+) -> Discovery | None:
+    """SIGHUP's look: ``discover_fn(config)`` off the event loop (sysfs reads can be
+    slow, and the loop must keep serving), checked by :func:`check_serving`; None when
+    it fails (logged: the current resources are kept)."""
+    try:
+        discovery = await asyncio.to_thread(discover_fn, config)
+        check_serving(config, discovery, listener_connections)
+    except (sysfs.SysfsError, ValueError, FdLimitError) as exc:
+        log.error("rediscovery failed; keeping the current resources", error=str(exc))
+        return None
+    return discovery
 
 
 def servable(

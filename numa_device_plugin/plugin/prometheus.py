@@ -183,11 +183,14 @@ class PrometheusRecorder:
         for gone in self._advertised - set(devices):
             with contextlib.suppress(KeyError):
                 self.registered_now.remove(gone)
-        self._advertised = set(devices)
+        # A resource advertised before keeps its registered value: a new look that
+        # changes no resource (a NIC hot-plugged) registers nothing again.
+        new, self._advertised = set(devices) - self._advertised, set(devices)
         for resource, count in devices.items():
             self.devices_gauge.labels(resource, HEALTHY).set(count)
             self.devices_gauge.labels(resource, UNHEALTHY).set(0)
-            self.registered_now.labels(resource).set(0)
+            if resource in new:
+                self.registered_now.labels(resource).set(0)
             # Create every per-resource series at 0, so a rate() sees the first event.
             for counter in (
                 self.allocations,

@@ -44,6 +44,7 @@ def readiness(
     serve_problem: str | None,
     servicers: Mapping[str, NumaDevicePluginServicer],
     registered: set[str],
+    devices_read: bool = True,
 ) -> list[str]:
     """:meth:`PluginManager.readiness_problems` from its parts."""
     if lock_problem is not None:
@@ -51,6 +52,8 @@ def readiness(
     if not servicers:
         return ["no NUMA node is advertised"]
     problems = [] if serve_problem is None else [serve_problem]
+    if not devices_read:
+        problems.append("the devices (PCI, disks, NICs) are read once registered")
     return problems + [
         f"{name}: {problem}"
         for name, servicer in servicers.items()

@@ -124,6 +124,7 @@ async def test_readyz_goes_503_while_the_kubelet_is_down(
     try:
         async with observed(make_config(two_nodes, sock_dir)) as (manager, port):
             await wait_all_live(kubelet, NAMES)
+            await manager.wait_settled()  # registered, and the devices read after
             await eventually(lambda: manager.registered == set(NAMES))
             assert await asyncio.to_thread(get, port, "/readyz") == (200, "ok\n")
             assert await asyncio.to_thread(get, port, "/healthz") == (200, "ok\n")
@@ -332,10 +333,38 @@ def test_a_resource_no_longer_advertised_loses_its_registered_series() -> None:
     recorder.registered(r1, True)
     recorder.topology((), {r0: 4})  # NUMA node 1 lost its CPUs
     recorder.registered(r1, False)  # its endpoint stops afterwards
-    assert registered(recorder) == {r0: 0.0}, "topology() puts every advertised resource at 0"
-    recorder.registered(r0, True)
+    assert registered(recorder) == {r0: 1.0}
     recorder.topology((), {r0: 4, r1: 2})  # back
-    assert registered(recorder) == {r0: 0.0, r1: 0.0}
+    assert registered(recorder) == {r0: 1.0, r1: 0.0}, "a new resource starts at 0"
+
+
+async def test_a_device_change_that_changes_no_resource_leaves_them_registered(
+    two_nodes: SysfsTree, sock_dir: Path
+) -> None:
+    """A NIC hot-plugged changes no resource: nothing registers again, and the
+    registered series stay at 1 (they fell to 0 once, firing the chart's
+    NumaDevicePluginNotRegistered alert on every such node)."""
+    from numa_device_plugin.topology.fake import DeviceTree
+
+    async with (
+        KubeletStandIn(sock_dir) as kubelet,
+        observed(make_config(two_nodes, sock_dir)) as (manager, port),
+    ):
+        await wait_all_live(kubelet, NAMES)
+        await manager.wait_settled()
+        devices = DeviceTree(two_nodes.root)
+        devices.pci("0000:42:00.0", 1, "0x020000")
+        devices.nic("ens1", "0000:42:00.0")
+        await manager.device_watch.look()
+        await eventually(lambda: manager.catalog.discovery is not None
+                         and len(manager.catalog.discovery.inventory.pci) == 1)  # fmt: skip
+        await manager.wait_settled()
+        status, text = await asyncio.to_thread(get, port, "/metrics")
+    assert status == 200
+    v = samples(text)
+    for name in NAMES:
+        assert value(v, "numa_device_plugin_registered", resource=name) == 1
+        assert value(v, "numa_device_plugin_registrations_total", resource=name) == 1
 
 
 def registered(recorder: PrometheusRecorder) -> dict[str, float]:
@@ -459,7 +488,8 @@ async def test_debug_endpoints_false_closes_the_node_page_and_debug_state_not_th
         status, text = await asyncio.to_thread(get, port, "/metrics")
         assert status == 200
         assert "numa_device_plugin_registered" in text
-        assert await asyncio.to_thread(get, port, "/readyz") == (200, "ok\n")
+        # Ready once the devices are read too, a moment after registering.
+        await eventually(lambda: get(port, "/readyz") == (200, "ok\n"))
 
 
 def test_a_debug_endpoints_value_that_is_not_a_boolean_exits_2_with_usage(
