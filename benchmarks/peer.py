@@ -21,9 +21,10 @@ health listeners, the pod resources poll, the device watch, default intervals, a
 ``--without-cgroups`` also without it, reading the pod resources API every 5 s); the
 peer (squat's generic-device-plugin, or any plugin that takes the same flags: ``--peer
 PATH``) as ``--domain numa-align --device`` twice, each a group of ``/dev/null`` with
-``count`` 100, with its health and metrics listener. Without ``--peer`` only ours is
-measured. ``--floor`` also measures the least a Python plugin can be: an empty
-``grpc.aio`` server that registers one resource and sends one list
+``count`` 100, with its health and metrics listener. ``--pci N``: ours on a machine with
+``N`` PCI devices (a tenth NVMe disks, the rest NICs), as a server with many. Without
+``--peer`` only ours is measured. ``--floor`` also measures the least a Python plugin can
+be: an empty ``grpc.aio`` server that registers one resource and sends one list
 (:mod:`benchmarks.floor`).
 
 The table gives each figure's median per plugin, the ratio (ours / peer) and the targets
@@ -49,6 +50,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from benchmarks.bench import device_machine
 from benchmarks.floor import FLOOR
 from benchmarks.floor import argv as floor_argv
 from benchmarks.harness import (
@@ -117,17 +119,24 @@ class Plugin:
 
 
 class Ours(Plugin):
-    def __init__(self, name: str, python: str = sys.executable, *, cgroups: bool = True) -> None:
+    def __init__(
+        self, name: str, python: str = sys.executable, *, cgroups: bool = True, pci: int = 0
+    ) -> None:
         super().__init__(name)
         self.python = python
         self.cgroups = cgroups
+        self.pci = pci
 
     def argv(self, folder: Path, socket_dir: Path, pod_resources: Path) -> list[str]:
-        tree = build_machine(folder / "sys", NODES, 2)
+        root = folder / "sys"
+        if self.pci:  # a server's devices: a tenth NVMe disks, the rest NICs
+            device_machine(root, self.pci, self.pci // 10)
+        else:
+            build_machine(root, NODES, 2)
         (folder / "cgroup" / "kubepods" / "burstable").mkdir(parents=True)  # as on a node
         return [
             self.python, "-m", "numa_device_plugin", "serve",
-            "--sysfs-root", str(tree.root), "--socket-dir", str(socket_dir),
+            "--sysfs-root", str(root), "--socket-dir", str(socket_dir),
             "--capacity", str(DEVICES), "--log-format", "json",
             "--metrics-address", f"127.0.0.1:{held_port()}",
             "--health-address", f"127.0.0.1:{held_port()}",
@@ -307,19 +316,20 @@ async def run(
     idle_runs: int = 1,
     without_cgroups: bool = False,
     settle: float = SETTLE,
+    pci: int = 0,
 ) -> dict[str, Any]:
     """Every plugin ``runs`` times, in turn: ours (``python``), ours as it was
     (``before``: another interpreter whose environment holds an earlier version), the
     peer, the floor; ``without_cgroups``: ours without ``--cgroup-root`` too (the pod
-    resources API read every interval). The rows (:func:`rows`) and each plugin's
-    samples."""
-    ours = Ours("numa-device-plugin", python)
+    resources API read every interval); ``pci``: ours on a machine with that many PCI
+    devices. The rows (:func:`rows`) and each plugin's samples."""
+    ours = Ours("numa-device-plugin", python, pci=pci)
     peer = Peer(peer_path.name, peer_path) if peer_path is not None else None
     others: list[Plugin] = []
     if without_cgroups:
-        others.append(Ours("without --cgroup-root", python, cgroups=False))
+        others.append(Ours("without --cgroup-root", python, cgroups=False, pci=pci))
     if before is not None:
-        others.append(Ours("before", before, cgroups=False))
+        others.append(Ours("before", before, cgroups=False, pci=pci))
     if peer is not None:
         others.append(peer)
     if floor:
@@ -359,12 +369,16 @@ def main(argv: list[str] | None = None) -> int:
                         help="also ours without --cgroup-root (reads on the interval)")  # fmt: skip
     parser.add_argument("--allocates", type=int, default=ALLOCATES,
                         help=f"sequential Allocates in each first run ({ALLOCATES})")  # fmt: skip
+    parser.add_argument("--pci", type=int, default=0,
+                        help="ours on a machine with this many PCI devices (0)")  # fmt: skip
     parser.add_argument("--json", action="store_true", help="JSON instead of a table")
     args = parser.parse_args(argv)
     if min(args.runs, args.allocates, args.idle_runs) < 1 or min(args.idle, args.settle) < 0:
         parser.error(
             "--runs, --idle-runs and --allocates must be at least 1, --idle and --settle at least 0"
         )
+    if args.pci < 0:
+        parser.error("--pci must be at least 0")
     if args.peer is not None and not args.peer.is_file():
         parser.error(f"--peer {args.peer}: no such file")
     # Absolute (the plugins run in their own folders), symlinks kept (a venv's python).
@@ -385,6 +399,7 @@ def main(argv: list[str] | None = None) -> int:
             min(args.idle_runs, args.runs),
             args.without_cgroups,
             args.settle,
+            args.pci,
         )
     )
     if args.json:

@@ -162,6 +162,26 @@ def test_the_side_by_side_benchmark_measures_each_plugin_and_compares(
     assert exit_info.value.code == 2
 
 
+def test_the_side_by_side_benchmark_puts_ours_on_a_machine_of_many_devices_with_pci(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--pci N``: ours reads a machine of N PCI devices (a tenth with a disk) and
+    still registers healthy; a negative count exits 2."""
+    from benchmarks import peer
+
+    argv = peer.Ours("ours", pci=40).argv(tmp_path, tmp_path / "dp", tmp_path / "pr.sock")
+    root = Path(argv[argv.index("--sysfs-root") + 1])
+    assert len(list((root / "bus" / "pci" / "devices").iterdir())) == 40
+    assert len(list((root / "class" / "block").glob("nvme*n1"))) == 4
+    assert peer.main(["--runs", "1", "--idle", "0", "--idle-runs", "1", "--allocates", "5",
+                      "--pci", "40", "--json"]) == 0  # fmt: skip
+    samples = json.loads(capsys.readouterr().out)["samples"]["numa-device-plugin"]
+    assert len(samples["starts_s"]) == 1
+    with pytest.raises(SystemExit) as exit_info:
+        peer.main(["--pci", "-1"])
+    assert exit_info.value.code == 2
+
+
 def test_the_drift_benchmark_reads_rss_after_registration_allocates_and_the_hold(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
