@@ -69,6 +69,7 @@ LOAD_SENSITIVE = (
     "tests/plugin/test_deferred_metrics.py",
     "tests/ops/test_wakeups.py",
     "tests/nodeconfig/test_apiclient.py",
+    "tests/plugin/test_firstlook.py",
 )
 
 

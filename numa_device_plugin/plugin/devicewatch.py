@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable, Hashable, Mapping
+from dataclasses import replace
 from functools import partial
 
 import structlog
@@ -164,7 +165,12 @@ class DeviceWatch:
         current = self._current()
         if current is None or current.devices_read:
             return
-        found = await asyncio.to_thread(read_devices, self.config, current)
+        try:
+            found = await asyncio.to_thread(read_devices, self.config, current)
+        except (sysfs.SysfsError, OSError, ValueError) as exc:  # ready all the same
+            log.warning("reading the devices failed; the next look reads them again",
+                        error=str(exc))  # fmt: skip
+            found = replace(current, devices_read=True)
         if self._current() is current:
             self._found = (found, current)
             self._woken()

@@ -207,7 +207,8 @@ def discover(config: Config, *, quiet: bool = False, devices: bool = True) -> Di
     if config.memory_unit is not None:  # the memory of a near resource's node
         resources.update(near_memory(resources))
     if quiet:
-        return Discovery(plans=plans, resources=resources, inventory=inventory, near=near)
+        return Discovery(plans=plans, resources=resources, inventory=inventory, near=near,
+                         devices_read=devices)  # fmt: skip
     _log_plan(plans, near)
     for warning in (*topology.warnings, *topology_warnings(plans)):
         log.warning(warning)

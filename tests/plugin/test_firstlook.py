@@ -179,3 +179,23 @@ async def test_a_reload_while_the_devices_are_read_is_what_stays_served(
             assert discovery is not None
             assert discovery.devices_read
             await wait_all_live(kubelet, NAMES[:1])
+
+
+async def test_a_failed_read_of_the_devices_is_logged_and_leaves_the_plugin_ready(
+    two_nodes: SysfsTree, sock_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The node page's devices are no reason to stay unready: the next look (every
+    ``--device-interval``) reads them again."""
+
+    def failing(config: Config, discovery: Discovery) -> Discovery:
+        raise PermissionError(13, "Permission denied", str(config.sysfs_root / "bus"))
+
+    monkeypatch.setattr(devicewatch, "read_devices", failing)
+    async with KubeletStandIn(sock_dir) as kubelet:
+        with structlog.testing.capture_logs() as logs:
+            async with running(make_config(two_nodes, sock_dir)) as manager:
+                await wait_all_live(kubelet, NAMES)
+                await manager.wait_settled()
+                assert manager.readiness_problems() == []
+    (failed,) = [e for e in logs if e["event"].startswith("reading the devices failed")]
+    assert "Permission denied" in failed["error"]
