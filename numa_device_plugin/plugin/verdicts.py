@@ -46,16 +46,19 @@ def readiness(
     registered: set[str],
     devices_read: bool = True,
 ) -> list[str]:
-    """:meth:`PluginManager.readiness_problems` from its parts."""
+    """:meth:`PluginManager.readiness_problems` from its parts; ``devices_read`` False
+    (the devices the first look left out are still to be read, a moment after
+    registering) is a problem only when there is no other."""
     if lock_problem is not None:
         return [lock_problem]
     if not servicers:
         return ["no NUMA node is advertised"]
     problems = [] if serve_problem is None else [serve_problem]
-    if not devices_read:
-        problems.append("the devices (PCI, disks, NICs) are read once registered")
-    return problems + [
+    problems += [
         f"{name}: {problem}"
         for name, servicer in servicers.items()
         if (problem := resource_problem(name in registered, servicer)) is not None
     ]
+    if not problems and not devices_read:
+        problems.append("the devices (PCI, disks, NICs) are read once registered")
+    return problems

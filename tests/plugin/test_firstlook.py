@@ -9,6 +9,7 @@ import asyncio
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import cast
 
 import pytest
 import structlog
@@ -199,3 +200,24 @@ async def test_a_failed_read_of_the_devices_is_logged_and_leaves_the_plugin_read
                 assert manager.readiness_problems() == []
     (failed,) = [e for e in logs if e["event"].startswith("reading the devices failed")]
     assert "Permission denied" in failed["error"]
+
+
+def test_the_devices_still_to_read_make_a_readiness_problem_only_when_alone() -> None:
+    """Another problem (not registered, cannot serve) says what is wrong; the devices
+    line says the plugin is a moment from ready."""
+    from functools import partial
+
+    from numa_device_plugin.plugin.servicer import NumaDevicePluginServicer
+    from numa_device_plugin.plugin.verdicts import readiness
+
+    class Servicer:
+        kubelet_stream_open = True
+
+    servicers = cast(dict[str, NumaDevicePluginServicer], {name: Servicer() for name in NAMES})
+    ask = partial(readiness, None, servicers=servicers)
+    assert ask(None, registered=set(NAMES), devices_read=False) == [DEVICES_LINE]
+    assert ask(None, registered=set(NAMES), devices_read=True) == []
+    assert ask("cannot serve", registered=set(NAMES), devices_read=False) == ["cannot serve"]
+    assert ask(None, registered={NAMES[0]}, devices_read=False) == [
+        f"{NAMES[1]}: not registered with the kubelet"
+    ]

@@ -194,6 +194,7 @@ async def test_health_command_exit_codes(
     ):
         address = f"127.0.0.1:{port}"
         await wait_all_live(kubelet, NAMES)
+        await manager.wait_settled()  # registered, and the devices read after
         await eventually(lambda: manager.registered == set(NAMES))
         assert await asyncio.to_thread(main, ["health", "--address", address]) == 0
         assert (
