@@ -340,17 +340,14 @@ async def rediscover(
     return discovery
 
 
-def servable(
-    config: Config,
-    listener_connections: int,
-    discover_fn: Callable[[Config], Discovery] = discover,
-) -> None:
-    """What :meth:`PluginManager.serve` checks at start, without serving: discovery
-    and :func:`check_serving` for ``config``. Blocking. Raises what they raise:
+def servable(config: Config, listener_connections: int) -> None:
+    """What :meth:`PluginManager.serve` checks at start, without serving: its first look
+    (the devices left out, as the manager's own) and :func:`check_serving` for
+    ``config``. Blocking. Raises what they raise:
     :class:`~numa_device_plugin.topology.sysfs.SysfsError`, ``MemoryUnitError`` (a ValueError),
     :class:`~numa_device_plugin.kubelet.grpcserver.SocketPathError`,
     :class:`~numa_device_plugin.ops.limits.FdLimitError`."""
-    check_serving(config, discover_fn(config), listener_connections)
+    check_serving(config, discover(config, devices=False), listener_connections)
 
 
 def check_serving(config: Config, discovery: Discovery, listener_connections: int) -> None:
