@@ -46,17 +46,29 @@ def all_live(kubelet: KubeletStandIn, names: list[str]) -> bool:
     return all(kubelet.live(name) for name in names)
 
 
-async def wait_all_live(kubelet: KubeletStandIn, names: list[str], timeout: float = 10) -> None:
+async def wait_all_live(
+    kubelet: KubeletStandIn,
+    names: list[str],
+    timeout: float = 10,
+    plugin: ServeProcess | None = None,
+) -> None:
     """Wait until every resource of ``names`` has a live registration with the stand-in;
-    after ``timeout`` seconds, fail naming those that were live and those that were not."""
+    after ``timeout`` seconds, fail naming those that were live and those that were not,
+    what the stand-in saw of them, and the end of ``plugin``'s log when given."""
     try:
         await kubelet.wait_until(lambda: all_live(kubelet, names), timeout)
     except TimeoutError:
         live = [name for name in names if kubelet.live(name)]
         missing = [name for name in names if name not in live]
+        seen = {
+            name: f"{kubelet.open_streams(name)} stream(s), "
+            f"{sum(r.resource_name == name for r in kubelet.registrations)} Register call(s)"
+            for name in missing
+        }
+        tail = "" if plugin is None else "\nthe plugin's log ends:\n" + plugin.log()[-4000:]
         raise AssertionError(
             f"after {timeout:g} s, {len(live)} of {len(names)} resources were live;"
-            f" not live: {', '.join(missing)}"
+            f" not live: {', '.join(missing)} ({seen}){tail}"
         ) from None
 
 

@@ -409,13 +409,16 @@ async def test_a_cpu_manager_without_static_policy_gets_no_healthy_device(
         kubelet,
         plugin,
     ):
-        await wait_all_live(kubelet, [R0, R1], timeout=20)
+        await wait_all_live(kubelet, [R0, R1], timeout=20, plugin=plugin)
         await kubelet.wait_until(
             lambda: kubelet.allocatable(R0) == 0 and kubelet.allocatable(R1) == 0
         )
         assert len(kubelet.devices(R1)) == (4 if capacity == "cpus" else 3)
         await kubelet.restart()
-        await wait_all_live(kubelet, [R0, R1], timeout=10)
+        # As long as the start's: a loaded run (two busy loops, two sessions of two
+        # workers) once left numa-1 unregistered 10 s after the restart, cause unknown;
+        # the log says it if it comes again.
+        await wait_all_live(kubelet, [R0, R1], timeout=20, plugin=plugin)
         assert kubelet.allocatable(R1) == 0
         assert await plugin.terminate() == 0
     warnings = [e for e in plugin.events() if "CPU manager is not static" in e["event"]]
