@@ -169,13 +169,16 @@ async def live_plugin(
     *flags: str,
 ) -> AsyncIterator[tuple[KubeletStandIn, ServeProcess, int]]:
     """The stand-in and a ``serve`` process with an HTTP ``listener`` on a free port,
-    every resource of ``names`` live: ``(kubelet, plugin, port)``."""
+    every resource of ``names`` live and the plugin ready (``/readyz``: its devices read
+    after registering, its loop done with what that woke it for):
+    ``(kubelet, plugin, port)``."""
     async with (
         KubeletStandIn(folder) as kubelet,
         serve_process(tree, folder, listener, "127.0.0.1:0", *flags) as plugin,
     ):
         port = await bound_port(plugin, listener.removeprefix("--").removesuffix("-address"))
-        await wait_all_live(kubelet, names, timeout=20)
+        await wait_all_live(kubelet, names, timeout=20, plugin=plugin)
+        await eventually(lambda: readyz(port)[0] == 200, 20)
         yield kubelet, plugin, port
 
 
