@@ -11,6 +11,7 @@ import os
 import re
 import shutil
 import socket
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -257,24 +258,29 @@ async def test_a_lock_file_replaced_by_a_folder_makes_the_plugin_stand_down(
 async def test_a_newcomer_on_a_new_lock_file_makes_the_plugin_stand_down(
     two_nodes: SysfsTree, sock_dir: Path
 ) -> None:
-    """The lock file deleted and locked anew by another instance: this one stands
-    down (its streams end, /readyz names the holder) and waits to take over."""
-    from numa_device_plugin.ops.instancelock import InstanceLock
-
-    async with live_plugin(two_nodes, sock_dir, NAMES) as (kubelet, plugin, port):
-        (sock_dir / LOCK_DIR_NAME / LOCK_FILE_NAME).unlink()
-        newcomer = InstanceLock(sock_dir)
-        assert newcomer.try_acquire()
-        try:
-            await logged(plugin, "another instance took the lock; standing down")
-            await eventually(lambda: not any(kubelet.open_streams(name) for name in NAMES))
-            await eventually(lambda: "holds the lock" in readyz(port)[1])
-            assert f"pid={os.getpid()} " in readyz(port)[1]
-        finally:
-            newcomer.release()
-        await logged(plugin, "took over the instance lock")
-        await wait_all_live(kubelet, NAMES, timeout=10)
-        assert await plugin.terminate() == 0
+    """The lock file replaced by a new one another instance holds: this one stands
+    down (its streams end, /readyz names the holder) and waits to take over. The new
+    file is locked beside and renamed over the old one, so that the newcomer holds it
+    before the plugin can look (deleting the file and locking it anew raced the
+    plugin's own re-lock, which the folder's inotify watch wakes at once)."""
+    side = Path(tempfile.mkdtemp(dir=sock_dir.parent))  # the same filesystem: a rename
+    try:
+        async with live_plugin(two_nodes, sock_dir, NAMES) as (kubelet, plugin, port):
+            newcomer = InstanceLock(side)
+            assert newcomer.try_acquire()
+            os.replace(newcomer.path, sock_dir / LOCK_DIR_NAME / LOCK_FILE_NAME)
+            try:
+                await logged(plugin, "another instance took the lock; standing down")
+                await eventually(lambda: not any(kubelet.open_streams(name) for name in NAMES))
+                await eventually(lambda: "holds the lock" in readyz(port)[1])
+                assert f"pid={os.getpid()} " in readyz(port)[1]
+            finally:
+                newcomer.release()
+            await logged(plugin, "took over the instance lock")
+            await wait_all_live(kubelet, NAMES, timeout=10)
+            assert await plugin.terminate() == 0
+    finally:
+        shutil.rmtree(side)
 
 
 def test_taking_the_lock_replaces_a_longer_holder_line_whole(tmp_path: Path) -> None:
