@@ -21,6 +21,8 @@ import os
 import statistics
 import sys
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Callable, Coroutine
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -28,7 +30,16 @@ from typing import Any
 
 from benchmarks.floor import FLOOR
 from benchmarks.floor import argv as floor_argv
-from benchmarks.harness import Rig, machine_info, pace_flag, paced, percentile, rig, settle
+from benchmarks.harness import (
+    Rig,
+    held_port,
+    machine_info,
+    pace_flag,
+    paced,
+    percentile,
+    rig,
+    settle,
+)
 from numa_device_plugin.plugin.devices import CPUS
 
 MB = 1024 * 1024
@@ -210,6 +221,26 @@ MEMORY_NODES = (8, 64)
 MEMORY_LIMIT_MB = 160
 
 
+async def fully_up(port: int, timeout: float = 30.0) -> None:
+    """Until the plugin listening on ``port`` answers ``/readyz`` with 200 (registered,
+    and the devices read after registering), then one ``/metrics`` (the metrics are
+    made after registration, or at the first scrape): what a running plugin holds,
+    whatever the pace. Raises TimeoutError after ``timeout`` seconds."""
+
+    def get(path: str) -> int:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as answer:
+                answer.read()
+                return int(answer.status)
+        except (urllib.error.HTTPError, OSError):
+            return 0
+
+    async with asyncio.timeout(timeout):
+        while await asyncio.to_thread(get, "/readyz") != 200:  # noqa: ASYNC110 - a probe is polled, as the kubelet does
+            await asyncio.sleep(0.05)
+        await asyncio.to_thread(get, "/metrics")
+
+
 async def scale(
     nodes_list: tuple[int, ...] = SCALE_NODES, memory_nodes: tuple[int, ...] = MEMORY_NODES
 ) -> list[Figure]:
@@ -221,9 +252,11 @@ async def scale(
     rss: dict[int, float] = {}
     fds: dict[int, int] = {}
     for nodes in nodes_list:
-        extra = ("--metrics-address", "127.0.0.1:0")
+        port = held_port()
+        extra = ("--metrics-address", f"127.0.0.1:{port}")
         async with rig(nodes, extra=extra) as bench:
             await settle(2.0)
+            await fully_up(port)
             rss[nodes] = bench.plugin.rss_bytes() / MB
             fds[nodes] = bench.plugin.open_fds()
             threads = bench.plugin.threads()
@@ -242,9 +275,11 @@ async def scale(
             Figure("scale", per_node, "open fds", (fds[high] - fds[low]) / (high - low), "fds"),
         ]
     for nodes in memory_nodes:
-        extra = ("--metrics-address", "127.0.0.1:0")
+        port = held_port()
+        extra = ("--metrics-address", f"127.0.0.1:{port}")
         async with rig(nodes, extra=extra, memory=True, memory_unit=True) as bench:
             await settle(2.0)
+            await fully_up(port)
             devices = sum(len(bench.kubelet.devices(name)) for name in bench.names)
             config = f"{nodes} NUMA nodes x 256 GiB, --memory-unit 1Gi, metrics on"
             # Memory devices are capped (32,768 in all: ~105 MB): within the limit.
