@@ -21,8 +21,6 @@ import os
 import statistics
 import sys
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable, Coroutine
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -32,6 +30,7 @@ from benchmarks.floor import FLOOR
 from benchmarks.floor import argv as floor_argv
 from benchmarks.harness import (
     Rig,
+    fully_up,
     held_port,
     machine_info,
     pace_flag,
@@ -219,26 +218,6 @@ SCALE_NODES = (8, 64, 256)
 # NUMA nodes per run with memory resources (--memory-unit 1Gi, 256 GiB per node).
 MEMORY_NODES = (8, 64)
 MEMORY_LIMIT_MB = 160
-
-
-async def fully_up(port: int, timeout: float = 30.0) -> None:
-    """Until the plugin listening on ``port`` answers ``/readyz`` with 200 (registered,
-    and the devices read after registering), then one ``/metrics`` (the metrics are
-    made after registration, or at the first scrape): what a running plugin holds,
-    whatever the pace. Raises TimeoutError after ``timeout`` seconds."""
-
-    def get(path: str) -> int:
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as answer:
-                answer.read()
-                return int(answer.status)
-        except (urllib.error.HTTPError, OSError):
-            return 0
-
-    async with asyncio.timeout(timeout):
-        while await asyncio.to_thread(get, "/readyz") != 200:  # noqa: ASYNC110 - a probe is polled, as the kubelet does
-            await asyncio.sleep(0.05)
-        await asyncio.to_thread(get, "/metrics")
 
 
 async def scale(

@@ -16,6 +16,8 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.error
+import urllib.request
 from collections.abc import AsyncIterator, Iterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -45,6 +47,31 @@ def held_port() -> int:
     _HELD.append(holder)
     port: int = holder.getsockname()[1]
     return port
+
+
+def http_get(port: int, path: str, timeout: float = 30.0) -> tuple[int, float]:
+    """GET ``path`` from 127.0.0.1:``port``: the status (0 when no answer) and the
+    seconds it took; the body is read and dropped. Blocking."""
+    started = time.monotonic()
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=timeout) as answer:
+            answer.read()
+            return int(answer.status), time.monotonic() - started
+    except urllib.error.HTTPError as error:
+        return error.code, time.monotonic() - started
+    except OSError:
+        return 0, time.monotonic() - started
+
+
+async def fully_up(port: int, timeout: float = 30.0) -> None:
+    """Until the plugin listening on ``port`` answers ``/readyz`` with 200 (registered,
+    and the devices read after registering), then one ``/metrics`` (the metrics are
+    made after registration, or at the first scrape): what a running plugin holds,
+    whatever the pace. Raises TimeoutError after ``timeout`` seconds."""
+    async with asyncio.timeout(timeout):
+        while (await asyncio.to_thread(http_get, port, "/readyz", 5.0))[0] != 200:  # noqa: ASYNC110 - a probe is polled, as the kubelet does
+            await asyncio.sleep(0.05)
+        await asyncio.to_thread(http_get, port, "/metrics", 5.0)
 
 
 def resource_names(nodes: int) -> list[str]:

@@ -21,30 +21,17 @@ import sys
 import tempfile
 import threading
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 from typing import Any
 
 from benchmarks.harness import held_port, machine_info, percentile
+from benchmarks.harness import http_get as get
 from numa_device_plugin.topology.fake import build_machine
 from tests.apiserver_stub import Raw, node_api
 from tests.nodeconfig.test_nodeconfig_hostile import BOMB
 from tests.standin_helpers import ServeProcess, serve_process
 
 MB = 1024 * 1024
-
-
-def get(port: int, path: str) -> tuple[int, float]:
-    started = time.monotonic()
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=30) as answer:
-            answer.read()
-            return answer.status, time.monotonic() - started
-    except urllib.error.HTTPError as error:
-        return error.code, time.monotonic() - started
-    except OSError:
-        return 0, time.monotonic() - started
 
 
 def rss_mb(pid: int) -> float:
