@@ -70,6 +70,7 @@ LOAD_SENSITIVE = (
     "tests/ops/test_wakeups.py",
     "tests/nodeconfig/test_apiclient.py",
     "tests/plugin/test_firstlook.py",
+    "tests/plugin/test_folderwatch.py",
 )
 
 

@@ -89,7 +89,8 @@ class PluginManager:
         acted = partial(self.wakeups.wait_until, self.acted, None)
         self.device_watch = DeviceWatch(config, discover_fn, current, woken, acted=acted)
         self.watches = Watches(config, self.wake, self.lock_keeper, self.device_watch,
-                               self.poller.schedule.pods_changed)  # fmt: skip
+                               self.poller.schedule.pods_changed, acted=acted,
+                               stop=self.stop)  # fmt: skip
         self.poller.schedule.signalled = lambda: self.watches.pods_signalled
 
     # -- what is served, for probes, status and tests -----------------------------------------
@@ -126,9 +127,9 @@ class PluginManager:
         )  # fmt: skip
 
     def settled(self) -> bool:
-        """True when :meth:`acted` and the devices the first look left out are read
-        (what tests wait for, not a sleep)."""
-        return self.acted() and self.device_watch.caught_up()
+        """True when :meth:`acted`, the devices the first look left out are read and the
+        device-plugin folder is watched (what tests wait for, not a sleep)."""
+        return self.acted() and self.device_watch.caught_up() and self.watches.watching
 
     def acted(self) -> bool:
         """True when the loop sleeps with nothing left to do: no event unhandled, no
@@ -192,16 +193,18 @@ class PluginManager:
     async def serve(self) -> None:
         """Startup, main loop, shutdown. Returns after :meth:`stop`.
 
-        Startup: discover, create the device-plugin folder if missing, watch it,
-        then take the folder's instance lock, waiting as long as another instance
-        holds it. Only then are sockets touched.
+        Startup: discover, create the device-plugin folder if missing, then take the
+        folder's instance lock, waiting as long as another instance holds it. Only then
+        are sockets touched. The folder is watched once the loop has first acted
+        (:mod:`.watches`).
 
         Raises :class:`~numa_device_plugin.topology.sysfs.SysfsError` when the first
         discovery fails, :class:`~numa_device_plugin.ops.limits.FdLimitError` when its
         resources cannot get the file descriptors they need,
         :class:`~numa_device_plugin.kubelet.grpcserver.SocketPathError` when a socket path is
         too long, and OSError when the device-plugin folder cannot be created,
-        watched or locked. Later failures are logged and retried, never raised.
+        locked, or watched (then after registering). Later failures are logged and
+        retried, never raised.
         """
         discovery = await asyncio.to_thread(self.device_watch.first_look, self.config)
         check_serving(self.config, discovery, self._listener_connections)
@@ -235,6 +238,8 @@ class PluginManager:
             await self.endpoints.stop(self.endpoints.running, self.config.shutdown_grace)
             self.lock_keeper.release()
             log.info("device plugin stopped")
+        if self.watches.error is not None:
+            raise self.watches.error
 
     async def _main_loop(self) -> None:
         """Act, sleep until woken, decide; until stopped or the lock is lost."""

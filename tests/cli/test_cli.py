@@ -727,8 +727,9 @@ def test_resource_socket_path_too_long_exits_2(
 def test_serve_loads_only_what_it_uses() -> None:
     """The stand-in (demo's), the status report, prometheus-client (made after
     registration), the node page and the state it shows (at their first request),
-    http.client (the API server's reads, with a configuration file) and PyYAML stay out
-    of serve's imports and its listeners' making; once, cli/__init__ imported every
+    http.client (the API server's reads, with a configuration file), PyYAML and watchdog
+    (the folders are watched once registered) stay out of serve's imports and its
+    listeners' making; once, cli/__init__ imported every
     command, the bounded readers PyYAML and http.client, and the listeners the node
     page."""
     import subprocess
@@ -758,6 +759,9 @@ def test_serve_loads_only_what_it_uses() -> None:
         "http.client",
         "yaml",
         "numa_device_plugin.nodeconfig.configs",
+        "watchdog",
+        "numa_device_plugin.kubelet.watcher",
+        "numa_device_plugin.kubelet.kubepods",
     ):
         assert module not in loaded, module
 
