@@ -4,10 +4,13 @@ healthy devices, and nothing else (no discovery, logging, metrics or probes; wit
 ``--watch``, the least restart handling: serve and register again on a new
 ``kubelet.sock``; with ``--pod-resources``, the least reading: ``List`` every interval).
 What ``numa-device-plugin serve`` costs beyond this is ours to cut; this much is
-CPython's and grpcio's.
+CPython's and grpcio's. With ``--libraries`` it also imports the libraries the plugin is
+built on, when the plugin imports them: click and structlog (argument parsing, logging)
+before registering, watchdog and prometheus-client (file watching, metrics) after. What
+``serve`` costs beyond that is its own code.
 
-Usage: python -m benchmarks.floor [--watch] [--pod-resources SOCKET [--interval S]] SOCKET_DIR
-RESOURCE... (100 devices each)
+Usage: python -m benchmarks.floor [--watch] [--libraries] [--pod-resources SOCKET [--interval
+S]] SOCKET_DIR RESOURCE... (100 devices each)
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import importlib
 import signal
 import sys
 from collections.abc import AsyncIterator
@@ -32,6 +36,10 @@ REGISTER_ATTEMPTS = 1000
 REGISTER_RETRY = 0.01
 # How the benchmarks name this plugin in their tables.
 FLOOR = "floor (empty grpc.aio plugin)"
+LIBRARY_FLOOR = "floor + the libraries"
+# What --libraries imports before registering and after (as serve does).
+LIBRARIES_FIRST = ("click", "structlog")
+LIBRARIES_AFTER = ("watchdog.observers", "prometheus_client")
 
 
 class Servicer(api_pb2_grpc.DevicePluginServicer):  # type: ignore[misc]
@@ -114,11 +122,17 @@ async def main(
     watch: bool = False,
     pod_resources: Path | None = None,
     interval: float = 5.0,
+    libraries: bool = False,
 ) -> None:
     """Serve and register ``resources``; with ``watch`` also again whenever a new
     ``kubelet.sock`` appears (a kubelet restart: inotify through watchdog, as the
     plugin's own watch), the old servers stopped first; with ``pod_resources`` (its
-    socket) also read it every ``interval`` seconds. Until SIGTERM."""
+    socket) also read it every ``interval`` seconds; with ``libraries`` the plugin's
+    libraries imported (:data:`LIBRARIES_FIRST` before, :data:`LIBRARIES_AFTER` once
+    registered). Until SIGTERM."""
+    if libraries:
+        for name in LIBRARIES_FIRST:
+            importlib.import_module(name)
     loop = asyncio.get_running_loop()
     stop, restarted = asyncio.Event(), asyncio.Event()
     loop.add_signal_handler(signal.SIGTERM, stop.set)
@@ -136,6 +150,9 @@ async def main(
         observer.schedule(Handler(), str(socket_dir))
         observer.start()
     servers = await serve(socket_dir, resources)
+    if libraries:
+        for name in LIBRARIES_AFTER:
+            importlib.import_module(name)
     reader = None
     if pod_resources is not None:
         reader = asyncio.create_task(read_pod_resources(pod_resources, interval))
@@ -161,11 +178,12 @@ if __name__ == "__main__":
     PARSER.add_argument("--watch", action="store_true", help="register again on a new kubelet")
     PARSER.add_argument("--pod-resources", type=Path, help="the pod resources API socket to read")
     PARSER.add_argument("--interval", type=float, default=5.0, help="seconds between reads")
+    PARSER.add_argument("--libraries", action="store_true", help="import the plugin's libraries")
     PARSER.add_argument("socket_dir", type=Path)
     PARSER.add_argument("resources", nargs="+")
     ARGS = PARSER.parse_args()
     asyncio.run(main(ARGS.socket_dir, ARGS.resources, ARGS.watch, ARGS.pod_resources,
-                     ARGS.interval))  # fmt: skip
+                     ARGS.interval, ARGS.libraries))  # fmt: skip
 
 
 def argv(
@@ -176,10 +194,12 @@ def argv(
     watch: bool = False,
     pod_resources: Path | None = None,
     interval: float = 5.0,
+    libraries: bool = False,
 ) -> list[str]:
     """The floor plugin's command line for :mod:`benchmarks.peer` and :mod:`benchmarks.bench`
     (run from the repository's folder: ``benchmarks`` is not installed)."""
     flags = ["--watch"] if watch else []
+    flags += ["--libraries"] if libraries else []
     if pod_resources is not None:
         flags += ["--pod-resources", str(pod_resources), "--interval", str(interval)]
     return [python, "-m", "benchmarks.floor", *flags, str(socket_dir), *resources]

@@ -1,6 +1,7 @@
 """This plugin beside a Go device plugin, in one run, under the same kubelet stand-in.
 
-Usage: python -m benchmarks.peer [--peer PATH] [--runs N] [--idle S] [--idle-runs K] [--json]
+Usage: python -m benchmarks.peer [--peer PATH] [--runs N] [--idle S] [--idle-runs K] [--floor]
+[--library-floor] [--json]
 
 For each plugin, ``--runs`` times: a fresh folder, the in-process kubelet stand-in (device
 manager and pod resources API), the plugin started as a child process; measured are the
@@ -25,7 +26,8 @@ PATH``) as ``--domain numa-align --device`` twice, each a group of ``/dev/null``
 ``N`` PCI devices (a tenth NVMe disks, the rest NICs), as a server with many. Without
 ``--peer`` only ours is measured. ``--floor`` also measures the least a Python plugin can
 be: an empty ``grpc.aio`` server that registers one resource and sends one list
-(:mod:`benchmarks.floor`).
+(:mod:`benchmarks.floor`); ``--library-floor`` that plugin with the libraries ours is
+built on imported as ours imports them (what is left above it is ours' own code).
 
 The table gives each figure's median per plugin, the ratio (ours / peer) and the targets
 of issue 58; the exit status is 0 either way (figures, not assertions).
@@ -51,7 +53,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.bench import device_machine
-from benchmarks.floor import FLOOR
+from benchmarks.floor import FLOOR, LIBRARY_FLOOR
 from benchmarks.floor import argv as floor_argv
 from benchmarks.harness import (
     CLOCK_TICKS,
@@ -166,8 +168,12 @@ class Peer(Plugin):
 
 
 class Floor(Ours):
+    def __init__(self, name: str, python: str, *, libraries: bool = False) -> None:
+        super().__init__(name, python)
+        self.libraries = libraries
+
     def argv(self, folder: Path, socket_dir: Path, pod_resources: Path) -> list[str]:
-        return floor_argv(socket_dir, NAMES, self.python)
+        return floor_argv(socket_dir, NAMES, self.python, libraries=self.libraries)
 
     def cwd(self, folder: Path) -> Path:
         return Path(__file__).resolve().parents[1]
@@ -317,12 +323,14 @@ async def run(
     without_cgroups: bool = False,
     settle: float = SETTLE,
     pci: int = 0,
+    library_floor: bool = False,
 ) -> dict[str, Any]:
     """Every plugin ``runs`` times, in turn: ours (``python``), ours as it was
     (``before``: another interpreter whose environment holds an earlier version), the
     peer, the floor; ``without_cgroups``: ours without ``--cgroup-root`` too (the pod
     resources API read every interval); ``pci``: ours on a machine with that many PCI
-    devices. The rows (:func:`rows`) and each plugin's samples."""
+    devices; ``library_floor``: the floor with the plugin's libraries imported. The rows
+    (:func:`rows`) and each plugin's samples."""
     ours = Ours("numa-device-plugin", python, pci=pci)
     peer = Peer(peer_path.name, peer_path) if peer_path is not None else None
     others: list[Plugin] = []
@@ -334,6 +342,8 @@ async def run(
         others.append(peer)
     if floor:
         others.append(Floor(FLOOR, python))
+    if library_floor:
+        others.append(Floor(LIBRARY_FLOOR, python, libraries=True))
     for index in range(runs):
         for plugin in (ours, *others):
             await one_run(plugin, idle if index < idle_runs else 0.0,
@@ -358,6 +368,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--idle-runs", type=int, default=3,
                         help="runs with an idle window, the first ones (3)")  # fmt: skip
     parser.add_argument("--floor", action="store_true", help="also an empty grpc.aio plugin")
+    parser.add_argument("--library-floor", action="store_true",
+                        help="also the empty plugin with ours' libraries imported")  # fmt: skip
     parser.add_argument("--python", default=sys.executable,
                         help="the interpreter that runs ours (make bench-peer: a venv of "
                              "requirements.lock and the wheel, as in the image)")  # fmt: skip
@@ -400,6 +412,7 @@ def main(argv: list[str] | None = None) -> int:
             args.without_cgroups,
             args.settle,
             args.pci,
+            args.library_floor,
         )
     )
     if args.json:

@@ -130,19 +130,20 @@ def test_the_side_by_side_benchmark_measures_each_plugin_and_compares(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     """``benchmarks.peer`` with ours, ours without ``--cgroup-root``, an earlier version
-    (here the same interpreter) and the floor, two starts each, an idle window in the
-    first: every plugin registers healthy and gets its figures; the ratio needs a peer,
-    so there is none; a bad flag exits 2."""
+    (here the same interpreter), the floor and the floor with ours' libraries, two
+    starts each, an idle window in the first: every plugin registers healthy and gets
+    its figures (the libraries' imports show in the RSS); the ratio needs a peer, so
+    there is none; a bad flag exits 2."""
     import sys
 
     from benchmarks import peer
 
     assert peer.main(["--runs", "2", "--idle", "0.5", "--settle", "0.5", "--idle-runs", "1",
                       "--allocates", "20", "--floor", "--before", sys.executable,
-                      "--without-cgroups", "--json"]) == 0  # fmt: skip
+                      "--without-cgroups", "--library-floor", "--json"]) == 0  # fmt: skip
     result = json.loads(capsys.readouterr().out)
     names = ["numa-device-plugin", "without --cgroup-root", "before",
-             "floor (empty grpc.aio plugin)"]  # fmt: skip
+             "floor (empty grpc.aio plugin)", "floor + the libraries"]  # fmt: skip
     assert list(result["samples"]) == names
     for name in names:
         samples = result["samples"][name]
@@ -150,6 +151,9 @@ def test_the_side_by_side_benchmark_measures_each_plugin_and_compares(
         assert samples["rss_mb"][0] > 5
         assert len(samples["idle_cpu_s_per_30s"]) == 1, "idle windows in --idle-runs runs"
         assert samples["allocate_p50_ms"] > 0
+    # ~7 MB (prometheus-client alone ~3 MB); two processes of one program differ by < 1 MB.
+    floor_rss = result["samples"]["floor (empty grpc.aio plugin)"]["rss_mb"]
+    assert min(result["samples"]["floor + the libraries"]["rss_mb"]) > max(floor_rss) + 5
     rows = {row["figure"]: row for row in result["rows"]}
     start = rows["exec -> registered and healthy, median"]
     assert list(start["values"]) == names
