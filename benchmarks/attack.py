@@ -27,6 +27,7 @@ from typing import Any
 
 from benchmarks.harness import (
     PluginProcess,
+    fully_up,
     held_port,
     machine_info,
     pace_flag,
@@ -118,6 +119,7 @@ async def attack(slow: int, burst: int, burst_timeout: float) -> dict[str, Any]:
     figures: dict[str, Any] = {}
     async with rig(8, extra=extra) as bench:
         plugin = bench.plugin
+        await fully_up(metrics)  # ready (the probes expect 200), its threads all made
         await settle(1.0)
         figures["before"] = {"threads": threads(plugin), "rss_mb": plugin.rss_bytes() / MB}
 

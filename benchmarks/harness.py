@@ -65,9 +65,9 @@ def http_get(port: int, path: str, timeout: float = 30.0) -> tuple[int, float]:
 
 async def fully_up(port: int, timeout: float = 30.0) -> None:
     """Until the plugin listening on ``port`` answers ``/readyz`` with 200 (registered,
-    and the devices read after registering), then one ``/metrics`` (the metrics are
-    made after registration, or at the first scrape): what a running plugin holds,
-    whatever the pace. Raises TimeoutError after ``timeout`` seconds."""
+    the folder watched and the devices read after registering), then one ``/metrics``
+    (the metrics are made after registration, or at the first scrape): what a running
+    plugin holds, whatever the pace. Raises TimeoutError after ``timeout`` seconds."""
     async with asyncio.timeout(timeout):
         while (await asyncio.to_thread(http_get, port, "/readyz", 5.0))[0] != 200:  # noqa: ASYNC110 - a probe is polled, as the kubelet does
             await asyncio.sleep(0.05)

@@ -43,7 +43,7 @@ from numa_device_plugin.plugin.lockkeeper import LockKeeper
 from numa_device_plugin.plugin.poller import ALLOCATE_POLL_DELAY, CapacityPoller
 from numa_device_plugin.plugin.recorder import NullRecorder, Recorder
 from numa_device_plugin.plugin.servicer import NumaDevicePluginServicer
-from numa_device_plugin.plugin.verdicts import readiness, restart_reason
+from numa_device_plugin.plugin.verdicts import readiness, restart_reason, serve_problem
 from numa_device_plugin.plugin.watches import Watches
 from numa_device_plugin.topology import sysfs
 
@@ -111,10 +111,12 @@ class PluginManager:
 
     def readiness_problems(self) -> list[str]:
         """Why the plugin is not ready, one line per problem; [] when every advertised
-        resource is registered with the kubelet, its ListAndWatch stream is open and the
-        devices the first look left out are read (the node page lists them)."""
+        resource is registered with the kubelet, its ListAndWatch stream is open, the
+        device-plugin folder is watched and the devices the first look left out are read
+        (the node page lists them)."""
         return readiness(self.lock_keeper.problem, self._serve_problem, self.servicers,
-                         self.registered, self.device_watch.caught_up())  # fmt: skip
+                         self.registered, self.device_watch.caught_up(),
+                         self.watches.watching)  # fmt: skip
 
     def snapshot(self) -> PluginState:
         """The state now as plain data (:func:`numa_device_plugin.plugin.snapshot.take`), for
@@ -322,12 +324,7 @@ class PluginManager:
             [(self.resources[name], self.servicers[name]) for name in to_start], kubelet
         )
         self._to_restart |= set(failed)
-        self._serve_problem = None
-        if failed:
-            first = next(iter(failed.values()))
-            self._serve_problem = (
-                f"cannot serve {len(failed)} resource(s) (first error: {first}); retrying"
-            )
+        self._serve_problem = serve_problem(failed)
 
 
 async def rediscover(

@@ -29,6 +29,15 @@ def restart_reason(
     return None
 
 
+def serve_problem(failed: Mapping[str, str]) -> str | None:
+    """Why serving is not done, for ``/readyz``: ``failed`` the resources whose servers
+    failed to start, name -> error (``Endpoints.start_all``); None when none did."""
+    if not failed:
+        return None
+    first = next(iter(failed.values()))
+    return f"cannot serve {len(failed)} resource(s) (first error: {first}); retrying"
+
+
 def resource_problem(registered: bool, servicer: NumaDevicePluginServicer) -> str | None:
     """Why a resource is not ready, or None: not registered with the kubelet, or
     registered without the kubelet's ListAndWatch stream open."""
@@ -45,10 +54,12 @@ def readiness(
     servicers: Mapping[str, NumaDevicePluginServicer],
     registered: set[str],
     devices_read: bool = True,
+    watching: bool = True,
 ) -> list[str]:
-    """:meth:`PluginManager.readiness_problems` from its parts; ``devices_read`` False
-    (the devices the first look left out are still to be read, a moment after
-    registering) is a problem only when there is no other."""
+    """:meth:`PluginManager.readiness_problems` from its parts; ``watching`` False (the
+    device-plugin folder's watch still to begin) and ``devices_read`` False (the
+    devices the first look left out still to be read), each a moment after
+    registering, are problems only when there is no other."""
     if lock_problem is not None:
         return [lock_problem]
     if not servicers:
@@ -59,6 +70,10 @@ def readiness(
         for name, servicer in servicers.items()
         if (problem := resource_problem(name in registered, servicer)) is not None
     ]
-    if not problems and not devices_read:
+    if problems:
+        return problems
+    if not watching:
+        problems.append("the device-plugin folder is watched once registered")
+    if not devices_read:
         problems.append("the devices (PCI, disks, NICs) are read once registered")
     return problems

@@ -6,14 +6,14 @@ kubepods watcher asks the capacity poller for a read); this module starts and st
 them together.
 
 Registering needs none of the watches, so they start after it: the device-plugin
-folder's watch (watchdog's import and its thread) once the loop has first acted
-(registered, or found no kubelet; a second at the latest), followed by one wake, so
-that the loop looks at the state once more and finds what changed before the watch
-began (a kubelet restart, a socket deleted); the loop decides from the state it
-finds, never from the events alone.
-The kubepods watch starts at the first accepted registration once the folder is watched,
-and is made again at a later one when it has ended (a kubelet that replaced the folder,
-such as after a change of cgroup driver)."""
+folder's watch (watchdog's import and its thread) a moment after the loop has first
+acted (registered, or found no kubelet; a second at the latest), followed by one
+wake, so that the loop looks at the state once more and finds what changed before
+the watch began (a kubelet restart, a socket deleted); the loop decides from the
+state it finds, never from the events alone. The kubepods watch starts at the first
+accepted registration once the folder is watched, and is made again at a later one
+when it has ended (a kubelet that replaced the folder, such as after a change of
+cgroup driver)."""
 
 from __future__ import annotations
 
@@ -36,6 +36,10 @@ if TYPE_CHECKING:
 
 # The wake that follows the start of the device-plugin folder's watch.
 FOLDER_WATCHED = "device-plugin folder watched"
+# Seconds after the loop has first acted before the folder is watched: the kubelet
+# dials back and opens each ListAndWatch stream once Register is answered, and
+# watchdog's import (~10 ms on the event loop) would hold back the lists it waits for.
+FOLDER_WATCH_SETTLE = 0.25
 # Seconds after the watches start by which the folder is watched, whether or not the
 # loop has acted by then (a kubelet restart meanwhile is found by the wake that follows).
 FOLDER_WATCH_LATEST = 1.0
@@ -111,7 +115,8 @@ class Watches:
 
     def _watch_folder(self) -> None:
         """Watch the device-plugin folder (made again if it went), then start the
-        kubepods watch a registration asked for meanwhile. Raises OSError."""
+        kubepods watch a registration asked for meanwhile, and ask for a read of the
+        pod resources API (the registration's read came before it). Raises OSError."""
         from numa_device_plugin.kubelet.watcher import SocketDirWatcher
 
         assert self._loop is not None
@@ -124,19 +129,22 @@ class Watches:
         (asked, kubelet), self._kubepods_asked = self._kubepods_asked, (False, None)
         if asked:
             self.ensure_kubepods(kubelet)
+            if self.pods_signalled:
+                self._pods_changed()  # a read after it: a cgroup made before it began
 
     async def _watch_once_acted(self) -> None:
-        """Once the loop has acted, or :data:`FOLDER_WATCH_LATEST` seconds after
-        :meth:`start` (a registration retried, a Register call a hung kubelet never
-        answers, the lock held by another instance): the folder's watch, then one wake
-        (the loop looks at the state again: what changed before the watch began is
-        found). When it
-        cannot be watched, :attr:`error` and ``stop()``: the plugin ends, as when
-        the folder cannot be watched at start."""
+        """:data:`FOLDER_WATCH_SETTLE` seconds after the loop has acted, or
+        :data:`FOLDER_WATCH_LATEST` seconds after :meth:`start` (a registration
+        retried, a Register call a hung kubelet never answers, the lock held by another
+        instance): the folder's watch, then one wake (the loop looks at the state again:
+        what changed before the watch began is found). When it cannot be watched,
+        :attr:`error` and ``stop()``: the plugin ends, as when the folder cannot be
+        watched at start."""
         assert self._acted is not None
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(FOLDER_WATCH_LATEST):
                 await self._acted()
+                await asyncio.sleep(FOLDER_WATCH_SETTLE)
         try:
             self._watch_folder()
         except OSError as exc:

@@ -122,6 +122,7 @@ async def test_serve_registers_before_reading_the_devices_then_reads_them_and_is
                 await asyncio.to_thread(held.called.wait, 20)
                 assert held.registered_at_call == NAMES, "each registered before the read"
                 await wait_all_live(kubelet, NAMES)
+                await eventually(lambda: manager.watches.watching)  # a moment after
                 assert manager.readiness_problems() == [DEVICES_LINE]
                 assert not manager.settled()
                 held.go.set()
@@ -204,7 +205,7 @@ async def test_a_failed_read_of_the_devices_is_logged_and_leaves_the_plugin_read
 
 def test_the_devices_still_to_read_make_a_readiness_problem_only_when_alone() -> None:
     """Another problem (not registered, cannot serve) says what is wrong; the devices
-    line says the plugin is a moment from ready."""
+    line and the folder's watch line say the plugin is a moment from ready."""
     from functools import partial
 
     from numa_device_plugin.plugin.servicer import NumaDevicePluginServicer
@@ -217,6 +218,13 @@ def test_the_devices_still_to_read_make_a_readiness_problem_only_when_alone() ->
     ask = partial(readiness, None, servicers=servicers)
     assert ask(None, registered=set(NAMES), devices_read=False) == [DEVICES_LINE]
     assert ask(None, registered=set(NAMES), devices_read=True) == []
+    assert ask(None, registered=set(NAMES), devices_read=False, watching=False) == [
+        "the device-plugin folder is watched once registered",
+        DEVICES_LINE,
+    ]
+    assert ask(None, registered={NAMES[0]}, watching=False) == [
+        f"{NAMES[1]}: not registered with the kubelet"
+    ]
     assert ask("cannot serve", registered=set(NAMES), devices_read=False) == ["cannot serve"]
     assert ask(None, registered={NAMES[0]}, devices_read=False) == [
         f"{NAMES[1]}: not registered with the kubelet"

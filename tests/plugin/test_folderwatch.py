@@ -131,8 +131,11 @@ async def test_the_kubepods_watch_asked_for_before_the_folder_is_watched_starts_
     two_nodes: SysfsTree, tmp_path: Path
 ) -> None:
     """A registration accepted before the folder's watch began (the kubepods watch is
-    asked for at each) is not forgotten. Mutant: ``ensure_kubepods`` returning before
-    the folder is watched without remembering it (the interval reads forever)."""
+    asked for at each) is not forgotten, and the pod resources API is read once it is
+    watched (a Guaranteed pod's cgroup made between the registration's read and the
+    watch would otherwise wait for the 60 s backstop). Mutants: ``ensure_kubepods``
+    returning before the folder is watched without remembering it (the interval reads
+    forever); no read when the watch begins."""
     (tmp_path / "cgroup" / "kubepods").mkdir(parents=True)
     config = Config(sysfs_root=two_nodes.root, socket_dir=tmp_path / "dp",
                     cgroup_root=tmp_path / "cgroup", device_interval=0)  # fmt: skip
@@ -142,10 +145,11 @@ async def test_the_kubepods_watch_asked_for_before_the_folder_is_watched_starts_
         await acted.wait()
 
     woken: list[str] = []
+    reads: list[str] = []
     device_watch = DeviceWatch(config, discover, lambda: None, lambda: None)
     watches = Watches(config, lambda reason, _: woken.append(reason),
-                      LockKeeper(config.socket_dir, lambda: None), device_watch, lambda: None,
-                      acted=wait_acted)  # fmt: skip
+                      LockKeeper(config.socket_dir, lambda: None), device_watch,
+                      lambda: reads.append("read"), acted=wait_acted)  # fmt: skip
     watches.start()
     try:
         watches.ensure_kubepods((1, 1, 1))
@@ -156,6 +160,7 @@ async def test_the_kubepods_watch_asked_for_before_the_folder_is_watched_starts_
         acted.set()
         await eventually(lambda: watches.watching)
         assert watches.pods_signalled
+        assert reads == ["read"], "a read once watched: the registration's came before"
         assert woken == ["device-plugin folder watched"]
     finally:
         await watches.stop()

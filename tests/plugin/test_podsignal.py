@@ -127,6 +127,7 @@ async def test_a_kubepods_folder_replaced_is_watched_again_after_the_next_regist
     async with cpus_mode(two_nodes, sock_dir, *flags) as (kubelet, plugin):
         await wait_all_live(kubelet, ["numa-align/numa-0", R1], timeout=20)
         await kubelet.wait_until(lambda: kubelet.allocatable(R1) == 4)
+        await eventually(lambda: plugin.log().count(WATCHED) == 1)  # a moment after
         assert (await debug_state(plugin))["pod_resources"]["period_seconds"] == 3600.0
 
         kubepods.rmdir()  # the kubelet stops; its kubepods folder goes
