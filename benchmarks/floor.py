@@ -6,8 +6,8 @@ healthy devices, and nothing else (no discovery, logging, metrics or probes; wit
 What ``numa-device-plugin serve`` costs beyond this is ours to cut; this much is
 CPython's and grpcio's. With ``--libraries`` it also imports the libraries the plugin is
 built on, when the plugin imports them: click and structlog (argument parsing, logging)
-before registering, watchdog and prometheus-client (file watching, metrics) after. What
-``serve`` costs beyond that is its own code.
+before registering, watchdog and prometheus-client (file watching, metrics) a quarter
+of a second after. What ``serve`` costs beyond that is its own code.
 
 Usage: python -m benchmarks.floor [--watch] [--libraries] [--pod-resources SOCKET [--interval
 S]] SOCKET_DIR RESOURCE... (100 devices each)
@@ -40,6 +40,7 @@ LIBRARY_FLOOR = "floor + the libraries"
 # What --libraries imports before registering and after (as serve does).
 LIBRARIES_FIRST = ("click", "structlog")
 LIBRARIES_AFTER = ("watchdog.observers", "prometheus_client")
+AFTER_REGISTERING = 0.25  # seconds, as serve's (plugin.watches, plugin.recorder)
 
 
 class Servicer(api_pb2_grpc.DevicePluginServicer):  # type: ignore[misc]
@@ -151,6 +152,7 @@ async def main(
         observer.start()
     servers = await serve(socket_dir, resources)
     if libraries:
+        await asyncio.sleep(AFTER_REGISTERING)  # the lists go out first, as serve's do
         for name in LIBRARIES_AFTER:
             importlib.import_module(name)
     reader = None

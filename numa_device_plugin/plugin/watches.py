@@ -50,10 +50,10 @@ log = structlog.get_logger(__name__)
 class Watches:
     """The watcher threads and the watch tasks, for the time the loop serves.
 
-    ``acted``: returns once the loop has first acted (the folder's watch starts then,
-    or :data:`FOLDER_WATCH_LATEST` seconds after :meth:`start`, and ``stop()`` is
-    called with the error when it cannot start: :attr:`error`); None: the folder's
-    watch starts in :meth:`start`.
+    ``acted``: returns once the loop has first acted (the folder's watch starts
+    :data:`FOLDER_WATCH_SETTLE` seconds later, or :data:`FOLDER_WATCH_LATEST` seconds
+    after :meth:`start`, and ``stop()`` is called when it cannot start: the error is
+    :attr:`error`); None: the folder's watch starts in :meth:`start`.
     """
 
     def __init__(
@@ -90,7 +90,7 @@ class Watches:
 
     def start(self) -> None:
         """Start the checks, and the device-plugin folder's watch (now without
-        ``acted``, else in a task once the loop has acted). Raises OSError when the
+        ``acted``, else in a task: :meth:`_watch_once_acted`). Raises OSError when the
         folder cannot be watched now (inotify)."""
         self._loop = asyncio.get_running_loop()
         if self._acted is None:
