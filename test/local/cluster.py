@@ -544,12 +544,14 @@ class Cluster:
         else:
             command = shipped.readme_command(readme, self.spec.plugin)
         command = shipped.scaled_probes(command, self.spec.time_scale)
-        # helm and kubectl validate against the API server's OpenAPI document: wait for
-        # it (a 503 there failed the install with "failed to download openapi").
-        openapi = f"https://127.0.0.1:{self.ports['apiserver']}/openapi/v2"
-        wait_for("the API server's /openapi/v2", lambda: http_get(openapi, self.token,
-                 timeout=30)[0] == 200, 60 * self.spec.time_scale, self.processes,
-                 "kube-apiserver")  # fmt: skip
+        # helm and kubectl validate against the API server's OpenAPI documents: wait for
+        # them (a 503 there failed the install with "failed to download openapi"; v3's
+        # group documents can answer 503 a moment after v2 answers 200: 2026-11-29).
+        base = f"https://127.0.0.1:{self.ports['apiserver']}"
+        for path in ("/openapi/v2", "/openapi/v3/api/v1", "/openapi/v3/apis/apps/v1"):
+            wait_for(f"the API server's {path}", lambda path=path: http_get(
+                     base + path, self.token, timeout=30)[0] == 200, 60 * self.spec.time_scale,
+                     self.processes, "kube-apiserver")  # fmt: skip
         log(f"installing: {command}")
         env = dict(os.environ, KUBECONFIG=str(self.work / "kubeconfig"),
                    PATH=f"{Path(self.spec.helm).parent}:{os.environ['PATH']}")  # fmt: skip
