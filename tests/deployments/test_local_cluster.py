@@ -23,8 +23,12 @@ from tests.e2e.conftest import ClusterConfig, _with_capacity, read_sysfs_layout
 
 sys.path.insert(0, str(REPO / "test" / "local"))
 import cluster
+import guests as guest_vms
 import hoststate
+import kubecluster
+import plan as run_plan
 import render
+import results as run_results
 
 
 def settings(**changes: object) -> render.KubeletSettings:
@@ -189,14 +193,14 @@ def test_initramfs_refuses_a_kernel_without_a_module(
 ) -> None:
     busybox = tmp_path / "busybox"
     busybox.write_bytes(b"\x7fELF static busybox")
-    monkeypatch.setattr(cluster, "BUSYBOX", busybox)  # a fresh machine has none
+    monkeypatch.setattr(run_plan, "BUSYBOX", busybox)  # a fresh machine has none
     (tmp_path / "kernel").mkdir()
     for name in render.GUEST_MODULES[:-1]:
         (tmp_path / "kernel" / f"{name}.ko").write_bytes(b"m")
-    with pytest.raises(cluster.Missing, match="overlay"):
-        cluster.initramfs(tmp_path, "true")
+    with pytest.raises(run_plan.Missing, match="overlay"):
+        guest_vms.initramfs(tmp_path, "true")
     (tmp_path / "kernel" / "overlay.ko").write_bytes(b"o")
-    entries = {name: data for name, _, data in parse_newc(cluster.initramfs(tmp_path, "true"))}
+    entries = {name: data for name, _, data in parse_newc(guest_vms.initramfs(tmp_path, "true"))}
     assert entries["modules/overlay.ko"] == b"o"
     assert entries["bin/busybox"] == b"\x7fELF static busybox"
 
@@ -217,7 +221,7 @@ def test_missing_binaries_tools_and_root_are_each_named(
 ) -> None:
     bins = fake_bins(tmp_path / "bin", ("kubelet", "etcd"))
     monkeypatch.setenv("PATH", str(fake_bins(tmp_path / "path", ("containerd", "ctr"))))
-    lines = cluster.missing_requirements(bins, vm=True, is_root=False)
+    lines = run_plan.missing_requirements(bins, vm=True, is_root=False)
     text = "\n".join(lines)
     assert f"{bins}/kube-apiserver: no such executable" in text
     assert f"{bins}/kube-scheduler: no such executable" in text
@@ -226,7 +230,7 @@ def test_missing_binaries_tools_and_root_are_each_named(
     assert "qemu-system-x86_64: not on PATH (Debian package qemu-system-x86)" in text
     assert "containerd: not on PATH" not in text
     assert any(line.startswith("root:") for line in lines)
-    assert cluster.missing_requirements(None, vm=False, is_root=True)[0].startswith(
+    assert run_plan.missing_requirements(None, vm=False, is_root=True)[0].startswith(
         "KUBE_BIN_DIR is not set"
     )
 
@@ -234,8 +238,8 @@ def test_missing_binaries_tools_and_root_are_each_named(
 def test_a_dynamic_busybox_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     fake = tmp_path / "busybox"
     fake.write_bytes(b"\x7fELF" + b"\0" * 100 + b"/lib64/ld-linux-x86-64.so.2")
-    monkeypatch.setattr(cluster, "BUSYBOX", fake)
-    lines = cluster.missing_requirements(None, vm=False, is_root=True)
+    monkeypatch.setattr(run_plan, "BUSYBOX", fake)
+    lines = run_plan.missing_requirements(None, vm=False, is_root=True)
     assert any("busybox-static" in line for line in lines)
 
 
@@ -254,7 +258,7 @@ def test_run_exits_2_naming_what_is_missing(
 
 @pytest.mark.parametrize(("value", "vm"), [("", False), ("0", False), ("1", True), ("yes", True)])
 def test_numa_vm_values(value: str, vm: bool) -> None:
-    assert cluster.vm_wanted(value) is vm
+    assert run_plan.vm_wanted(value) is vm
 
 
 def test_a_bad_numa_vm_exits_2(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -341,9 +345,9 @@ def test_restore_never_deletes_a_folder_with_content(tmp_path: Path) -> None:
 
 def test_down_stops_the_plugin_and_kubelet_first_and_etcd_last(tmp_path: Path) -> None:
     """Stand-ins for each process write their name when SIGTERM reaches them."""
-    spec = cluster.Spec(bin_dir=str(tmp_path), work=str(tmp_path), python=sys.executable,
+    spec = run_plan.Spec(bin_dir=str(tmp_path), work=str(tmp_path), python=sys.executable,
                         pytest_args=[])  # fmt: skip
-    harness = cluster.Cluster(spec)
+    harness = kubecluster.Cluster(spec)
     order = tmp_path / "order"
     names = ("etcd", "kube-apiserver", "kube-scheduler", "containerd", "kubelet", "plugin")
     for name in names:
@@ -406,7 +410,7 @@ def test_the_orphan_reaper_leaves_the_harness_children_their_exit_status() -> No
     own = {"pytest": subprocess.Popen(["sh", "-c", "sleep 0.3; exit 3"])}
     orphan = subprocess.Popen(["sh", "-c", "sleep 0.3; exit 4"])
     stop = threading.Event()
-    reaper = threading.Thread(target=cluster.reap_orphans, args=(own, stop), daemon=True)
+    reaper = threading.Thread(target=kubecluster.reap_orphans, args=(own, stop), daemon=True)
     reaper.start()
     try:
         deadline = time.monotonic() + 30
@@ -473,17 +477,17 @@ def test_fail_cgroup_v1_is_rendered_only_where_the_kubelet_needs_it(
 def test_the_host_cgroup_version_is_read_from_the_mounts() -> None:
     v2 = "cgroup2 /sys/fs/cgroup cgroup2 rw,nosuid 0 0\n"
     v1 = "tmpfs /sys/fs/cgroup tmpfs ro 0 0\ncgroup /sys/fs/cgroup/cpu cgroup rw,cpu 0 0\n"
-    assert not cluster.host_cgroup_v1(v2)
-    assert cluster.host_cgroup_v1(v1)
+    assert not run_plan.host_cgroup_v1(v2)
+    assert run_plan.host_cgroup_v1(v1)
 
 
 def test_an_unsupported_kubelet_is_named_before_anything_runs(tmp_path: Path) -> None:
-    bins = fake_bins(tmp_path / "bin", cluster.KUBE_BINARIES)
+    bins = fake_bins(tmp_path / "bin", run_plan.KUBE_BINARIES)
     (bins / "kubelet").write_text("#!/bin/sh\necho Kubernetes v1.27.16\n")
-    lines = cluster.missing_requirements(bins, vm=False, is_root=True)
+    lines = run_plan.missing_requirements(bins, vm=False, is_root=True)
     assert "Kubernetes v1.27.16 is outside what the harness supports (v1.28 to v1.36)" in lines
     (bins / "kubelet").write_text("#!/bin/sh\necho Kubernetes v1.36.2\n")
-    assert not any("Kubernetes" in line for line in cluster.missing_requirements(
+    assert not any("Kubernetes" in line for line in run_plan.missing_requirements(
         bins, vm=False, is_root=True))  # fmt: skip
 
 
@@ -620,12 +624,12 @@ def test_the_harness_prints_the_progress_summary_on_any_exit(
 ) -> None:
     results = tmp_path / "results-a"
     results.mkdir()
-    (results / cluster.PROGRESS_FILE).write_text(
+    (results / run_results.PROGRESS_FILE).write_text(
         json.dumps({"test": "t::a", "outcome": "passed", "seconds": 1.0, "observed": ["x"]}) + "\n"
     )
-    cluster.print_progress(tmp_path)
+    run_results.print_progress(tmp_path)
     assert "e2e progress: 1 passed" in capsys.readouterr().out
-    cluster.print_progress(tmp_path / "gone")  # a work folder already removed: nothing
+    run_results.print_progress(tmp_path / "gone")  # a work folder already removed: nothing
     assert "    finally:\n        print_progress(work)\n" in Path(cluster.__file__).read_text()
 
 

@@ -18,6 +18,8 @@ from tests.conftest import REPO
 
 sys.path.insert(0, str(REPO / "test" / "local"))
 import cluster
+import kubecluster
+import plan as run_plan
 import render
 import shipped
 
@@ -196,18 +198,18 @@ def test_release_without_helm_is_refused(capsys: pytest.CaptureFixture[str]) -> 
 def test_the_apiserver_is_private_to_loopback_in_process_mode_and_on_the_bridge_otherwise(
     tmp_path: Path,
 ) -> None:
-    def spec(plugin: str) -> cluster.Spec:
-        return cluster.Spec(bin_dir="/k", work=str(tmp_path), python="p", pytest_args=[],
+    def spec(plugin: str) -> run_plan.Spec:
+        return run_plan.Spec(bin_dir="/k", work=str(tmp_path), python="p", pytest_args=[],
                             plugin=plugin)  # fmt: skip
 
-    local = cluster.Cluster(spec("process")).apiserver_network()
+    local = kubecluster.Cluster(spec("process")).apiserver_network()
     assert local[local.index("--bind-address") + 1] == "127.0.0.1"
     assert "ServiceAccount" in local
-    image = cluster.Cluster(spec("helm")).apiserver_network()
+    image = kubecluster.Cluster(spec("helm")).apiserver_network()
     assert image[image.index("--advertise-address") + 1] == shipped.NODE_IP
     assert "ServiceAccount" not in image
-    assert cluster.Cluster(spec("helm")).node_ip == shipped.NODE_IP
-    assert cluster.Cluster(spec("process")).node_ip == "127.0.0.1"
+    assert kubecluster.Cluster(spec("helm")).node_ip == shipped.NODE_IP
+    assert kubecluster.Cluster(spec("process")).node_ip == "127.0.0.1"
 
 
 def serve_once(body: dict[str, Any]) -> tuple[str, list[str]]:

@@ -21,11 +21,15 @@ from tests.conftest import REPO, missing, require_tool
 
 sys.path.insert(0, str(REPO / "test" / "local"))
 import cluster
+import guests as guest_vms
+import kubecluster
+import plan as run_plan
+import processes
 import render
 import workers
 
 
-def spec(tmp_path: Path, **changes: Any) -> cluster.Spec:
+def spec(tmp_path: Path, **changes: Any) -> run_plan.Spec:
     values: dict[str, Any] = {
         "bin_dir": "/k8s/bin",
         "work": str(tmp_path),
@@ -35,7 +39,7 @@ def spec(tmp_path: Path, **changes: Any) -> cluster.Spec:
         "workers": 2,
     }
     values.update(changes)
-    return cluster.Spec(**values)
+    return run_plan.Spec(**values)
 
 
 def test_two_workers_have_their_own_names_addresses_nics_and_pod_subnets() -> None:
@@ -151,15 +155,15 @@ def options_of(argv: list[str], flag: str) -> list[str]:
 def test_the_guest_plan_gives_worker_a_the_memory_only_node_and_each_its_nic(
     tmp_path: Path,
 ) -> None:
-    boot = cluster.GuestBoot(Path("/k/vmlinuz"), tmp_path / "initrd", Path("/k/modules"), False)
-    plans = [cluster.guest_plan(spec(tmp_path), w, boot, 7.5, 2) for w in workers.workers(2)]
+    boot = guest_vms.GuestBoot(Path("/k/vmlinuz"), tmp_path / "initrd", Path("/k/modules"), False)
+    plans = [guest_vms.guest_plan(spec(tmp_path), w, boot, 7.5, 2) for w in workers.workers(2)]
     for plan, worker in zip(plans, workers.workers(2), strict=True):
         argv = " ".join(plan["argv"])
         assert f"ifname={worker.tap}," in argv
         assert f"mac={worker.mac}" in argv
         assert "-smp 4," in argv
         assert plan["results"] == str(tmp_path / f"results-{worker.letter}")
-        guest = cluster.Spec(**plan["spec"])
+        guest = run_plan.Spec(**plan["spec"])
         assert (guest.role, guest.worker, guest.node) == ("worker", worker.name, worker.name)
         assert guest.me == worker
         assert guest.time_scale == 7.5
@@ -179,13 +183,13 @@ def test_each_worker_guest_knows_the_release_the_cluster_installed(tmp_path: Pat
     digests) to them; a guest once looked for release.json in a work folder it does not
     have and the run ended before its first test."""
     info = {"version": "0.2.0", "digest": "sha256:" + "ab" * 32, "chart_digest": "sha256:0"}
-    boot = cluster.GuestBoot(Path("/k/vmlinuz"), tmp_path / "initrd", Path("/k/modules"), False)
+    boot = guest_vms.GuestBoot(Path("/k/vmlinuz"), tmp_path / "initrd", Path("/k/modules"), False)
     released = spec(tmp_path, release=True, release_info=info)
     for worker in workers.workers(2):
-        guest = cluster.Spec(**cluster.guest_plan(released, worker, boot, 7.5, 2)["spec"])
+        guest = run_plan.Spec(**guest_vms.guest_plan(released, worker, boot, 7.5, 2)["spec"])
         assert guest.release_info == info
-        assert cluster.Cluster(guest).released() == info
-    assert cluster.Cluster(spec(tmp_path)).released() is None
+        assert kubecluster.Cluster(guest).released() == info
+    assert kubecluster.Cluster(spec(tmp_path)).released() is None
 
 
 def test_with_kube_router_each_worker_starts_its_firewall_after_its_node_joined(
@@ -194,18 +198,18 @@ def test_with_kube_router_each_worker_starts_its_firewall_after_its_node_joined(
     """KUBE_ROUTER=: each worker guest's spec carries the binary; a worker starts it
     after its kubelet (kube-router reads its Node), with the firewall alone on and the
     worker's own node name; without it the worker starts no enforcer."""
-    boot = cluster.GuestBoot(Path("/k/vmlinuz"), tmp_path / "initrd", Path("/k/modules"), False)
+    boot = guest_vms.GuestBoot(Path("/k/vmlinuz"), tmp_path / "initrd", Path("/k/modules"), False)
     enforced = spec(tmp_path, kube_router="/opt/kube-router")
     for worker in workers.workers(2):
-        guest = cluster.Spec(**cluster.guest_plan(enforced, worker, boot, 7.5, 2)["spec"])
-        steps = [step.__name__ for step in cluster.Cluster(guest).steps()]
+        guest = run_plan.Spec(**guest_vms.guest_plan(enforced, worker, boot, 7.5, 2)["spec"])
+        steps = [step.__name__ for step in kubecluster.Cluster(guest).steps()]
         assert steps == ["_containerd", "_kubelet", "_network_policy"]
         argv = workers.network_policy_argv(guest.kube_router, "/w/kubeconfig", worker)
         assert argv[0] == "/opt/kube-router"
         assert {"--run-firewall=true", "--run-router=false", "--run-service-proxy=false",
                 f"--hostname-override={worker.name}"} <= set(argv)  # fmt: skip
-        plain = cluster.Spec(**cluster.guest_plan(spec(tmp_path), worker, boot, 7.5, 2)["spec"])
-        assert "_network_policy" not in [s.__name__ for s in cluster.Cluster(plain).steps()]
+        plain = run_plan.Spec(**guest_vms.guest_plan(spec(tmp_path), worker, boot, 7.5, 2)["spec"])
+        assert "_network_policy" not in [s.__name__ for s in kubecluster.Cluster(plain).steps()]
 
 
 def test_kube_router_without_workers_exits_2(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -221,12 +225,14 @@ def test_kube_router_and_the_programs_it_runs_are_named_when_missing(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("PATH", str(tmp_path))
-    lines = cluster.network_policy_missing(tmp_path / "kube-router")
+    lines = run_plan.network_policy_missing(tmp_path / "kube-router")
     assert lines[0] == f"{tmp_path / 'kube-router'}: no such executable (KUBE_ROUTER=)"
     assert any(line.startswith("ipset: not on PATH (Debian package ipset") for line in lines)
     assert any(line.startswith("iptables-save: not on PATH (Debian package iptables")
                for line in lines)  # fmt: skip
-    assert cluster.network_policy_missing(tmp_path)[0].endswith("no such executable (KUBE_ROUTER=)")
+    assert run_plan.network_policy_missing(tmp_path)[0].endswith(
+        "no such executable (KUBE_ROUTER=)"
+    )
 
 
 def numa_node_of_port(argv: list[str]) -> dict[str, str]:
@@ -253,8 +259,8 @@ def test_each_worker_gets_two_data_disks_on_opposite_nodes_and_its_nic_on_node_1
     different nodes), slot b's on the other node, the hot-plugged disk and the NIC on
     node 1; each disk on its own root port of an expander bridge, with its own serial and
     a sparse image made in the work folder; the monitor on the control plane's bridge."""
-    boot = cluster.GuestBoot(Path("/k/vmlinuz"), tmp_path / "initrd", Path("/k/modules"), False)
-    plans = [cluster.guest_plan(spec(tmp_path), w, boot, 7.5, 2) for w in workers.workers(2)]
+    boot = guest_vms.GuestBoot(Path("/k/vmlinuz"), tmp_path / "initrd", Path("/k/modules"), False)
+    plans = [guest_vms.guest_plan(spec(tmp_path), w, boot, 7.5, 2) for w in workers.workers(2)]
     found = []
     for plan, worker in zip(plans, workers.workers(2), strict=True):
         argv = plan["argv"]
@@ -292,11 +298,11 @@ def test_a_shape_without_a_memory_only_node_has_only_its_cpu_nodes() -> None:
 
 
 def test_tcg_timeouts_grow_with_the_guests_sharing_the_cores() -> None:
-    assert cluster.tcg_scale(1) == 5.0
-    assert cluster.tcg_scale(2) == 7.5
+    assert guest_vms.tcg_scale(1) == 5.0
+    assert guest_vms.tcg_scale(2) == 7.5
 
 
-def fake_plan(tmp_path: Path, argv: list[str]) -> cluster.Spec:
+def fake_plan(tmp_path: Path, argv: list[str]) -> run_plan.Spec:
     """A work folder whose guests.json names two 'guests' running ``argv``."""
     plan = []
     for worker in workers.workers(2):
@@ -309,18 +315,18 @@ def fake_plan(tmp_path: Path, argv: list[str]) -> cluster.Spec:
 
 
 class FakeCluster:
-    """What :class:`cluster.Guests` uses of the cluster, recording calls."""
+    """What :class:`guest_vms.Guests` uses of the cluster, recording calls."""
 
     def __init__(self, tmp_path: Path, calls: list[str]) -> None:
         self.ports = {"apiserver": 6443}
         self.token = "t0ken"
-        self.processes = cluster.Processes(tmp_path)
+        self.processes = processes.Processes(tmp_path)
         self.calls = calls
 
 
 def test_boot_gives_each_guest_the_api_server_and_token(tmp_path: Path) -> None:
     the_spec = fake_plan(tmp_path, ["sleep", "30"])
-    guests = cluster.Guests(the_spec, FakeCluster(tmp_path, []))  # type: ignore[arg-type]
+    guests = guest_vms.Guests(the_spec, FakeCluster(tmp_path, []))  # type: ignore[arg-type]
     guests.boot()
     try:
         for letter in "ab":
@@ -334,7 +340,7 @@ def test_boot_gives_each_guest_the_api_server_and_token(tmp_path: Path) -> None:
 
 def test_stop_tells_every_guest_then_kills_one_that_does_not_power_off(tmp_path: Path) -> None:
     the_spec = fake_plan(tmp_path, ["sleep", "30"])
-    guests = cluster.Guests(the_spec, FakeCluster(tmp_path, []))  # type: ignore[arg-type]
+    guests = guest_vms.Guests(the_spec, FakeCluster(tmp_path, []))  # type: ignore[arg-type]
     guests.boot()
     started = time.monotonic()
     guests.stop(0.5)
@@ -346,7 +352,7 @@ def test_stop_tells_every_guest_then_kills_one_that_does_not_power_off(tmp_path:
 
 def test_a_guest_that_powers_off_early_is_named(tmp_path: Path) -> None:
     the_spec = fake_plan(tmp_path, ["true"])
-    guests = cluster.Guests(the_spec, FakeCluster(tmp_path, []))  # type: ignore[arg-type]
+    guests = guest_vms.Guests(the_spec, FakeCluster(tmp_path, []))  # type: ignore[arg-type]
     guests.boot()
     for child in guests.running.values():
         child.wait()
@@ -356,7 +362,7 @@ def test_a_guest_that_powers_off_early_is_named(tmp_path: Path) -> None:
 
 def test_the_tests_status_is_read_from_the_tests_workers_share(tmp_path: Path) -> None:
     the_spec = fake_plan(tmp_path, ["true"])
-    guests = cluster.Guests(the_spec, FakeCluster(tmp_path, []))  # type: ignore[arg-type]
+    guests = guest_vms.Guests(the_spec, FakeCluster(tmp_path, []))  # type: ignore[arg-type]
     guests.boot()
     assert guests.wait_tests(30) == 1, "no exit-code written: a failure"
     (tmp_path / "results-a" / "exit-code").write_text("0\n")
@@ -374,16 +380,16 @@ def test_the_control_plane_stops_the_guests_before_itself(
     the_spec = fake_plan(tmp_path, ["true"])
     calls: list[str] = []
 
-    def up(self: cluster.Cluster) -> None:
+    def up(self: kubecluster.Cluster) -> None:
         calls.append("up")
         raise RuntimeError("etcd exited")
 
-    monkeypatch.setattr(cluster.Cluster, "up", up)
-    monkeypatch.setattr(cluster.Cluster, "down", lambda self, grace=10.0: calls.append("down"))
-    monkeypatch.setattr(cluster.Guests, "stop", lambda self, grace: calls.append("stop guests"))
+    monkeypatch.setattr(kubecluster.Cluster, "up", up)
+    monkeypatch.setattr(kubecluster.Cluster, "down", lambda self, grace=10.0: calls.append("down"))
+    monkeypatch.setattr(guest_vms.Guests, "stop", lambda self, grace: calls.append("stop guests"))
     monkeypatch.setattr("os.getpid", lambda: 4242)  # not PID 1: kill nothing
     monkeypatch.setattr("signal.signal", lambda *args: None)
-    assert cluster.control_plane(the_spec) == 1
+    assert guest_vms.control_plane(the_spec) == 1
     assert calls == ["up", "stop guests", "down"]
     assert workers.STOP_ORDER[0] == "guests"
     assert workers.STOP_ORDER[-2:] == ("etcd", "docker-registry")
@@ -393,7 +399,7 @@ def test_down_stops_the_control_plane_in_the_documented_order(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     the_spec = spec(tmp_path, role="control-plane")
-    control = cluster.Cluster(the_spec)
+    control = kubecluster.Cluster(the_spec)
     stopped: list[str] = []
     for name in reversed(workers.STOP_ORDER[1:]):
         pidfile = tmp_path / f"{name}.pid"
@@ -401,14 +407,14 @@ def test_down_stops_the_control_plane_in_the_documented_order(
         pidfile.write_text(f"{child.pid}\n")
         control.processes.started[name] = child
         if name != "docker-registry":
-            control.processes.described[name] = cluster.Process(name, [], "", str(pidfile))
+            control.processes.described[name] = processes.Process(name, [], "", str(pidfile))
 
     def record(pid: int, child: subprocess.Popen[bytes], grace: float) -> None:
         stopped.append(next(n for n, c in control.processes.started.items() if c is child))
         child.kill()
         child.wait()
 
-    monkeypatch.setattr(cluster, "stop", record)
+    monkeypatch.setattr(kubecluster, "stop", record)
     control.down()
     assert tuple(stopped) == workers.STOP_ORDER[1:]
 
@@ -430,14 +436,14 @@ def test_a_worker_joins_then_runs_the_tests_only_when_told(
     the_spec = spec(tmp_path, role="worker", worker=worker, node=worker, results=str(results))
     runs: list[bool] = []
 
-    def run_tests(self: cluster.Cluster) -> int:
+    def run_tests(self: kubecluster.Cluster) -> int:
         runs.append(True)
         return 7
 
-    monkeypatch.setattr(cluster.Cluster, "run_tests", run_tests)
+    monkeypatch.setattr(kubecluster.Cluster, "run_tests", run_tests)
     for name in files:
         (results / name).write_text(f"{name}\n")
-    assert cluster.worker_duty(cluster.Cluster(the_spec)) == expected
+    assert kubecluster.worker_duty(kubecluster.Cluster(the_spec)) == expected
     assert bool(runs) == ran
     assert (results / "up").read_text() == f"{worker}\n"
 
@@ -450,7 +456,7 @@ def test_ready_nodes_counts_only_ready_pods() -> None:
                                                                 "status": "False"}]}},
         {"spec": {"nodeName": "c"}, "status": {}},
     ]  # fmt: skip
-    assert cluster.ready_nodes(pods) == {"a"}
+    assert kubecluster.ready_nodes(pods) == {"a"}
 
 
 @pytest.mark.parametrize(
@@ -507,7 +513,7 @@ def test_an_interrupted_step_in_a_namespace_is_130_whatever_its_child_returns(
             return 0
 
     monkeypatch.setattr("subprocess.Popen", lambda *args, **kwargs: Child())
-    assert cluster.in_namespace(spec(tmp_path), "build", str(tmp_path), network=False) == 130
+    assert kubecluster.in_namespace(spec(tmp_path), "build", str(tmp_path), network=False) == 130
     assert Child.waits == 2, "the namespace's end is waited for"
 
 
@@ -527,7 +533,7 @@ def test_the_namespace_commands_handle_sigterm(
         assert cluster.main(["build", str(tmp_path)]) == 0
     finally:
         signal.signal(signal.SIGTERM, previous)
-    assert seen == [cluster.interrupt]
+    assert seen == [processes.interrupt]
 
 
 def test_outside_a_worker_guest_there_is_no_worker(tmp_path: Path) -> None:
@@ -535,4 +541,22 @@ def test_outside_a_worker_guest_there_is_no_worker(tmp_path: Path) -> None:
     harness asks for it to pick the node's address."""
     assert spec(tmp_path, workers=0).me is None
     assert spec(tmp_path, role="control-plane").me is None
-    assert cluster.Cluster(spec(tmp_path, workers=0, plugin="process")).node_ip == "127.0.0.1"
+    assert kubecluster.Cluster(spec(tmp_path, workers=0, plugin="process")).node_ip == "127.0.0.1"
+
+
+def test_the_namespaces_and_the_guests_run_the_harness_entry_script(tmp_path: Path) -> None:
+    """Split into modules, the harness still re-runs ``cluster.py`` (its command line),
+    never the module that starts the namespace or builds the guest's init command."""
+    the_spec = spec(tmp_path)
+    entry = REPO / "test/local/cluster.py"
+    assert entry.resolve() == run_plan.HARNESS
+    argv = kubecluster.namespace_argv(the_spec, "inside", "spec.json", network=True)
+    assert argv[argv.index("--kill-child") + 1 :] == [
+        the_spec.python, str(entry.resolve()), "inside", "spec.json",
+    ]  # fmt: skip
+    assert "--net" in argv
+    assert "--net" not in kubecluster.namespace_argv(the_spec, "build", network=False)
+    command = guest_vms.guest_command(the_spec, ["/tmp/kept"]).split()
+    assert command[command.index(the_spec.python) + 1] == str(entry.resolve())
+    assert command[-2:] == ["/ndp-results", "/tmp/kept"]
+    assert "def main(" in entry.read_text()
