@@ -40,7 +40,7 @@ LIBRARY_FLOOR = "floor + the libraries"
 # What --libraries imports before registering and after (as serve does).
 LIBRARIES_FIRST = ("click", "structlog")
 LIBRARIES_AFTER = ("watchdog.observers", "prometheus_client")
-AFTER_REGISTERING = 0.25  # seconds, as serve's (plugin.watches, plugin.recorder)
+AFTER_REGISTERING = 0.25  # seconds, as serve's (plugin.lifecycle.watches, plugin.reports.deferred)
 
 
 class Servicer(api_pb2_grpc.DevicePluginServicer):  # type: ignore[misc]

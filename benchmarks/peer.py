@@ -52,7 +52,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from benchmarks.bench import device_machine
 from benchmarks.floor import FLOOR, LIBRARY_FLOOR
 from benchmarks.floor import argv as floor_argv
 from benchmarks.harness import (
@@ -62,6 +61,7 @@ from benchmarks.harness import (
     percentile,
     registration_deadline,
 )
+from benchmarks.locality import device_machine
 from numa_device_plugin.kubelet_standin import KubeletStandIn
 from numa_device_plugin.topology.fake import build_machine
 

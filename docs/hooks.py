@@ -53,7 +53,7 @@ def metrics_table() -> str:
     """Every metric the plugin serves with ``--metrics-address``: a recorder fed one
     of each event on a two-NUMA-node topology, so every family has a series to show
     its labels; the process, platform and GC collectors left out."""
-    from numa_device_plugin.plugin.prometheus import documented_families
+    from numa_device_plugin.plugin.reports.prometheus import documented_families
 
     rows = ["| metric | type | labels | meaning |", "|---|---|---|---|"]
     for family in documented_families():

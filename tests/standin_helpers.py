@@ -19,9 +19,9 @@ from typing import Any
 
 from benchmarks.harness import held_port as held_port  # re-exported for the tests
 from numa_device_plugin.kubelet_standin import KubeletStandIn
-from numa_device_plugin.plugin.config import Config
-from numa_device_plugin.plugin.manager import PluginManager
-from numa_device_plugin.plugin.recorder import Recorder
+from numa_device_plugin.plugin.lifecycle.manager import PluginManager
+from numa_device_plugin.plugin.model.recorder import Recorder
+from numa_device_plugin.plugin.settings.config import Config
 from numa_device_plugin.topology.fake import SysfsTree
 
 # The resources of a two-NUMA-node machine (the two_nodes fixture).

@@ -20,9 +20,9 @@ from numa_device_plugin.cli import options
 from numa_device_plugin.kubelet_standin import KubeletStandIn
 from numa_device_plugin.nodeconfig.supervisor import ConfigSupervisor, Selector
 from numa_device_plugin.ops.logs import configure_logging
-from numa_device_plugin.plugin.config import Config
-from numa_device_plugin.plugin.discovery import Discovery, discover
-from numa_device_plugin.plugin.manager import PluginManager
+from numa_device_plugin.plugin.advertised.discovery import Discovery, discover
+from numa_device_plugin.plugin.lifecycle.manager import PluginManager
+from numa_device_plugin.plugin.settings.config import Config
 from numa_device_plugin.topology.memory import MEMORY, hugepages_type
 from numa_device_plugin.topology.numa import NumaNode
 
@@ -104,7 +104,7 @@ async def _demo(ctx: click.Context, params: dict[str, Any]) -> int:
         async with standin as kubelet:
             recorder = None
             if address:
-                from numa_device_plugin.plugin.prometheus import PrometheusRecorder
+                from numa_device_plugin.plugin.reports.prometheus import PrometheusRecorder
 
                 recorder = PrometheusRecorder()
             runner: PluginManager | ConfigSupervisor
@@ -253,7 +253,7 @@ def status_argv(config: Config) -> list[str]:
     """``status`` and the flags that make it read what ``config`` serves: the folders,
     and every setting that shapes the resources (``--capacity``, ``--memory-unit``,
     ``--near``, ...), so that the printed command reports what the demo advertises."""
-    from numa_device_plugin.plugin.devices import DEFAULT_RESOURCE_PREFIX
+    from numa_device_plugin.plugin.model.names import DEFAULT_RESOURCE_PREFIX
     from numa_device_plugin.topology.memory import format_quantity
     from numa_device_plugin.topology.sysfs import format_cpulist
 

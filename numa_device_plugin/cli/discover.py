@@ -12,8 +12,8 @@ import click
 from numa_device_plugin.cli import options
 from numa_device_plugin.cli.escaped import shown
 from numa_device_plugin.ops.logs import configure_logging
-from numa_device_plugin.plugin.config import Config
-from numa_device_plugin.plugin.discovery import Discovery, near_document
+from numa_device_plugin.plugin.advertised.discovery import Discovery, near_document
+from numa_device_plugin.plugin.settings.config import Config
 from numa_device_plugin.topology import sysfs
 from numa_device_plugin.topology.bynode import NO_DEVICES, devices_by_node, unlocated_pci
 from numa_device_plugin.topology.details import details

@@ -20,19 +20,16 @@ from numa_device_plugin.cli.paramtypes import Converted as Converted
 from numa_device_plugin.cli.paramtypes import Option as Option
 from numa_device_plugin.cli.paramtypes import Switch as Switch
 from numa_device_plugin.ops.logs import LEVELS
-from numa_device_plugin.plugin.config import config_default
-from numa_device_plugin.plugin.config import config_from_params as config_from_params
-from numa_device_plugin.plugin.devices import (
-    DEFAULT_CAPACITY,
-    DEFAULT_RESOURCE_PREFIX,
-    validate_resource_prefix,
-)
-from numa_device_plugin.plugin.near import merge_near, parse_near
+from numa_device_plugin.plugin.model.names import DEFAULT_RESOURCE_PREFIX, validate_resource_prefix
+from numa_device_plugin.plugin.model.near import merge_near, parse_near
+from numa_device_plugin.plugin.model.resources import DEFAULT_CAPACITY
+from numa_device_plugin.plugin.settings.config import config_default
+from numa_device_plugin.plugin.settings.config import config_from_params as config_from_params
 
 if TYPE_CHECKING:
-    from numa_device_plugin.plugin.config import Config
-    from numa_device_plugin.plugin.discovery import Discovery
-from numa_device_plugin.plugin.values import (
+    from numa_device_plugin.plugin.advertised.discovery import Discovery
+    from numa_device_plugin.plugin.settings.config import Config
+from numa_device_plugin.plugin.settings.values import (
     MIN_DEVICE_INTERVAL,
     MIN_INTERVAL,
     address,
@@ -49,7 +46,7 @@ from numa_device_plugin.plugin.values import (
     reserved_memory,
     seconds,
 )
-from numa_device_plugin.plugin.values import device_interval as device_interval_value
+from numa_device_plugin.plugin.settings.values import device_interval as device_interval_value
 
 ENV_PREFIX = "NUMA_"
 
@@ -60,10 +57,10 @@ def param(ctx: click.Context, name: str) -> click.Parameter:
 
 
 def discover_or_usage(ctx: click.Context, config: Config) -> Discovery:
-    """:func:`~numa_device_plugin.plugin.discovery.discover` for a command: a
+    """:func:`~numa_device_plugin.plugin.advertised.discovery.discover` for a command: a
     ``--memory-unit`` that makes too many devices is a usage error naming the flag
     (exit 2), as ``serve`` gives it, never a traceback."""
-    from numa_device_plugin.plugin.discovery import discover
+    from numa_device_plugin.plugin.advertised.discovery import discover
     from numa_device_plugin.topology.memory import MemoryUnitError
 
     try:

@@ -13,7 +13,7 @@ Everything proposed is accepted by the plugin and the chart: each selector goes
 through :func:`~numa_device_plugin.topology.selectors.parse_selector` (a serial's
 ``*``, ``?`` and ``[`` escaped as ``[*]``, ``[?]``, ``[[]``, so that it matches only
 itself), each name through the plugin's name rules and
-:func:`~numa_device_plugin.plugin.near.check_near` (names that would clash are
+:func:`~numa_device_plugin.plugin.model.near.check_near` (names that would clash are
 numbered), each configuration name is a label value (a node name over 63 characters is
 shortened with a hash). What cannot be proposed is listed in ``left_out`` with why.
 """
@@ -25,8 +25,8 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from numa_device_plugin.plugin.devices import DEFAULT_RESOURCE_PREFIX
-from numa_device_plugin.plugin.near import (
+from numa_device_plugin.plugin.model.names import DEFAULT_RESOURCE_PREFIX
+from numa_device_plugin.plugin.model.near import (
     MAX_NEAR,
     Near,
     check_near,

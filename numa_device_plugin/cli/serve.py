@@ -27,9 +27,9 @@ from numa_device_plugin.ops.limits import FdLimitError
 from numa_device_plugin.ops.logs import LevelSwitch, configure_logging, loop_exception_handler
 from numa_device_plugin.ops.probes import MAX_CONNECTIONS
 from numa_device_plugin.ops.signals import LEVEL_SIGNAL, STOP_SIGNALS
-from numa_device_plugin.plugin.config import Config, check_socket_dir
-from numa_device_plugin.plugin.manager import PluginManager
-from numa_device_plugin.plugin.recorder import DeferredRecorder
+from numa_device_plugin.plugin.lifecycle.manager import PluginManager
+from numa_device_plugin.plugin.reports.deferred import DeferredRecorder
+from numa_device_plugin.plugin.settings.config import Config, check_socket_dir
 from numa_device_plugin.topology.memory import MemoryUnitError
 
 log = structlog.get_logger(__name__)
@@ -37,8 +37,8 @@ log = structlog.get_logger(__name__)
 if TYPE_CHECKING:
     from numa_device_plugin.nodeconfig.supervisor import Selector
     from numa_device_plugin.ops.probes import Pages
-    from numa_device_plugin.plugin.prometheus import PrometheusRecorder
-    from numa_device_plugin.plugin.snapshot import PluginState
+    from numa_device_plugin.plugin.reports.prometheus import PrometheusRecorder
+    from numa_device_plugin.plugin.reports.snapshot import PluginState
 
 
 class Runner(Protocol):
@@ -189,7 +189,7 @@ async def serve(
 
     def check(chosen: Config) -> None:
         from numa_device_plugin.nodeconfig.configs import NodeConfigError
-        from numa_device_plugin.plugin.manager import servable
+        from numa_device_plugin.plugin.lifecycle.manager import servable
         from numa_device_plugin.topology.sysfs import SysfsError
 
         try:
@@ -230,7 +230,7 @@ async def serve(
 
 
 def _prometheus_recorder() -> PrometheusRecorder:
-    from numa_device_plugin.plugin.prometheus import PrometheusRecorder
+    from numa_device_plugin.plugin.reports.prometheus import PrometheusRecorder
 
     return PrometheusRecorder()
 
@@ -246,14 +246,14 @@ def node_pages(snapshot: Callable[[], PluginState]) -> Pages:
     what renders them is imported at the first request (not before registering)."""
 
     def page(state: PluginState) -> bytes:
-        from numa_device_plugin.plugin.nodepage import build_page, render_page
+        from numa_device_plugin.plugin.reports.nodepage import build_page, render_page
 
         return render_page(build_page(state))
 
     def debug(state: PluginState) -> bytes:
         import json
 
-        from numa_device_plugin.plugin.snapshot import debug_document
+        from numa_device_plugin.plugin.reports.snapshot import debug_document
 
         return (json.dumps(debug_document(state), indent=1) + "\n").encode()
 

@@ -49,7 +49,7 @@ from numa_device_plugin.ops.logs import configure_logging
 def command(ctx: click.Context, /, **params: Any) -> int:
     """0 after printing; 1 when the pod resources API cannot be read (said on stderr)."""
     from numa_device_plugin.kubelet.podresources import PodResourcesError, fetch
-    from numa_device_plugin.plugin.status import build_status, render_table
+    from numa_device_plugin.plugin.reports.status import build_status, render_table
 
     configure_logging(params["log_level"], "text")
     try:

@@ -157,7 +157,7 @@ class PodResourcesClient:
     async def disconnect(self) -> None:
         """Close the connection and keep the last answers: the next read dials anew
         (~2 ms of CPU) and still tells an unchanged answer by identity. When the
-        poller does it: ``numa_device_plugin.plugin.poller.KEEP_CONNECTION_BELOW``."""
+        poller does it: ``numa_device_plugin.plugin.counts.poller.KEEP_CONNECTION_BELOW``."""
         channel, self._channel = self._channel, None
         if channel is not None:
             await channel.close()

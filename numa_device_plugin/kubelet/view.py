@@ -4,7 +4,7 @@
 ``GetAllocatableResources``) into a :class:`KubeletView`: the CPUs the kubelet may hand
 out exclusively, the containers holding devices (:class:`Holder`), the other exclusive
 containers, and the memory per NUMA node. The plugin's live counts
-(:mod:`numa_device_plugin.plugin.capacity`) and its pages read it.
+(:mod:`numa_device_plugin.plugin.counts.capacity`) and its pages read it.
 """
 
 from __future__ import annotations

@@ -34,8 +34,9 @@ from numa_device_plugin.kubelet.registration import (
     FRESH_CONNECTION,
     KUBELET_SOCKET_NAME,
 )
-from numa_device_plugin.plugin.devices import HEALTHY, validate_extended_resource_name
-from numa_device_plugin.plugin.servicer import Context
+from numa_device_plugin.plugin.model.names import validate_extended_resource_name
+from numa_device_plugin.plugin.model.resources import HEALTHY
+from numa_device_plugin.plugin.serving.servicer import Context
 
 DIAL_TIMEOUT = 10.0
 

@@ -16,7 +16,7 @@ from numa_device_plugin.api.podresources.v1 import api_pb2_grpc as pr_grpc
 from numa_device_plugin.kubelet.grpcserver import UnixSocketServer
 from numa_device_plugin.kubelet.registration import KUBELET_SOCKET_NAME
 from numa_device_plugin.kubelet_standin.pods import Pods
-from numa_device_plugin.plugin.servicer import Context
+from numa_device_plugin.plugin.serving.servicer import Context
 
 
 class PodResourcesStandIn:

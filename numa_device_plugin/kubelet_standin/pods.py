@@ -18,7 +18,7 @@ from typing import Any
 
 from numa_device_plugin.api.deviceplugin.v1beta1 import api_pb2
 from numa_device_plugin.api.podresources.v1 import api_pb2 as pr_pb2
-from numa_device_plugin.plugin.devices import HEALTHY
+from numa_device_plugin.plugin.model.resources import HEALTHY
 
 # A container as a test places it: name, {resource: device ids}, exclusive CPU ids and,
 # optionally, its memory blocks (memory type, bytes, NUMA node ids).

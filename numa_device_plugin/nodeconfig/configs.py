@@ -34,7 +34,7 @@ import yaml
 
 from numa_device_plugin.ops.bounded import BoundError, read_file
 from numa_device_plugin.ops.yamlfile import UniqueKeyLoader
-from numa_device_plugin.plugin.config import Config
+from numa_device_plugin.plugin.settings.config import Config
 
 # The node label naming the configuration (fixed, whatever --resource-prefix says: the
 # operator labels nodes before any resource exists).
@@ -123,9 +123,9 @@ def _text(convert: Callable[[str], Any]) -> Callable[[Any], Any]:
 def _near(value: Any) -> tuple[Any, ...]:
     """``near:``, a mapping NAME -> SELECTOR (``{data-disk: "serial:S3EV"}``), or NAME ->
     a list of selectors that must all agree (``{osd: [path:/var/lib/ceph, net:ens1]}``),
-    as the tuple of :class:`~numa_device_plugin.plugin.near.Near` that ``--near``
+    as the tuple of :class:`~numa_device_plugin.plugin.model.near.Near` that ``--near``
     gives."""
-    from numa_device_plugin.plugin.near import merge_near, parse_near
+    from numa_device_plugin.plugin.model.near import merge_near, parse_near
 
     if not isinstance(value, dict):
         raise ValueError(f"expected a mapping of NAME: SELECTOR, got {_shown(value)}")
@@ -142,8 +142,8 @@ def _near(value: Any) -> tuple[Any, ...]:
 
 
 def _settings() -> dict[str, tuple[str, Callable[[Any], Any]]]:
-    from numa_device_plugin.plugin import values
-    from numa_device_plugin.plugin.devices import validate_resource_prefix
+    from numa_device_plugin.plugin.model.names import validate_resource_prefix
+    from numa_device_plugin.plugin.settings import values
 
     return {
         "capacity": ("capacity", _text(values.capacity)),
@@ -198,7 +198,7 @@ def parse_node_configs(path: Path, text: str, base: Mapping[str, Any]) -> NodeCo
     overrides, so that a fault anywhere stops every node that reads the file (a rollout
     halts at its first node). Raises :class:`NodeConfigError` naming the file, the
     configuration, the key and the fault."""
-    from numa_device_plugin.plugin.config import config_from_params
+    from numa_device_plugin.plugin.settings.config import config_from_params
 
     try:
         document = yaml.load(text, Loader=_StrictLoader)  # a SafeLoader
@@ -266,7 +266,7 @@ def resolve(
 ) -> tuple[str | None, Config]:
     """The configuration for ``node`` with ``labels``: its name and the :class:`Config`
     from ``base`` with its overrides. Raises :class:`NodeConfigError` (label)."""
-    from numa_device_plugin.plugin.config import config_from_params
+    from numa_device_plugin.plugin.settings.config import config_from_params
 
     name, overrides = configs.choose(node, labels)
     return name, config_from_params({**base, **overrides})

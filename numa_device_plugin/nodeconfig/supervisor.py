@@ -37,9 +37,9 @@ from numa_device_plugin.nodeconfig.configs import (
     load_node_configs,
     resolve,
 )
-from numa_device_plugin.plugin.config import Config
-from numa_device_plugin.plugin.manager import PluginManager
-from numa_device_plugin.plugin.snapshot import PluginState
+from numa_device_plugin.plugin.lifecycle.manager import PluginManager
+from numa_device_plugin.plugin.reports.snapshot import PluginState
+from numa_device_plugin.plugin.settings.config import Config
 
 log = structlog.get_logger(__name__)
 

@@ -8,9 +8,9 @@ node page and ``/debug/state`` too:
 - ``/readyz``: 200 while every advertised resource is registered with the kubelet
   and its ListAndWatch stream is open, else 503 with one line per problem.
 - ``/metrics``: the Prometheus text format, where metrics are enabled.
-- ``/``: the node page (:mod:`numa_device_plugin.plugin.nodepage`), HTML with SVG, rendered
+- ``/``: the node page (:mod:`numa_device_plugin.plugin.reports.nodepage`), HTML with SVG, rendered
   in a worker thread and shared and bounded like ``/metrics``.
-- ``/debug/state``: the plugin's state as JSON (:func:`~numa_device_plugin.plugin.snapshot.
+- ``/debug/state``: the plugin's state as JSON (:func:`~numa_device_plugin.plugin.reports.snapshot.
   debug_document`): registrations, streams, the last pod resources read, the lock,
   the configuration served and why.
 

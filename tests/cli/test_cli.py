@@ -18,7 +18,7 @@ import pytest
 from numa_device_plugin import __version__
 from numa_device_plugin.cli import main, options, serve
 from numa_device_plugin.kubelet_standin import KubeletStandIn
-from numa_device_plugin.plugin.config import Config
+from numa_device_plugin.plugin.settings.config import Config
 from numa_device_plugin.topology.fake import SysfsTree
 from tests.conftest import REPO
 from tests.standin_helpers import eventually, wait_all_live
@@ -751,11 +751,11 @@ def test_serve_loads_only_what_it_uses() -> None:
         "numa_device_plugin.kubelet_standin",
         "numa_device_plugin.cli.demo",
         "numa_device_plugin.cli.status",
-        "numa_device_plugin.plugin.status",
-        "numa_device_plugin.plugin.prometheus",
+        "numa_device_plugin.plugin.reports.status",
+        "numa_device_plugin.plugin.reports.prometheus",
         "prometheus_client",
-        "numa_device_plugin.plugin.nodepage",
-        "numa_device_plugin.plugin.snapshot",
+        "numa_device_plugin.plugin.reports.nodepage",
+        "numa_device_plugin.plugin.reports.snapshot",
         "http.client",
         "yaml",
         "numa_device_plugin.nodeconfig.configs",

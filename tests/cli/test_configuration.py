@@ -14,8 +14,8 @@ import pytest
 
 from numa_device_plugin.cli import serve
 from numa_device_plugin.kubelet.podresources import PodResourcesClient, PodResourcesError
-from numa_device_plugin.plugin.config import Config
-from numa_device_plugin.plugin.manager import PluginManager
+from numa_device_plugin.plugin.lifecycle.manager import PluginManager
+from numa_device_plugin.plugin.settings.config import Config
 from numa_device_plugin.topology.fake import SysfsTree
 from tests.cli.test_cli import run_main, serve_config, serve_params
 from tests.standin_helpers import held_port

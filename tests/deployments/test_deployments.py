@@ -26,7 +26,7 @@ import yaml
 from numa_device_plugin import __version__
 from numa_device_plugin.cli import options, serve
 from numa_device_plugin.ops.probes import parse_address
-from numa_device_plugin.plugin.config import KNOWN_SOCKET_DIRS, Config
+from numa_device_plugin.plugin.settings.config import KNOWN_SOCKET_DIRS, Config
 from tests.conftest import REPO, require_tool, run_in_group, venv_tool
 
 DEPLOYMENTS = REPO / "deployments"
@@ -451,7 +451,7 @@ def test_requests_and_limits_cover_the_measured_footprint() -> None:
     assert "cpu" not in resources["requests"]
     assert "cpu" not in resources.get("limits", {})
     # `make bench` (scale) holds the RSS at 64 NUMA nodes to half of this limit.
-    from benchmarks.bench import MEMORY_LIMIT_MB
+    from benchmarks.footprint import MEMORY_LIMIT_MB
 
     assert int(mebibytes["limits"][:-2]) == MEMORY_LIMIT_MB
 

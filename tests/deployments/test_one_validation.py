@@ -17,7 +17,7 @@ import yaml
 
 from numa_device_plugin.cli import serve
 from numa_device_plugin.nodeconfig.configs import NodeConfigError, parse_node_configs
-from numa_device_plugin.plugin.config import config_from_params
+from numa_device_plugin.plugin.settings.config import config_from_params
 from tests.deployments.test_helm import CHART, RELEASE, of_kind, run_helm, serve_args
 
 LONG_NAME = "n" * 63

@@ -16,8 +16,8 @@ from numa_device_plugin.kubelet.registration import (
     register_request,
 )
 from numa_device_plugin.kubelet_standin import CHECKPOINT_NAME, KubeletStandIn
-from numa_device_plugin.plugin.devices import build_resource
-from numa_device_plugin.plugin.servicer import NumaDevicePluginServicer
+from numa_device_plugin.plugin.advertised.build import build_resource
+from numa_device_plugin.plugin.serving.servicer import NumaDevicePluginServicer
 from tests.standin_helpers import eventually
 
 OPTIONS = api_pb2.DevicePluginOptions(get_preferred_allocation_available=True)

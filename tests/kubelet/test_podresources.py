@@ -20,7 +20,7 @@ from numa_device_plugin.kubelet.podresources import (
 )
 from numa_device_plugin.kubelet.view import view_from
 from numa_device_plugin.kubelet_standin import KubeletStandIn
-from numa_device_plugin.plugin.config import Config
+from numa_device_plugin.plugin.settings.config import Config
 from numa_device_plugin.topology.fake import SysfsTree
 from tests.standin_helpers import serve_process, wait_all_live
 
@@ -72,7 +72,7 @@ def test_many_device_entries_of_one_resource_are_joined_in_linear_time() -> None
 async def test_the_device_lists_an_answer_calls_for_are_worked_out_off_the_event_loop(
     sock_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from numa_device_plugin.plugin import capacity, planning
+    from numa_device_plugin.plugin.counts import capacity, planning
     from numa_device_plugin.topology.fake import build_machine
     from tests.standin_helpers import eventually, running, wait_all_live
 

@@ -14,9 +14,9 @@ from numa_device_plugin.kubelet.grpcserver import (
     SocketPathError,
     UnixSocketServer,
 )
-from numa_device_plugin.plugin.config import detect_socket_dir
-from numa_device_plugin.plugin.devices import build_resource
-from numa_device_plugin.plugin.servicer import NumaDevicePluginServicer
+from numa_device_plugin.plugin.advertised.build import build_resource
+from numa_device_plugin.plugin.serving.servicer import NumaDevicePluginServicer
+from numa_device_plugin.plugin.settings.config import detect_socket_dir
 
 
 def plugin_server(path: Path) -> UnixSocketServer:

@@ -29,10 +29,10 @@ from numa_device_plugin.nodeconfig.configs import (
 )
 from numa_device_plugin.nodeconfig.labels import NodeLabelReader
 from numa_device_plugin.nodeconfig.supervisor import ConfigSupervisor, Selection, label_selection
-from numa_device_plugin.plugin.config import Config
-from numa_device_plugin.plugin.devices import CPUS
-from numa_device_plugin.plugin.manager import PluginManager
-from numa_device_plugin.plugin.snapshot import PluginState
+from numa_device_plugin.plugin.lifecycle.manager import PluginManager
+from numa_device_plugin.plugin.model.resources import CPUS
+from numa_device_plugin.plugin.reports.snapshot import PluginState
+from numa_device_plugin.plugin.settings.config import Config
 from numa_device_plugin.topology.fake import SysfsTree
 from tests.apiserver_stub import node_api
 from tests.standin_helpers import ServeProcess, bound_port, eventually, serve_process

@@ -97,7 +97,7 @@ async def test_servers_failing_at_run_time_show_in_readyz_with_one_log_line_per_
         async def start(self) -> None:
             raise OSError(errno.EMFILE, "Too many open files")
 
-    monkeypatch.setattr("numa_device_plugin.plugin.endpoint.UnixSocketServer", OutOfFds)
+    monkeypatch.setattr("numa_device_plugin.plugin.serving.endpoint.UnixSocketServer", OutOfFds)
     config = make_config(two_nodes, sock_dir)  # type: ignore[arg-type]
     with capture_logs() as logs:
         async with KubeletStandIn(sock_dir), running(config) as manager:

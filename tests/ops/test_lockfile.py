@@ -327,7 +327,7 @@ async def test_the_lock_regained_at_the_first_attempt_after_standing_down_is_log
     line, failed at load 15."""
     from structlog.testing import capture_logs
 
-    from numa_device_plugin.plugin.lockkeeper import LockKeeper
+    from numa_device_plugin.plugin.serving.lock import LockKeeper
 
     keeper = LockKeeper(tmp_path, lambda: None)
     keeper.lock.path.parent.mkdir()
@@ -351,7 +351,7 @@ def test_a_folder_deleted_while_its_lock_is_taken_again_is_no_other_instance(
     """The folder went between the keeper's look and its re-lock (an `rm -rf` racing
     it): that is no folder to serve in, not "another instance took the lock" (the
     plugin stood down and waited for an instance that did not exist)."""
-    from numa_device_plugin.plugin.lockkeeper import LockKeeper
+    from numa_device_plugin.plugin.serving.lock import LockKeeper
 
     folder = tmp_path / "dp"
     folder.mkdir()

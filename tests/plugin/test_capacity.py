@@ -17,30 +17,24 @@ from numa_device_plugin.cli import main
 from numa_device_plugin.cli.options import config_from_params
 from numa_device_plugin.kubelet.view import Holder, KubeletView
 from numa_device_plugin.kubelet_standin import KubeletStandIn
-from numa_device_plugin.plugin.capacity import (
-    admissible,
-    foreign_devices,
+from numa_device_plugin.plugin.advertised.build import build_resource, near_resource
+from numa_device_plugin.plugin.advertised.discovery import discover
+from numa_device_plugin.plugin.counts.capacity import (
     live_devices,
     live_memory_devices,
     live_resource_devices,
     node_capacity,
 )
-from numa_device_plugin.plugin.catalog import Catalog
-from numa_device_plugin.plugin.config import Config
-from numa_device_plugin.plugin.devices import (
-    CPUS,
-    HEALTHY,
-    UNHEALTHY,
-    Resource,
-    build_resource,
-    near_resource,
-)
-from numa_device_plugin.plugin.discovery import discover
-from numa_device_plugin.plugin.near import Near, parse_near
-from numa_device_plugin.plugin.poller import CapacityPoller
-from numa_device_plugin.plugin.recorder import NullRecorder
+from numa_device_plugin.plugin.counts.held import admissible, foreign_devices
+from numa_device_plugin.plugin.counts.poller import CapacityPoller
+from numa_device_plugin.plugin.model.near import Near, parse_near
+from numa_device_plugin.plugin.model.recorder import NullRecorder
+from numa_device_plugin.plugin.model.resources import CPUS, HEALTHY, UNHEALTHY, Resource
+from numa_device_plugin.plugin.serving.catalog import Catalog
+from numa_device_plugin.plugin.settings.config import Config
 from numa_device_plugin.topology.fake import DeviceTree, SysfsTree
-from numa_device_plugin.topology.numa import NodePlan, NumaNode
+from numa_device_plugin.topology.numa import NumaNode
+from numa_device_plugin.topology.plan import NodePlan
 from numa_device_plugin.topology.selectors import parse_selector
 from tests.plugin.test_devices import HOSTILE
 from tests.standin_helpers import (
@@ -248,7 +242,7 @@ def test_the_poller_counts_holders_of_a_near_resource_as_ours_on_its_node(
 ) -> None:
     """Mutant: the near resources' names never passed to the count: a pod holding
     numa-align/data-disk was counted as another's."""
-    from numa_device_plugin.plugin.planning import node_capacities
+    from numa_device_plugin.plugin.counts.planning import node_capacities
 
     tree = SysfsTree(tmp_path / "sys").cpus(8, online="0-7")
     tree.write("node/online", "0-1\n")
@@ -759,7 +753,7 @@ async def test_serve_with_a_foreign_id_at_start_and_later_keeps_counting(
 def test_over_assigned_memory_leaves_only_the_held_devices_healthy(tmp_path: Path) -> None:
     """The clamp of free units (``max(0, ...)``) was an equivalent mutant: a negative
     free count already meant none free. It is gone; this pins the rule it stood for."""
-    from numa_device_plugin.plugin.capacity import live_memory_devices
+    from numa_device_plugin.plugin.counts.capacity import live_memory_devices
     from tests.topology.test_numamemory import healthy, memory_resource, view
 
     resource = memory_resource(tmp_path)

@@ -11,14 +11,16 @@ from pathlib import Path
 import pytest
 
 from numa_device_plugin.kubelet_standin import KubeletStandIn
-from numa_device_plugin.plugin import recorder as recorder_module
-from numa_device_plugin.plugin.capacity import OURS, NodeCapacity
-from numa_device_plugin.plugin.devices import Device
-from numa_device_plugin.plugin.manager import PluginManager
-from numa_device_plugin.plugin.prometheus import PrometheusRecorder
-from numa_device_plugin.plugin.recorder import DeferredRecorder, Recorder
+from numa_device_plugin.plugin.lifecycle.manager import PluginManager
+from numa_device_plugin.plugin.model.figures import OURS, NodeCapacity
+from numa_device_plugin.plugin.model.recorder import Recorder
+from numa_device_plugin.plugin.model.resources import Device
+from numa_device_plugin.plugin.reports import deferred as deferred_module
+from numa_device_plugin.plugin.reports.deferred import DeferredRecorder
+from numa_device_plugin.plugin.reports.prometheus import PrometheusRecorder
 from numa_device_plugin.topology.fake import SysfsTree
-from numa_device_plugin.topology.numa import NodePlan, NumaNode
+from numa_device_plugin.topology.numa import NumaNode
+from numa_device_plugin.topology.plan import NodePlan
 from tests.plugin.test_manager import NAMES, make_config
 from tests.standin_helpers import eventually, running, wait_all_live
 
@@ -106,7 +108,7 @@ async def test_the_recorder_is_made_once_every_resource_registered_not_before(
         made.append(set(manager.registered))
         return PrometheusRecorder()
 
-    monkeypatch.setattr(recorder_module, "SETTLE", 0.05)
+    monkeypatch.setattr(deferred_module, "SETTLE", 0.05)
     deferred = DeferredRecorder(make)
     deferred.start()
     config = make_config(two_nodes, sock_dir)
@@ -130,7 +132,7 @@ async def test_the_recorder_is_made_once_every_resource_registered_not_before(
 async def test_without_a_registration_the_recorder_is_made_at_the_deadline(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(recorder_module, "DEADLINE", 0.2)
+    monkeypatch.setattr(deferred_module, "DEADLINE", 0.2)
     deferred = DeferredRecorder(PrometheusRecorder)
     deferred.topology(NODES, DEVICES)
     deferred.registration(NAMES[0], False)
@@ -148,8 +150,8 @@ async def test_without_a_registration_the_recorder_is_made_at_the_deadline(
 async def test_a_stopped_recorder_is_made_by_nothing_but_load(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(recorder_module, "DEADLINE", 0.05)
-    monkeypatch.setattr(recorder_module, "SETTLE", 0.05)
+    monkeypatch.setattr(deferred_module, "DEADLINE", 0.05)
+    monkeypatch.setattr(deferred_module, "SETTLE", 0.05)
     deferred = DeferredRecorder(PrometheusRecorder)
     deferred.start()
     deferred.topology(NODES, DEVICES)
@@ -164,7 +166,7 @@ async def test_a_stopped_recorder_is_made_by_nothing_but_load(
 async def test_one_resource_registered_of_two_makes_nothing_yet(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(recorder_module, "SETTLE", 0.05)
+    monkeypatch.setattr(deferred_module, "SETTLE", 0.05)
     deferred = DeferredRecorder(PrometheusRecorder)
     deferred.start()
     try:

@@ -6,16 +6,16 @@ import re
 
 import pytest
 
-from numa_device_plugin.plugin.devices import (
-    MAX_DEVICE_ID_LENGTH,
-    build_resources,
-    device_index,
-    socket_name,
+from numa_device_plugin.plugin.advertised.build import build_resources
+from numa_device_plugin.plugin.model.ids import device_index, socket_name
+from numa_device_plugin.plugin.model.names import (
     validate_extended_resource_name,
     validate_resource_prefix,
 )
-from numa_device_plugin.plugin.near import MAX_NEAR, Near, check_near, parse_near
-from numa_device_plugin.topology.numa import NodePlan, NumaNode
+from numa_device_plugin.plugin.model.near import MAX_NEAR, Near, check_near, parse_near
+from numa_device_plugin.plugin.model.resources import MAX_DEVICE_ID_LENGTH
+from numa_device_plugin.topology.numa import NumaNode
+from numa_device_plugin.topology.plan import NodePlan
 from numa_device_plugin.topology.selectors import parse_selector
 
 
@@ -216,7 +216,7 @@ def test_device_index_parses_only_the_plugins_own_ids(
 
 
 def test_a_name_given_again_adds_a_selector_that_must_agree() -> None:
-    from numa_device_plugin.plugin.near import merge_near
+    from numa_device_plugin.plugin.model.near import merge_near
 
     given = [parse_near(t) for t in ("osd=path:/var/lib/ceph", "nic=net:ib0", "osd=net:ens1",
                                      "osd=path:/var/lib/ceph")]  # fmt: skip
@@ -227,7 +227,7 @@ def test_a_name_given_again_adds_a_selector_that_must_agree() -> None:
 
 
 def test_check_near_refuses_more_selectors_for_one_name_than_max_all_of() -> None:
-    from numa_device_plugin.plugin.near import MAX_ALL_OF, merge_near
+    from numa_device_plugin.plugin.model.near import MAX_ALL_OF, merge_near
 
     many = merge_near([parse_near(f"d=block:sd{i}") for i in range(MAX_ALL_OF + 1)])
     with pytest.raises(ValueError, match=f"{MAX_ALL_OF + 1} selectors, at most {MAX_ALL_OF}"):
@@ -235,7 +235,7 @@ def test_check_near_refuses_more_selectors_for_one_name_than_max_all_of() -> Non
 
 
 def test_near_names_become_variables_and_two_that_would_collide_are_refused() -> None:
-    from numa_device_plugin.plugin.near import near_env
+    from numa_device_plugin.plugin.model.near import near_env
 
     assert near_env("data-disk") == "NUMA_NEAR_DATA_DISK"
     assert near_env("nic.0") == "NUMA_NEAR_NIC_0"

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from numa_device_plugin.plugin.config import Config
-from numa_device_plugin.plugin.devicewatch import DeviceWatch, changed, differs
-from numa_device_plugin.plugin.discovery import Discovery, discover
-from numa_device_plugin.plugin.near import parse_near
+from numa_device_plugin.plugin.advertised.discovery import Discovery, discover
+from numa_device_plugin.plugin.lifecycle.devicewatch import DeviceWatch, changed, differs
+from numa_device_plugin.plugin.model.near import parse_near
+from numa_device_plugin.plugin.settings.config import Config
 from numa_device_plugin.topology.fake import DeviceTree, SysfsTree
 from numa_device_plugin.topology.sysfs import SysfsFormatError
 
@@ -135,7 +135,7 @@ async def test_an_unmounted_data_disk_leaves_its_served_resource_unhealthy_never
     the resource stays where it was, every device Unhealthy, the reason naming the path,
     the root filesystem it found and what to fix, logged as a warning; mounted again,
     it is served again. Never the root disk's node."""
-    from numa_device_plugin.plugin.nearhealth import with_left_behind
+    from numa_device_plugin.plugin.advertised.lost import with_left_behind
 
     tree, table = mounted_machine(tmp_path / "sys")
     config = Config(sysfs_root=tree.root, near=(parse_near("data-a=path:/mnt/disks/a"),),
@@ -241,7 +241,7 @@ async def test_a_read_that_keeps_failing_is_logged_once_and_again_when_it_change
 def test_the_mount_table_is_read_for_a_path_selector_anywhere_in_an_all_of_list(
     tmp_path: Path,
 ) -> None:
-    from numa_device_plugin.plugin.near import merge_near
+    from numa_device_plugin.plugin.model.near import merge_near
 
     tree, table = mounted_machine(tmp_path / "sys")
     DeviceTree(tree.root).nic("ens1", "0000:41:00.0")
@@ -256,7 +256,7 @@ def counting_watch(
     config: Config, served: list[Discovery], woken: list[int]
 ) -> tuple[DeviceWatch, list[int]]:
     """A watch with the real look key whose quiet looks are counted."""
-    from numa_device_plugin.plugin.discovery import look_key
+    from numa_device_plugin.plugin.advertised.discovery import look_key
 
     quiet: list[int] = []
 
@@ -272,7 +272,7 @@ def counting_watch(
 async def test_an_unchanged_machine_is_read_again_only_when_the_full_look_is_due(
     tmp_path: Path,
 ) -> None:
-    from numa_device_plugin.plugin.devicewatch import FULL_LOOK_EVERY
+    from numa_device_plugin.plugin.lifecycle.devicewatch import FULL_LOOK_EVERY
 
     tree, _ = machine(tmp_path / "sys")
     config = Config(sysfs_root=tree.root, near=(parse_near("d=serial:DATA"),))
@@ -306,7 +306,7 @@ async def test_a_change_of_devices_or_cpus_is_read_at_the_next_look(
 ) -> None:
     tree, devices = machine(tmp_path / "sys")
     devices.nic("ens1", "0000:41:00.0")
-    from numa_device_plugin.plugin.devices import CPUS
+    from numa_device_plugin.plugin.model.resources import CPUS
 
     config = Config(sysfs_root=tree.root, near=(parse_near("d=serial:DATA"),), capacity=CPUS)
     served = [discover(config)]
@@ -352,7 +352,7 @@ def test_a_fifo_or_an_oversized_mount_table_gives_a_key_at_once(tmp_path: Path) 
     whole; each is a key of its own (the error), so the look runs and says why."""
     import os
 
-    from numa_device_plugin.plugin.discovery import look_key
+    from numa_device_plugin.plugin.advertised.discovery import look_key
     from numa_device_plugin.topology.mounts import MAX_TABLE_BYTES
 
     tree, table = mounted_machine(tmp_path / "sys")

@@ -7,12 +7,13 @@ from pathlib import Path
 
 import pytest
 
-from numa_device_plugin.plugin.config import Config
-from numa_device_plugin.plugin.discovery import discover, plan_near
-from numa_device_plugin.plugin.near import parse_near
+from numa_device_plugin.plugin.advertised.discovery import discover, plan_near
+from numa_device_plugin.plugin.model.near import parse_near
+from numa_device_plugin.plugin.settings.config import Config
 from numa_device_plugin.topology.fake import DeviceTree, SysfsTree
 from numa_device_plugin.topology.locality import read_inventory
-from numa_device_plugin.topology.numa import NodePlan, NumaNode
+from numa_device_plugin.topology.numa import NumaNode
+from numa_device_plugin.topology.plan import NodePlan
 
 
 @pytest.fixture
@@ -101,7 +102,7 @@ def test_several_selectors_for_one_name_go_where_all_of_them_agree(
     nodes: tuple[int, ...],
     reason: str | None,
 ) -> None:
-    from numa_device_plugin.plugin.near import merge_near
+    from numa_device_plugin.plugin.model.near import merge_near
 
     DeviceTree(root).pci("0000:82:00.0", 1, "0x020700")
     DeviceTree(root).nic("ib0", "0000:82:00.0")

@@ -8,12 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from numa_device_plugin.plugin import endpoint as endpoint_module
-from numa_device_plugin.plugin.config import Config
-from numa_device_plugin.plugin.devices import build_resource
-from numa_device_plugin.plugin.endpoint import Endpoint, Endpoints
-from numa_device_plugin.plugin.recorder import NullRecorder
-from numa_device_plugin.plugin.servicer import NumaDevicePluginServicer
+from numa_device_plugin.plugin.advertised.build import build_resource
+from numa_device_plugin.plugin.model.recorder import NullRecorder
+from numa_device_plugin.plugin.serving import endpoint as endpoint_module
+from numa_device_plugin.plugin.serving.endpoint import Endpoint, Endpoints
+from numa_device_plugin.plugin.serving.servicer import NumaDevicePluginServicer
+from numa_device_plugin.plugin.settings.config import Config
 from numa_device_plugin.topology.fake import SysfsTree
 
 

@@ -15,10 +15,10 @@ import pytest
 import structlog
 
 from numa_device_plugin.kubelet_standin import KubeletStandIn
-from numa_device_plugin.plugin import devicewatch
-from numa_device_plugin.plugin.config import Config
-from numa_device_plugin.plugin.discovery import Discovery, discover, read_devices
-from numa_device_plugin.plugin.near import parse_near
+from numa_device_plugin.plugin.advertised.discovery import Discovery, discover, read_devices
+from numa_device_plugin.plugin.lifecycle import devicewatch
+from numa_device_plugin.plugin.model.near import parse_near
+from numa_device_plugin.plugin.settings.config import Config
 from numa_device_plugin.topology.fake import DeviceTree, SysfsTree
 from tests.plugin.test_manager import NAMES, make_config
 from tests.standin_helpers import eventually, running, wait_all_live
@@ -208,8 +208,8 @@ def test_the_devices_still_to_read_make_a_readiness_problem_only_when_alone() ->
     line and the folder's watch line say the plugin is a moment from ready."""
     from functools import partial
 
-    from numa_device_plugin.plugin.servicer import NumaDevicePluginServicer
-    from numa_device_plugin.plugin.verdicts import readiness
+    from numa_device_plugin.plugin.lifecycle.verdicts import readiness
+    from numa_device_plugin.plugin.serving.servicer import NumaDevicePluginServicer
 
     class Servicer:
         kubelet_stream_open = True

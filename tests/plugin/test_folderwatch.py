@@ -17,13 +17,13 @@ import structlog
 
 from numa_device_plugin.kubelet.watcher import SocketDirWatcher
 from numa_device_plugin.kubelet_standin import KubeletStandIn
-from numa_device_plugin.plugin.config import Config
-from numa_device_plugin.plugin.devicewatch import DeviceWatch
-from numa_device_plugin.plugin.discovery import discover
-from numa_device_plugin.plugin.lockkeeper import LockKeeper
-from numa_device_plugin.plugin.manager import PluginManager
-from numa_device_plugin.plugin.near import parse_near
-from numa_device_plugin.plugin.watches import Watches
+from numa_device_plugin.plugin.advertised.discovery import discover
+from numa_device_plugin.plugin.lifecycle.devicewatch import DeviceWatch
+from numa_device_plugin.plugin.lifecycle.manager import PluginManager
+from numa_device_plugin.plugin.lifecycle.watches import Watches
+from numa_device_plugin.plugin.model.near import parse_near
+from numa_device_plugin.plugin.serving.lock import LockKeeper
+from numa_device_plugin.plugin.settings.config import Config
 from numa_device_plugin.topology.fake import SysfsTree
 from tests.plugin.test_firstlook import with_devices
 from tests.plugin.test_manager import NAMES, make_config

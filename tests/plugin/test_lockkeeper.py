@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from numa_device_plugin.ops.wakeups import LOCK_CHANGED
-from numa_device_plugin.plugin import lockkeeper
-from numa_device_plugin.plugin.lockkeeper import LockKeeper
+from numa_device_plugin.plugin.serving import lock as lockkeeper
+from numa_device_plugin.plugin.serving.lock import LockKeeper
 from tests.standin_helpers import eventually
 
 

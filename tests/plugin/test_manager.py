@@ -18,10 +18,10 @@ import pytest
 from numa_device_plugin.api.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
 from numa_device_plugin.kubelet_standin import KubeletStandIn
 from numa_device_plugin.ops.instancelock import LOCK_DIR_NAME, LOCK_FILE_NAME
-from numa_device_plugin.plugin.config import Config
-from numa_device_plugin.plugin.discovery import Discovery, discover
-from numa_device_plugin.plugin.manager import PluginManager
-from numa_device_plugin.plugin.recorder import NullRecorder
+from numa_device_plugin.plugin.advertised.discovery import Discovery, discover
+from numa_device_plugin.plugin.lifecycle.manager import PluginManager
+from numa_device_plugin.plugin.model.recorder import NullRecorder
+from numa_device_plugin.plugin.settings.config import Config
 from numa_device_plugin.topology.fake import SysfsTree
 from numa_device_plugin.topology.sysfs import SysfsFormatError
 from tests.standin_helpers import (
@@ -380,7 +380,7 @@ async def test_unexpected_error_in_the_loop_is_survived(
             raise RuntimeError("surprise")
         await real(*args, **kwargs)  # type: ignore[arg-type]
 
-    monkeypatch.setattr("numa_device_plugin.plugin.endpoint.register", exploding)
+    monkeypatch.setattr("numa_device_plugin.plugin.serving.endpoint.register", exploding)
     async with KubeletStandIn(sock_dir) as kubelet, running(make_config(two_nodes, sock_dir)):
         await wait_all_live(kubelet, NAMES)
     assert calls["n"] >= 3
@@ -533,11 +533,11 @@ async def test_a_register_answered_after_its_timeout_counts_once_the_kubelet_dia
 async def test_a_register_finishing_after_its_endpoint_was_removed_does_not_count(
     two_nodes: SysfsTree, sock_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from numa_device_plugin.plugin import endpoint as endpoint_module
-    from numa_device_plugin.plugin.discovery import discover
-    from numa_device_plugin.plugin.endpoint import Endpoint
-    from numa_device_plugin.plugin.manager import PluginManager
-    from numa_device_plugin.plugin.servicer import NumaDevicePluginServicer
+    from numa_device_plugin.plugin.advertised.discovery import discover
+    from numa_device_plugin.plugin.lifecycle.manager import PluginManager
+    from numa_device_plugin.plugin.serving import endpoint as endpoint_module
+    from numa_device_plugin.plugin.serving.endpoint import Endpoint
+    from numa_device_plugin.plugin.serving.servicer import NumaDevicePluginServicer
 
     async def accepted(*args: object, **kwargs: object) -> None:
         return None
@@ -556,18 +556,18 @@ async def test_an_error_in_the_loop_schedules_a_restart(
     two_nodes: SysfsTree, sock_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The loop's own error handler: a pass that raises is followed by serving afresh."""
-    from numa_device_plugin.plugin.manager import PluginManager
+    from numa_device_plugin.plugin.lifecycle.restarts import Restarts
 
-    real_restart = PluginManager._restart
+    real_restart = Restarts.restart
     raised: list[bool] = []
 
-    async def explode_once(self: PluginManager, names: set[str]) -> None:
+    async def explode_once(self: Restarts, names: set[str]) -> None:
         if not raised:
             raised.append(True)
             raise RuntimeError("surprise in the loop")
         await real_restart(self, names)
 
-    monkeypatch.setattr(PluginManager, "_restart", explode_once)
+    monkeypatch.setattr(Restarts, "restart", explode_once)
     async with KubeletStandIn(sock_dir) as kubelet, running(make_config(two_nodes, sock_dir)) as m:
         await wait_all_live(kubelet, NAMES)
         await eventually(lambda: m.registered == set(NAMES))
@@ -577,20 +577,20 @@ async def test_an_error_in_the_loop_schedules_a_restart(
 async def test_an_error_deciding_what_to_serve_is_logged_and_retried(
     two_nodes: SysfsTree, sock_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """``_evaluate`` runs after the loop's own error handler: a failure there is
+    """``Restarts.evaluate`` runs after the loop's own error handler: a failure there is
     caught too ("logged and retried, never raised")."""
-    from numa_device_plugin.plugin.manager import PluginManager
+    from numa_device_plugin.plugin.lifecycle.restarts import Restarts
 
-    real_evaluate = PluginManager._evaluate
+    real_evaluate = Restarts.evaluate
     raised: list[bool] = []
 
-    def explode_once(self: PluginManager, reasons: list[tuple[str, str]]) -> None:
+    def explode_once(self: Restarts, reasons: list[tuple[str, str]]) -> None:
         if not raised:
             raised.append(True)
             raise OSError(40, "Too many levels of symbolic links")
         real_evaluate(self, reasons)
 
-    monkeypatch.setattr(PluginManager, "_evaluate", explode_once)
+    monkeypatch.setattr(Restarts, "evaluate", explode_once)
     async with KubeletStandIn(sock_dir) as kubelet, running(make_config(two_nodes, sock_dir)) as m:
         await wait_all_live(kubelet, NAMES)
         m.wake("test")
@@ -782,7 +782,7 @@ async def test_the_manager_reports_each_near_resources_numa_nodes_to_the_metrics
     two_nodes: SysfsTree, sock_dir: Path
 ) -> None:
     """Mutant: ``recorder.near({})``: numa_device_plugin_near_* never reported."""
-    from numa_device_plugin.plugin.near import parse_near
+    from numa_device_plugin.plugin.model.near import parse_near
     from numa_device_plugin.topology.fake import DeviceTree
 
     devices = DeviceTree(two_nodes.root)
@@ -801,7 +801,7 @@ async def test_a_disk_that_moves_is_followed_without_a_restart_or_other_registra
     """Hotplug: the disk under a near resource is replaced by one on the other node
     (then taken away): with --device-interval the resource follows it, and only it
     registers again; nothing registers while nothing changes."""
-    from numa_device_plugin.plugin.near import parse_near
+    from numa_device_plugin.plugin.model.near import parse_near
     from numa_device_plugin.topology.fake import DeviceTree
 
     devices = DeviceTree(two_nodes.root)

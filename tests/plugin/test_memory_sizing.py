@@ -13,8 +13,8 @@ import pytest
 
 from numa_device_plugin.cli import main
 from numa_device_plugin.cli.options import config_from_params
-from numa_device_plugin.plugin.discovery import discover
-from numa_device_plugin.plugin.values import memory_unit
+from numa_device_plugin.plugin.advertised.discovery import discover
+from numa_device_plugin.plugin.settings.values import memory_unit
 from numa_device_plugin.topology.fake import build_machine
 from numa_device_plugin.topology.memory import (
     MAX_MEMORY_DEVICES,

@@ -9,10 +9,11 @@ from dataclasses import replace
 import pytest
 
 from numa_device_plugin.kubelet.view import Holder, KubeletView
-from numa_device_plugin.plugin.devices import HEALTHY, UNHEALTHY, Device, Resource, build_resource
-from numa_device_plugin.plugin.discovery import Discovery, NearPlan
-from numa_device_plugin.plugin.near import parse_near
-from numa_device_plugin.plugin.nearhealth import keep_lost, with_left_behind
+from numa_device_plugin.plugin.advertised.build import build_resource
+from numa_device_plugin.plugin.advertised.discovery import Discovery, NearPlan
+from numa_device_plugin.plugin.advertised.lost import keep_lost, with_left_behind
+from numa_device_plugin.plugin.model.near import parse_near
+from numa_device_plugin.plugin.model.resources import HEALTHY, UNHEALTHY, Device, Resource
 from numa_device_plugin.topology.selectors import Selection
 
 NEAR = parse_near("data=serial:DATA")
@@ -100,7 +101,7 @@ def test_the_memory_of_a_lost_resource_is_kept_lost_too() -> None:
 
 
 def test_a_hostile_kubelet_naming_many_held_ids_gets_a_bounded_list() -> None:
-    from numa_device_plugin.plugin.nearhealth import MAX_LEFT_BEHIND
+    from numa_device_plugin.plugin.advertised.lost import MAX_LEFT_BEHIND
 
     moved = near_on(0)
     many = holding(*(f"numa1-slot{i:05d}" for i in range(MAX_LEFT_BEHIND * 3)))
@@ -111,10 +112,11 @@ def test_a_hostile_kubelet_naming_many_held_ids_gets_a_bounded_list() -> None:
 def test_an_id_held_where_the_resource_left_is_listed_unhealthy_and_not_counted_foreign() -> None:
     """The poller's plan: numa1-slot0001, held by a pod on the node a near resource
     left, is in its list (Unhealthy) and so is no id the kubelet made up."""
-    from numa_device_plugin.plugin.catalog import Catalog
-    from numa_device_plugin.plugin.config import Config
-    from numa_device_plugin.plugin.planning import plan as poller_plan
-    from numa_device_plugin.topology.numa import NodePlan, NumaNode
+    from numa_device_plugin.plugin.counts.planning import plan as poller_plan
+    from numa_device_plugin.plugin.serving.catalog import Catalog
+    from numa_device_plugin.plugin.settings.config import Config
+    from numa_device_plugin.topology.numa import NumaNode
+    from numa_device_plugin.topology.plan import NodePlan
 
     moved = near_on(0)
     plans = tuple(NodePlan(NumaNode(id=i, cpus=frozenset({i})), advertised=True) for i in (0, 1))
@@ -130,8 +132,8 @@ def test_a_lost_resource_whose_reason_text_changes_keeps_the_servicer_its_server
     """The device watch registers nothing again for a new reason's text; the catalog
     must then keep the servicer the running server holds (a new one would get the
     poller's device lists while the kubelet's stream stays on the old one)."""
-    from numa_device_plugin.plugin.catalog import Catalog
-    from numa_device_plugin.plugin.devicewatch import changed
+    from numa_device_plugin.plugin.lifecycle.devicewatch import changed
+    from numa_device_plugin.plugin.serving.catalog import Catalog
 
     made: list[Resource] = []
 

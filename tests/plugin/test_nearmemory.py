@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from numa_device_plugin.plugin.config import Config
-from numa_device_plugin.plugin.discovery import discover
-from numa_device_plugin.plugin.near import parse_near
-from numa_device_plugin.plugin.nearmemory import near_memory
+from numa_device_plugin.plugin.advertised.devicememory import near_memory
+from numa_device_plugin.plugin.advertised.discovery import discover
+from numa_device_plugin.plugin.model.near import parse_near
+from numa_device_plugin.plugin.settings.config import Config
 from numa_device_plugin.topology.fake import DeviceTree, SysfsTree
 
 GIB = 1 << 30

@@ -20,11 +20,10 @@ from pathlib import Path
 import pytest
 
 from numa_device_plugin.kubelet.view import Holder, KubeletView
-from numa_device_plugin.plugin.config import Config
-from numa_device_plugin.plugin.devices import CPUS, UNHEALTHY, Device, Resource
-from numa_device_plugin.plugin.discovery import discover
-from numa_device_plugin.plugin.manager import PluginManager
-from numa_device_plugin.plugin.nodepage import (
+from numa_device_plugin.plugin.advertised.discovery import discover
+from numa_device_plugin.plugin.lifecycle.manager import PluginManager
+from numa_device_plugin.plugin.model.resources import CPUS, UNHEALTHY, Device, Resource
+from numa_device_plugin.plugin.reports.nodepage import (
     MAX_BOXES,
     OFFLINE,
     OTHER,
@@ -35,9 +34,11 @@ from numa_device_plugin.plugin.nodepage import (
     build_page,
     render_page,
 )
-from numa_device_plugin.plugin.snapshot import PluginState, Served, debug_document
+from numa_device_plugin.plugin.reports.snapshot import PluginState, Served, debug_document
+from numa_device_plugin.plugin.settings.config import Config
 from numa_device_plugin.topology.fake import DeviceTree, SysfsTree
-from numa_device_plugin.topology.numa import NodePlan, NumaNode
+from numa_device_plugin.topology.numa import NumaNode
+from numa_device_plugin.topology.plan import NodePlan
 from tests.conftest import missing, readme_command
 
 GiB = 1 << 30
@@ -264,7 +265,7 @@ def test_debug_state_says_what_is_served_and_what_the_kubelet_said() -> None:
 
 def test_debug_state_lists_a_holders_ids_cut_with_their_count() -> None:
     """Under a flood /debug/state echoed every held id (4.9 MB)."""
-    from numa_device_plugin.plugin.snapshot import MAX_LISTED_IDS
+    from numa_device_plugin.plugin.reports.snapshot import MAX_LISTED_IDS
 
     ids = tuple(f"numa0-slot{index:06d}" for index in range(50_000))
     flood = KubeletView(
@@ -468,8 +469,8 @@ def test_the_page_of_a_machine_with_memory_tiers_in_chromium(
 def near_state() -> PluginState:
     """Node 1 holds an NVMe disk and a GPU, node 0 a NIC; data-disk follows the disk
     (node 1), md follows a RAID over both nodes, gone matches nothing."""
-    from numa_device_plugin.plugin.discovery import NearPlan
-    from numa_device_plugin.plugin.near import Near
+    from numa_device_plugin.plugin.advertised.discovery import NearPlan
+    from numa_device_plugin.plugin.model.near import Near
     from numa_device_plugin.topology.locality import Inventory, Located
     from numa_device_plugin.topology.pci import PciDevice
     from numa_device_plugin.topology.selectors import Selection, parse_selector
@@ -587,7 +588,7 @@ def test_the_near_table_shows_the_advertised_nodes_and_a_dash_for_none() -> None
 
 def test_debug_state_shows_the_near_flags_in_its_configuration() -> None:
     """Mutant: /debug/state dropped --near from its configuration."""
-    from numa_device_plugin.plugin.near import parse_near
+    from numa_device_plugin.plugin.model.near import parse_near
 
     near = (parse_near("data-disk=serial:S1"), parse_near("nic=net:ib0"))
     document = debug_document(state(VIEW, config=Config(capacity=CPUS, near=near)))
@@ -613,7 +614,7 @@ def discovered_manager(tmp_path: Path, *, disk: bool = False) -> tuple[Config, P
 
 def test_a_snapshot_says_registered_only_of_the_resources_registered(tmp_path: Path) -> None:
     """Mutant: snapshot.take() reported every resource registered."""
-    from numa_device_plugin.plugin.snapshot import take
+    from numa_device_plugin.plugin.reports.snapshot import take
 
     config, manager = discovered_manager(tmp_path)
     taken = take(config, manager.catalog, [R1], manager.poller, manager.lock_keeper, ())
@@ -627,7 +628,7 @@ def test_a_snapshot_says_registered_only_of_the_resources_registered(tmp_path: P
 def test_debug_state_lists_each_disks_ids_from_the_last_discovery(tmp_path: Path) -> None:
     """What `discover` lists per disk (serial, wwid, PCI address...), in /debug/state too,
     so an inventory can be gathered from every plugin pod."""
-    from numa_device_plugin.plugin.snapshot import take
+    from numa_device_plugin.plugin.reports.snapshot import take
 
     config, manager = discovered_manager(tmp_path, disk=True)
     document = debug_document(

@@ -11,7 +11,7 @@ import xml.etree.ElementTree as ET
 import pytest
 
 from numa_device_plugin.kubelet.view import KubeletView
-from numa_device_plugin.plugin.nodepage import (
+from numa_device_plugin.plugin.reports.nodepage import (
     RESERVED,
     SHARED,
     CpuCell,
@@ -22,9 +22,10 @@ from numa_device_plugin.plugin.nodepage import (
     build_page,
     render_page,
 )
-from numa_device_plugin.plugin.nodepage.render import CELL, NOTE_CHARS
-from numa_device_plugin.plugin.snapshot import debug_document
-from numa_device_plugin.topology.numa import NodePlan, NumaNode
+from numa_device_plugin.plugin.reports.nodepage.render import CELL, NOTE_CHARS
+from numa_device_plugin.plugin.reports.snapshot import debug_document
+from numa_device_plugin.topology.numa import NumaNode
+from numa_device_plugin.topology.plan import NodePlan
 from tests.plugin.test_nodepage import R0, R1, VIEW, GiB, state
 
 SVG = "{http://www.w3.org/2000/svg}"

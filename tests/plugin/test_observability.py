@@ -20,8 +20,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from numa_device_plugin.cli import main
 from numa_device_plugin.kubelet_standin import KubeletStandIn
 from numa_device_plugin.ops.probes import MAX_SCRAPES, ProbeServer, parse_address
-from numa_device_plugin.plugin.manager import PluginManager
-from numa_device_plugin.plugin.prometheus import PrometheusRecorder
+from numa_device_plugin.plugin.lifecycle.manager import PluginManager
+from numa_device_plugin.plugin.reports.prometheus import PrometheusRecorder
 from numa_device_plugin.topology.fake import SysfsTree
 from tests.plugin.test_manager import NAMES, make_config
 from tests.standin_helpers import (
@@ -376,7 +376,7 @@ def registered(recorder: PrometheusRecorder) -> dict[str, float]:
 
 def test_the_documented_families_are_every_family_each_with_a_series() -> None:
     """The docs' metrics reference lists these: none may be missing its labels."""
-    from numa_device_plugin.plugin.prometheus import documented_families
+    from numa_device_plugin.plugin.reports.prometheus import documented_families
 
     families = documented_families()
     assert all(family.samples for family in families), [f.name for f in families if not f.samples]

@@ -11,8 +11,8 @@ from pathlib import Path
 from typing import Any
 
 from numa_device_plugin.kubelet_standin import KubeletStandIn
-from numa_device_plugin.plugin.config import Config
-from numa_device_plugin.plugin.readschedule import SIGNALLED_INTERVAL, ReadSchedule
+from numa_device_plugin.plugin.counts.schedule import SIGNALLED_INTERVAL, ReadSchedule
+from numa_device_plugin.plugin.settings.config import Config
 from numa_device_plugin.topology.fake import SysfsTree
 from tests.plugin.test_capacity import R1, cpus_mode
 from tests.standin_helpers import ServeProcess, bound_port, eventually, wait_all_live
@@ -163,10 +163,10 @@ async def test_the_kubepods_watch_starts_at_a_registration_and_never_after_stop(
     """Not before :meth:`Watches.ensure_kubepods` (the first registration), once for
     many registrations, and not at all once stopped (a registration that ends during
     shutdown). Mutant: ``stop`` leaving the watches able to start a new watch thread."""
-    from numa_device_plugin.plugin.devicewatch import DeviceWatch
-    from numa_device_plugin.plugin.discovery import discover
-    from numa_device_plugin.plugin.lockkeeper import LockKeeper
-    from numa_device_plugin.plugin.watches import Watches
+    from numa_device_plugin.plugin.advertised.discovery import discover
+    from numa_device_plugin.plugin.lifecycle.devicewatch import DeviceWatch
+    from numa_device_plugin.plugin.lifecycle.watches import Watches
+    from numa_device_plugin.plugin.serving.lock import LockKeeper
 
     (tmp_path / "cgroup" / "kubepods").mkdir(parents=True)
     (tmp_path / "dp").mkdir()

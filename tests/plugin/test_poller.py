@@ -16,11 +16,11 @@ import structlog
 from numa_device_plugin.cli.options import config_from_params
 from numa_device_plugin.kubelet.view import KubeletView
 from numa_device_plugin.kubelet_standin import KubeletStandIn
-from numa_device_plugin.plugin.catalog import Catalog
-from numa_device_plugin.plugin.discovery import discover
-from numa_device_plugin.plugin.poller import CapacityPoller
-from numa_device_plugin.plugin.recorder import NullRecorder
-from numa_device_plugin.plugin.servicer import NumaDevicePluginServicer
+from numa_device_plugin.plugin.advertised.discovery import discover
+from numa_device_plugin.plugin.counts.poller import CapacityPoller
+from numa_device_plugin.plugin.model.recorder import NullRecorder
+from numa_device_plugin.plugin.serving.catalog import Catalog
+from numa_device_plugin.plugin.serving.servicer import NumaDevicePluginServicer
 from tests.topology.test_numamemory import GI, M1, machine
 
 MEMORY_WARNING = "the kubelet's Memory Manager is not Static"

@@ -15,9 +15,11 @@ import pytest
 from numa_device_plugin.api.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
 from numa_device_plugin.kubelet.grpcserver import UnixSocketServer
 from numa_device_plugin.kubelet_standin import KubeletStandIn
-from numa_device_plugin.plugin.devices import UNHEALTHY, Resource, build_resource
-from numa_device_plugin.plugin.near import Near
-from numa_device_plugin.plugin.servicer import NumaDevicePluginServicer
+from numa_device_plugin.plugin.advertised.build import build_resource
+from numa_device_plugin.plugin.model.near import Near
+from numa_device_plugin.plugin.model.resources import UNHEALTHY, Resource
+from numa_device_plugin.plugin.serving import requests
+from numa_device_plugin.plugin.serving.servicer import NumaDevicePluginServicer
 from numa_device_plugin.topology.fake import SysfsTree
 from numa_device_plugin.topology.selectors import parse_selector
 from tests.ops.test_lockfile import accepted
@@ -216,7 +218,7 @@ async def test_huge_device_ids_get_a_bounded_invalid_argument(served: Served, le
 
 
 def test_bounded_cuts_at_a_byte_limit() -> None:
-    from numa_device_plugin.plugin.servicer import bounded
+    from numa_device_plugin.plugin.serving.requests import bounded
 
     assert bounded("short") == "short"
     cut = bounded("é" * 2000)
@@ -312,9 +314,10 @@ async def test_allocate_of_a_near_resource_names_the_node_of_the_devices_given(
     """A resource that follows a device on NUMA nodes 0 and 1: each container's
     NUMA_NODE is the node of the devices it got (both, comma-separated, when a policy
     that does not align gave it devices of both)."""
-    from numa_device_plugin.plugin.devices import near_resource
-    from numa_device_plugin.plugin.near import Near
-    from numa_device_plugin.topology.numa import NodePlan, NumaNode
+    from numa_device_plugin.plugin.advertised.build import near_resource
+    from numa_device_plugin.plugin.model.near import Near
+    from numa_device_plugin.topology.numa import NumaNode
+    from numa_device_plugin.topology.plan import NodePlan
     from numa_device_plugin.topology.selectors import parse_selector
 
     plans = [NodePlan(NumaNode(id=i, cpus=frozenset({i})), advertised=True) for i in (0, 1)]
@@ -403,7 +406,9 @@ def test_preferred_allocation_of_a_multi_node_resource_stays_on_one_numa_node(
 ) -> None:
     """Asked for 2 of a 4-node selection's 400 devices it gave nodes 3 and 0 (ties in set
     order), and Allocate then said NUMA_NODE=0,3."""
-    servicer = NumaDevicePluginServicer(four_node_near_resource())
+    resource = four_node_near_resource()
+    by_id = {device.id: device for device in resource.devices}
+    servicer = NumaDevicePluginServicer(resource)
     try:
         available = [
             f"numa{node}-slot{index:04d}"
@@ -413,7 +418,7 @@ def test_preferred_allocation_of_a_multi_node_resource_stays_on_one_numa_node(
         available += [device for device in must if device not in available]
         for order in (available, list(reversed(available))):
             request = preferred(order, must, size).container_requests[0]
-            chosen = servicer._prefer(request, "container request 0")
+            chosen = requests.preferred(by_id, request, "container request 0")
             assert len(chosen) == size
             assert {device.split("-")[0] for device in chosen} == {f"numa{expected_node}"}
             assert set(must) <= set(chosen)
@@ -423,17 +428,15 @@ def test_preferred_allocation_of_a_multi_node_resource_stays_on_one_numa_node(
 
 
 def test_preferred_allocation_spills_to_the_next_node_only_when_one_cannot_hold_it() -> None:
-    servicer = NumaDevicePluginServicer(four_node_near_resource())
-    try:
-        available = ["numa0-slot0000", "numa1-slot0000", "numa1-slot0001", "numa3-slot0007"]
-        request = preferred(available, [], 3).container_requests[0]
-        assert servicer._prefer(request, "c") == [
-            "numa1-slot0000",
-            "numa1-slot0001",
-            "numa0-slot0000",
-        ]
-    finally:
-        servicer.close()
+    resource = four_node_near_resource()
+    by_id = {device.id: device for device in resource.devices}
+    available = ["numa0-slot0000", "numa1-slot0000", "numa1-slot0001", "numa3-slot0007"]
+    request = preferred(available, [], 3).container_requests[0]
+    assert requests.preferred(by_id, request, "c") == [
+        "numa1-slot0000",
+        "numa1-slot0001",
+        "numa0-slot0000",
+    ]
 
 
 @pytest.mark.parametrize(
@@ -470,9 +473,10 @@ async def test_allocate_never_writes_nor_fails_on_a_hostile_device_name(sock_dir
     """Names from a hostile sysfs (a newline and a variable, an escape, a comma, a
     non-UTF-8 byte as Python holds it) never reach the container's environment, and
     Allocate answers; a device listed on two nodes (a dual-port drive) is named once."""
-    from numa_device_plugin.plugin.devices import near_resource
-    from numa_device_plugin.plugin.near import Near
-    from numa_device_plugin.topology.numa import NodePlan, NumaNode
+    from numa_device_plugin.plugin.advertised.build import near_resource
+    from numa_device_plugin.plugin.model.near import Near
+    from numa_device_plugin.topology.numa import NumaNode
+    from numa_device_plugin.topology.plan import NodePlan
     from numa_device_plugin.topology.selectors import parse_selector
 
     plans = [NodePlan(NumaNode(id=i, cpus=frozenset({i})), advertised=True) for i in (0, 1)]

@@ -16,8 +16,8 @@ from numa_device_plugin.api.podresources.v1 import api_pb2_grpc as pr_grpc
 from numa_device_plugin.cli import main
 from numa_device_plugin.cli.options import config_from_params
 from numa_device_plugin.kubelet_standin import KubeletStandIn
-from numa_device_plugin.plugin.discovery import discover
-from numa_device_plugin.plugin.status import build_status, render_table
+from numa_device_plugin.plugin.advertised.discovery import discover
+from numa_device_plugin.plugin.reports.status import build_status, render_table
 from numa_device_plugin.topology.fake import SysfsTree
 from tests.plugin.test_manager import NAMES, make_config
 from tests.standin_helpers import running, wait_all_live
@@ -272,7 +272,7 @@ async def test_status_lists_a_near_resource_per_numa_node_it_covers(
     node of the devices it holds."""
     from dataclasses import replace
 
-    from numa_device_plugin.plugin.near import parse_near
+    from numa_device_plugin.plugin.model.near import parse_near
     from numa_device_plugin.topology.fake import DeviceTree
 
     devices = DeviceTree(two_nodes.root)
@@ -314,7 +314,7 @@ async def test_status_lists_a_near_resource_per_numa_node_it_covers(
 
 def test_the_table_escapes_control_characters_in_names_from_the_kubelet() -> None:
     """A pod name with NUL and CR once reached the terminal as is."""
-    from numa_device_plugin.plugin.status import render_table
+    from numa_device_plugin.plugin.reports.status import render_table
 
     holder = {"aligned": True, "problem": None, "namespace": "ns", "pod": "p\x00\rx",
               "container": "c\x1b[2J", "devices": ["numa0-slot0000"], "cpus": "1"}  # fmt: skip

@@ -16,15 +16,11 @@ from numa_device_plugin.cli import main
 from numa_device_plugin.cli.options import config_from_params
 from numa_device_plugin.kubelet.view import KubeletView, view_from
 from numa_device_plugin.kubelet_standin import KubeletStandIn
-from numa_device_plugin.plugin.capacity import assigned_memory, live_memory_devices
-from numa_device_plugin.plugin.devices import (
-    HEALTHY,
-    UNHEALTHY,
-    Resource,
-    build_resources,
-)
-from numa_device_plugin.plugin.discovery import discover
-from numa_device_plugin.plugin.status import build_status, render_table
+from numa_device_plugin.plugin.advertised.build import build_resources
+from numa_device_plugin.plugin.advertised.discovery import discover
+from numa_device_plugin.plugin.counts.capacity import assigned_memory, live_memory_devices
+from numa_device_plugin.plugin.model.resources import HEALTHY, UNHEALTHY, Resource
+from numa_device_plugin.plugin.reports.status import build_status, render_table
 from numa_device_plugin.topology.fake import SysfsTree
 from numa_device_plugin.topology.memory import (
     MemoryUnitError,
@@ -35,7 +31,8 @@ from numa_device_plugin.topology.memory import (
     parse_quantity,
     parse_reserved_memory,
 )
-from numa_device_plugin.topology.numa import plan_nodes, read_topology
+from numa_device_plugin.topology.numa import read_topology
+from numa_device_plugin.topology.plan import plan_nodes
 from tests.standin_helpers import ServeProcess, bounded_serve, eventually, serve_process
 
 GI = 1 << 30
@@ -445,7 +442,7 @@ def test_status_shows_free_units_per_type_and_flags_miscounted_memory(tmp_path: 
 
 
 def test_assigned_memory_reaches_its_metric(tmp_path: Path) -> None:
-    from numa_device_plugin.plugin.prometheus import PrometheusRecorder
+    from numa_device_plugin.plugin.reports.prometheus import PrometheusRecorder
 
     seen = view({1: {"memory": 7 * GI}}, [
         ({M1: ["numa1-mem0000"]}, [block("memory", GI, [1])]),

@@ -13,13 +13,11 @@ from numa_device_plugin.topology.fake import SysfsTree
 from numa_device_plugin.topology.numa import (
     MAX_CPU_MEMBERSHIPS,
     MAX_NUMA_NODE_ID,
-    MAX_OVERLAP_LINES,
     NumaNode,
     Topology,
-    plan_nodes,
     read_topology,
-    topology_warnings,
 )
+from numa_device_plugin.topology.plan import MAX_OVERLAP_LINES, plan_nodes, topology_warnings
 from tests.conftest import snapshot_names
 
 

@@ -11,7 +11,8 @@ from dataclasses import replace
 
 import structlog
 
-from numa_device_plugin.plugin.devices import Resource, validate_extended_resource_name
+from numa_device_plugin.plugin.model.names import validate_extended_resource_name
+from numa_device_plugin.plugin.model.resources import Resource
 
 log = structlog.get_logger(__name__)
 
@@ -21,7 +22,7 @@ def near_memory(resources: Mapping[str, Resource]) -> dict[str, Resource]:
     exactly one NUMA node N: for each memory resource of N (``<prefix>/numa-N-memory``,
     ``<prefix>/numa-N-hugepages-2mi``), ``<near name>-memory`` (…``-hugepages-2mi``) with
     the same pool and device ids, so it is counted live as N's (the Memory Manager's
-    allocatable minus assigned on N, :func:`~numa_device_plugin.plugin.capacity.
+    allocatable minus assigned on N, :func:`~numa_device_plugin.plugin.counts.capacity.
     live_memory_devices`), and the near resource's ``near``, ``near_nodes`` and
     ``near_devices`` (Allocate sets its variable). A resource on several nodes gets none
     (whose memory would it be?); a name taken or invalid is left out with a warning.

@@ -1,8 +1,8 @@
 """Discovery: one look at sysfs, turned into the plan per NUMA node and the resources.
 
 The first stage of the one-way flow sysfs -> topology -> devices -> servicers ->
-registration: :func:`discover` reads the topology (:mod:`.topology`), decides which
-NUMA nodes to advertise, builds each resource's devices (:mod:`.devices`) and logs
+registration: :func:`discover` reads the topology (:mod:`numa_device_plugin.topology`),
+decides which NUMA nodes to advertise, builds each resource's devices (:mod:`.build`) and logs
 the plan. It is called at start and on every reload (SIGHUP).
 
 At start, when no resource follows a device, the devices (PCI devices, disks, NICs: the
@@ -23,14 +23,16 @@ from typing import TYPE_CHECKING, Any
 import structlog
 
 from numa_device_plugin.ops.bounded import BoundError, read_file
-from numa_device_plugin.plugin.config import Config
-from numa_device_plugin.plugin.devices import Resource, build_resources
-from numa_device_plugin.plugin.near import Near
-from numa_device_plugin.plugin.nearmemory import near_memory
+from numa_device_plugin.plugin.advertised.build import build_resources
+from numa_device_plugin.plugin.advertised.devicememory import near_memory
+from numa_device_plugin.plugin.model.near import Near
+from numa_device_plugin.plugin.model.resources import Resource
+from numa_device_plugin.plugin.settings.config import Config
 from numa_device_plugin.topology import sysfs
 from numa_device_plugin.topology.locality import Inventory, read_inventory
 from numa_device_plugin.topology.memory import format_quantity
-from numa_device_plugin.topology.numa import NodePlan, plan_nodes, read_topology, topology_warnings
+from numa_device_plugin.topology.numa import read_topology
+from numa_device_plugin.topology.plan import NodePlan, plan_nodes, topology_warnings
 
 if TYPE_CHECKING:
     from numa_device_plugin.topology.mounts import MountTable
@@ -133,7 +135,7 @@ def look_key(config: Config) -> Hashable:
     a renamed NIC), and the mount table's bytes when a ``path:`` or ``path-below:``
     selector is configured. Equal keys: the quiet look would find what it found before.
     A device attribute that changes in place (a driver bound anew) is not in it: the
-    device watch still reads everything every :data:`~.devicewatch.FULL_LOOK_EVERY`
+    device watch still reads everything every :data:`~..lifecycle.devicewatch.FULL_LOOK_EVERY`
     looks. Raises what :func:`discover` raises for the topology; an unreadable mount
     table (a FIFO, over the table limit) is part of the key (its error text), never a
     wait."""

@@ -17,14 +17,14 @@ from collections.abc import Mapping
 from dataclasses import replace
 
 from numa_device_plugin.kubelet.view import KubeletView
-from numa_device_plugin.plugin.devices import UNHEALTHY, Device, Resource
-from numa_device_plugin.plugin.discovery import Discovery
-from numa_device_plugin.plugin.ids import device_node
+from numa_device_plugin.plugin.advertised.discovery import Discovery
+from numa_device_plugin.plugin.model.ids import device_node
+from numa_device_plugin.plugin.model.resources import UNHEALTHY, Device, Resource
 
 
 def keep_lost(served: Mapping[str, Resource], found: Discovery) -> Discovery:
     """``found`` with each resource that follows a device (its memory resources too,
-    :mod:`.nearmemory`), served now and still configured (a :attr:`Discovery.near`
+    :mod:`.devicememory`), served now and still configured (a :attr:`Discovery.near`
     entry of its name) but absent from ``found`` (its device
     gone, or on no advertised NUMA node), kept as served with ``lost`` set to the near
     plan's reason; a resource lost before and still absent keeps its devices."""

@@ -25,63 +25,34 @@ manager passes None only while the API has never answered since start; during
 a later outage it keeps passing the last answer.
 
 Held ids count only when they are ids this plugin advertises for that NUMA node in
-this mode (:func:`admissible`), so a confused or hostile kubelet can never make a
-list longer than the mode allows.
+this mode (:func:`~numa_device_plugin.plugin.counts.held.admissible`), so a confused or
+hostile kubelet can never make a list longer than the mode allows.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable
 from functools import lru_cache
 
 from numa_device_plugin.kubelet.view import Holder, KubeletView
-from numa_device_plugin.plugin.devices import (
+from numa_device_plugin.plugin.counts.held import (
+    admissible,
+    cpu_id,
+    held_devices,
+    held_in_cpus_mode,
+    held_index,
+)
+from numa_device_plugin.plugin.model.figures import OTHERS, OURS, NodeCapacity
+from numa_device_plugin.plugin.model.ids import device_index
+from numa_device_plugin.plugin.model.resources import (
     CPUS,
     HEALTHY,
-    MAX_CAPACITY,
     UNHEALTHY,
     Capacity,
     Device,
     Resource,
-    cpu_device_id,
-    device_index,
 )
-from numa_device_plugin.plugin.devices import device_id as slot_id
 from numa_device_plugin.topology import sysfs
-from numa_device_plugin.topology.memory import MAX_MEMORY_DEVICES, memory_device_id
-
-# The label value of our own containers in numa_node_assigned_cpus{holder=...}.
-OURS = "numa-align"
-OTHERS = "other"
-
-
-@dataclass(frozen=True)
-class NodeCapacity:
-    """One advertised NUMA node's CPUs as the kubelet sees them, for metrics and status.
-
-    ``allocatable_cpus``: CPUs of the node the kubelet may hand out exclusively;
-    ``assigned_ours``/``assigned_other``: those already assigned to containers
-    that hold / do not hold the node's resource; ``held``: device ids of the
-    resource held by containers; ``healthy``/``devices``: device counts;
-    ``misaligned``: containers holding the resource whose exclusive CPUs are not
-    all on the node (or who have none).
-    """
-
-    node_id: int
-    resource: str
-    allocatable_cpus: frozenset[int]
-    assigned_ours: frozenset[int]
-    assigned_other: frozenset[int]
-    held: frozenset[str]
-    devices: int
-    healthy: int
-    misaligned: int
-
-    @property
-    def free_cpus(self) -> int:
-        """Allocatable CPUs of the node no container has yet."""
-        return len(self.allocatable_cpus - self.assigned_ours - self.assigned_other)
 
 
 def misalignment(holder: Holder, node_id: int, node_cpus: frozenset[int]) -> str | None:
@@ -178,9 +149,9 @@ def live_devices(
         allocatable = node_cpus - reserved_cpus
     else:
         allocatable = view.allocatable_cpus & node_cpus
-    held = _held_in_cpus_mode(held_devices(view, resource, node_id), node_id, node_cpus)
+    held = held_in_cpus_mode(held_devices(view, resource, node_id), node_id, node_cpus)
     assigned = frozenset() if view is None else view.assigned_cpus & allocatable
-    ordered = [(cpu, _cpu_id(node_id, cpu)) for cpu in sorted(allocatable)]
+    ordered = [(cpu, cpu_id(node_id, cpu)) for cpu in sorted(allocatable)]
     free = len(allocatable - assigned)  # assigned ⊆ allocatable: never negative
     return _with_health(node_id, ordered, held, free, unaligned)
 
@@ -216,93 +187,6 @@ def live_resource_devices(
     )
 
 
-def held_devices(view: KubeletView | None, resource: str, node_id: int) -> set[str]:
-    """The ids of ``resource`` that containers hold (``List()``) and that this plugin
-    could have advertised for NUMA node ``node_id`` (:func:`device_index`); empty
-    without a view. Other ids are left out: :func:`foreign_devices`."""
-    return {
-        device_id
-        for device_id in _held_ids(view, resource)
-        if device_index(device_id, node_id) is not None
-    }
-
-
-def admissible(
-    capacity: Capacity, resource: Resource | None, node_id: int, node_cpus: frozenset[int]
-) -> Callable[[str], bool]:
-    """Whether a held id is one this plugin advertises on NUMA node ``node_id`` in this
-    mode: for a memory resource (``resource.memory`` set), a unit of its pool under
-    :data:`MAX_MEMORY_DEVICES`; in ``cpus`` mode, the id of one of ``node_cpus`` (or a
-    slot id of an earlier slots-mode run: :func:`_held_in_cpus_mode` bounds how many);
-    with slots, a slot under :data:`MAX_CAPACITY`. The test is exact (``numa0-cpu0100``
-    is no CPU of a 4-CPU node; a slot id is no CPU id)."""
-    pool = None if resource is None else resource.memory
-    if pool is not None:
-        kind = pool.memory_type
-
-        def memory_unit(held: str) -> bool:
-            index = device_index(held, node_id)
-            return (
-                index is not None
-                and index < MAX_MEMORY_DEVICES
-                and held == memory_device_id(node_id, kind, index)
-            )
-
-        return memory_unit
-
-    if capacity == CPUS:
-        cpu_ids = frozenset(_cpu_id(node_id, cpu) for cpu in node_cpus)
-        return lambda held: held in cpu_ids or _is_slot(held, node_id)
-    return lambda held: _is_slot(held, node_id)
-
-
-def _is_slot(held: str, node_id: int) -> bool:
-    """Whether ``held`` is a slot id of NUMA node ``node_id`` under :data:`MAX_CAPACITY`."""
-    index = device_index(held, node_id)
-    return index is not None and index < MAX_CAPACITY and held == slot_id(node_id, index)
-
-
-def _held_in_cpus_mode(held: set[str], node_id: int, node_cpus: frozenset[int]) -> set[str]:
-    """The held ids that count in ``cpus`` mode: those of ``node_cpus``, and slot ids of
-    an earlier slots-mode run (the kubelet re-admits a pod by them), at most one per
-    CPU, lowest first: never past twice the node's CPUs, whatever the kubelet says."""
-    cpu_ids = {_cpu_id(node_id, cpu) for cpu in node_cpus}
-    slots = sorted(
-        (i for i in held - cpu_ids if _is_slot(i, node_id)), key=lambda i: _held_index(i, node_id)
-    )
-    return (held & cpu_ids) | set(slots[: len(node_cpus)])
-
-
-def foreign_devices(
-    view: KubeletView | None, resource: str, node_ids: int | Iterable[int],
-    ours: Mapping[int, Callable[[str], bool]] | None = None,
-) -> set[str]:  # fmt: skip
-    """Held ids of ``resource`` that this plugin never advertises on its NUMA node(s)
-    ``node_ids`` (another form, another node, non-ASCII digits, an index of over 9
-    digits; with ``ours`` (NUMA node id -> :func:`admissible`), any id it refuses):
-    they count for nothing. The kubelet reports only ids a plugin advertised, so these
-    mean a confused or hostile kubelet; the caller says so once per id."""
-    nodes = (node_ids,) if isinstance(node_ids, int) else tuple(node_ids)
-    return {
-        device_id
-        for device_id in _held_ids(view, resource)
-        if all(
-            device_index(device_id, node_id) is None
-            or (ours is not None and not ours[node_id](device_id))
-            for node_id in nodes
-        )
-    }
-
-
-def _held_ids(view: KubeletView | None, resource: str) -> set[str]:
-    held: set[str] = set()
-    for holder in () if view is None else view.holders:
-        ids = holder.devices.get(resource)
-        if ids:
-            held.update(ids)
-    return held
-
-
 def _with_health(
     node_id: int, ordered: list[tuple[int, str]], held: set[str], free: int, unaligned: bool
 ) -> tuple[Device, ...]:
@@ -314,7 +198,7 @@ def _with_health(
     the pod that holds them when it re-admits it."""
     extra = held.difference(device_id for _, device_id in ordered)
     if extra:
-        ordered = sorted([*ordered, *((_held_index(i, node_id), i) for i in extra)])
+        ordered = sorted([*ordered, *((held_index(i, node_id), i) for i in extra)])
     devices = []
     for index, device_id in ordered:
         if unaligned:
@@ -360,7 +244,8 @@ def live_memory_devices(
 
         healthy = held + floor((allocatable - assigned) / unit)
 
-    held devices first, then the lowest-numbered (:mod:`.numamemory`). ``view`` None
+    held devices first, then the lowest-numbered
+    (:mod:`numa_device_plugin.topology.memory`). ``view`` None
     (the API never answered): allocatable is the pool's sysfs ``fallback``, nothing
     assigned. A view without memory (the Memory Manager's policy is not ``Static``):
     every device Unhealthy, unless ``allow_unaligned`` (then as without the API).
@@ -387,14 +272,3 @@ def _device(device_id: str, node_id: int, index: int, health: str) -> Device:
     """Devices are immutable: one object per (id, health), reused across polls, so a
     poll builds no objects and an unchanged list compares by identity."""
     return Device(id=device_id, node_id=node_id, index=index, health=health)
-
-
-@lru_cache(maxsize=65536)
-def _cpu_id(node_id: int, cpu: int) -> str:
-    return cpu_device_id(node_id, cpu)
-
-
-def _held_index(device_id: str, node_id: int) -> int:
-    index = device_index(device_id, node_id)
-    assert index is not None, f"{device_id!r} is not one of node {node_id}'s ids"
-    return index

@@ -1,6 +1,6 @@
 """What one answer of the kubelet's pod resources API calls for (pure, thread-safe):
 each resource's device list, the held ids it never advertises, and the recorder's
-figures. :class:`~numa_device_plugin.plugin.poller.CapacityPoller` computes it off the
+figures. :class:`~numa_device_plugin.plugin.counts.poller.CapacityPoller` computes it off the
 event loop and publishes it."""
 
 from __future__ import annotations
@@ -9,18 +9,17 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from numa_device_plugin.kubelet.view import KubeletView
-from numa_device_plugin.plugin.capacity import (
-    NodeCapacity,
-    admissible,
+from numa_device_plugin.plugin.advertised.lost import with_left_behind
+from numa_device_plugin.plugin.counts.capacity import (
     assigned_memory,
-    foreign_devices,
     live_resource_devices,
     node_capacity,
 )
-from numa_device_plugin.plugin.catalog import Catalog
-from numa_device_plugin.plugin.config import Config
-from numa_device_plugin.plugin.devices import Device, Resource
-from numa_device_plugin.plugin.nearhealth import with_left_behind
+from numa_device_plugin.plugin.counts.held import admissible, foreign_devices
+from numa_device_plugin.plugin.model.figures import NodeCapacity
+from numa_device_plugin.plugin.model.resources import Device, Resource
+from numa_device_plugin.plugin.serving.catalog import Catalog
+from numa_device_plugin.plugin.settings.config import Config
 
 
 @dataclass(frozen=True)

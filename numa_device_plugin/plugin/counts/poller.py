@@ -13,9 +13,9 @@ kubelet:
   going is when a pod without devices may have taken or given back CPUs or memory:
   ``List`` is read then (and once more a few seconds later), and the interval becomes
   a backstop of at least
-  :data:`~numa_device_plugin.plugin.readschedule.SIGNALLED_INTERVAL`; while the watch
+  :data:`~numa_device_plugin.plugin.counts.schedule.SIGNALLED_INTERVAL`; while the watch
   is not live (no such folder, replaced, no inotify watch left) the interval is as
-  given. When the next read is due: :mod:`numa_device_plugin.plugin.readschedule`.
+  given. When the next read is due: :mod:`numa_device_plugin.plugin.counts.schedule`.
 - ``GetAllocatableResources`` changes only when the kubelet restarts with other
   settings, so it is read after registrations and every :data:`ALLOCATABLE_EVERY`
   polls, not at every one.
@@ -38,13 +38,13 @@ import structlog
 
 from numa_device_plugin.kubelet.podresources import PodResourcesClient, PodResourcesError
 from numa_device_plugin.kubelet.view import KubeletView
-from numa_device_plugin.plugin.capacity import NodeCapacity
-from numa_device_plugin.plugin.catalog import Catalog
-from numa_device_plugin.plugin.config import Config
-from numa_device_plugin.plugin.devices import HEALTHY
-from numa_device_plugin.plugin.planning import Planned, node_capacities, plan
-from numa_device_plugin.plugin.readschedule import ReadSchedule
-from numa_device_plugin.plugin.recorder import Recorder
+from numa_device_plugin.plugin.counts.planning import Planned, node_capacities, plan
+from numa_device_plugin.plugin.counts.schedule import ReadSchedule
+from numa_device_plugin.plugin.model.figures import NodeCapacity
+from numa_device_plugin.plugin.model.recorder import Recorder
+from numa_device_plugin.plugin.model.resources import HEALTHY
+from numa_device_plugin.plugin.serving.catalog import Catalog
+from numa_device_plugin.plugin.settings.config import Config
 
 log = structlog.get_logger(__name__)
 

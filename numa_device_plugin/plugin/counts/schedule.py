@@ -1,6 +1,6 @@
 """When the capacity poller reads the pod resources API next: every interval, or
 sooner when asked (a registration, an Allocate, a Guaranteed pod's cgroup coming or
-going); see :mod:`numa_device_plugin.plugin.poller` for why each."""
+going); see :mod:`numa_device_plugin.plugin.counts.poller` for why each."""
 
 from __future__ import annotations
 

@@ -3,7 +3,7 @@ replaced, a mount moved to another disk, CPUs taken offline): sysfs is read agai
 ``device_interval`` seconds, off the event loop, and a discovery that differs from the
 one served is handed to the manager, which serves again only the resources that
 changed (no re-registration when nothing did). At start it first reads the devices
-serve's first look left out (:func:`~.discovery.read_devices`), once the manager has
+serve's first look left out (:func:`~..advertised.discovery.read_devices`), once the manager has
 acted on that look (registered, or found no kubelet). It only feeds the manager."""
 
 from __future__ import annotations
@@ -15,10 +15,15 @@ from functools import partial
 
 import structlog
 
-from numa_device_plugin.plugin.config import Config
-from numa_device_plugin.plugin.devices import Resource
-from numa_device_plugin.plugin.discovery import Discovery, discover, look_key, read_devices
-from numa_device_plugin.plugin.nearhealth import keep_lost, same_served
+from numa_device_plugin.plugin.advertised.discovery import (
+    Discovery,
+    discover,
+    look_key,
+    read_devices,
+)
+from numa_device_plugin.plugin.advertised.lost import keep_lost, same_served
+from numa_device_plugin.plugin.model.resources import Resource
+from numa_device_plugin.plugin.settings.config import Config
 from numa_device_plugin.topology import sysfs
 
 log = structlog.get_logger(__name__)
@@ -44,7 +49,7 @@ def differs(old: Discovery | None, new: Discovery) -> bool:
 
 def changed(old: Mapping[str, Resource], new: Mapping[str, Resource]) -> set[str]:
     """The names of the resources added, gone or different between ``old`` and ``new``
-    in what their server serves (:func:`~.nearhealth.same_served`): a lost resource whose
+    in what their server serves (:func:`~..advertised.lost.same_served`): a lost resource whose
     reason's text changed (a mount table's line number) registers nothing again."""
     return {name for name in {*old, *new} if not same_served(old.get(name), new.get(name))}
 
@@ -57,7 +62,7 @@ class DeviceWatch:
     :meth:`take` and calls ``woken()``. A failed read is logged once per fault and
     the served discovery kept.
 
-    Before the quiet look, ``key_fn`` (default: :func:`~.discovery.look_key` with
+    Before the quiet look, ``key_fn`` (default: :func:`~..advertised.discovery.look_key` with
     :func:`discover`, none otherwise) reads what the look depends on, cheaply; while it
     equals the key of the last look that matched what is served, the look is skipped
     (a 1,000-device machine is not read every interval to find nothing), except every
@@ -123,7 +128,7 @@ class DeviceWatch:
     async def look(self) -> None:
         """One reading of sysfs; ``found`` when it differs from what is served (a
         resource that follows a device whose device is gone is kept, lost:
-        :func:`~numa_device_plugin.plugin.nearhealth.keep_lost`)."""
+        :func:`~numa_device_plugin.plugin.advertised.lost.keep_lost`)."""
         key: Hashable = None
         try:
             if self._key_fn is not None:

@@ -1,9 +1,10 @@
 """The plugin lifecycle: wires the parts and decides what to serve again, and when.
 
-Data flows one way: sysfs -> topology -> devices (:mod:`.discovery`) -> servicers
-(:mod:`.catalog`) -> registration (:mod:`.endpoint`). The watcher, the signals and
-the lock check only wake the loop (:mod:`.wakeups`, :mod:`.watches`); the capacity poller
-(:mod:`.poller`) only feeds the servicers; the lock keeper (:mod:`.lockkeeper`)
+Data flows one way: sysfs -> topology -> devices (:mod:`..advertised.discovery`) ->
+servicers (:mod:`..serving.catalog`) -> registration (:mod:`..serving.endpoint`). The
+watcher, the signals and the lock check only wake the loop
+(:mod:`numa_device_plugin.ops.wakeups`, :mod:`.watches`); the capacity poller
+(:mod:`..counts.poller`) only feeds the servicers; the lock keeper (:mod:`..serving.lock`)
 says whether serving is allowed. :class:`PluginManager` runs the single restart
 loop, and on each wake decides from the state it finds, not from the events
 (:mod:`.verdicts`, pure):
@@ -28,27 +29,27 @@ from typing import TYPE_CHECKING
 
 import structlog
 
-from numa_device_plugin.kubelet.grpcserver import check_socket_path, file_identity
-from numa_device_plugin.kubelet.registration import Backoff
+from numa_device_plugin.kubelet.grpcserver import check_socket_path
 from numa_device_plugin.ops.heap import release_free_memory
 from numa_device_plugin.ops.limits import FdLimitError, ensure_fds, fds_needed
 from numa_device_plugin.ops.wakeups import DEVICES_CHANGED, STREAM_LOST, Wakeups
-from numa_device_plugin.plugin.catalog import Catalog
-from numa_device_plugin.plugin.config import Config
-from numa_device_plugin.plugin.devices import Resource
-from numa_device_plugin.plugin.devicewatch import DeviceWatch, changed
-from numa_device_plugin.plugin.discovery import Discovery, discover
-from numa_device_plugin.plugin.endpoint import Endpoints
-from numa_device_plugin.plugin.lockkeeper import LockKeeper
-from numa_device_plugin.plugin.poller import ALLOCATE_POLL_DELAY, CapacityPoller
-from numa_device_plugin.plugin.recorder import NullRecorder, Recorder
-from numa_device_plugin.plugin.servicer import NumaDevicePluginServicer
-from numa_device_plugin.plugin.verdicts import readiness, restart_reason, serve_problem
-from numa_device_plugin.plugin.watches import Watches
+from numa_device_plugin.plugin.advertised.discovery import Discovery, discover
+from numa_device_plugin.plugin.counts.poller import ALLOCATE_POLL_DELAY, CapacityPoller
+from numa_device_plugin.plugin.lifecycle.devicewatch import DeviceWatch, changed
+from numa_device_plugin.plugin.lifecycle.restarts import Restarts
+from numa_device_plugin.plugin.lifecycle.verdicts import readiness
+from numa_device_plugin.plugin.lifecycle.watches import Watches
+from numa_device_plugin.plugin.model.recorder import NullRecorder, Recorder
+from numa_device_plugin.plugin.model.resources import Resource
+from numa_device_plugin.plugin.serving.catalog import Catalog
+from numa_device_plugin.plugin.serving.endpoint import Endpoints
+from numa_device_plugin.plugin.serving.lock import LockKeeper
+from numa_device_plugin.plugin.serving.servicer import NumaDevicePluginServicer
+from numa_device_plugin.plugin.settings.config import Config
 from numa_device_plugin.topology import sysfs
 
 if TYPE_CHECKING:
-    from numa_device_plugin.plugin.snapshot import PluginState
+    from numa_device_plugin.plugin.reports.snapshot import PluginState
 
 log = structlog.get_logger(__name__)
 
@@ -81,10 +82,8 @@ class PluginManager:
         )
         self.lock_keeper = LockKeeper(config.socket_dir, self.wakeups.announce)
         self.started = asyncio.Event()
-        self._to_restart: set[str] = set()
-        self._backoff = Backoff()
+        self.restarts = Restarts(config, self.catalog, self.endpoints, self.lock_keeper)
         self._trim_pending = False
-        self._serve_problem: str | None = None
         current, woken = (lambda: self.catalog.discovery), partial(self.wake, DEVICES_CHANGED)
         acted = partial(self.wakeups.wait_until, self.acted, None)
         self.device_watch = DeviceWatch(config, discover_fn, current, woken, acted=acted)
@@ -114,14 +113,15 @@ class PluginManager:
         resource is registered with the kubelet, its ListAndWatch stream is open, the
         device-plugin folder is watched and the devices the first look left out are read
         (the node page lists them)."""
-        return readiness(self.lock_keeper.problem, self._serve_problem, self.servicers,
+        return readiness(self.lock_keeper.problem, self.restarts.problem, self.servicers,
                          self.registered, self.device_watch.caught_up(),
                          self.watches.watching)  # fmt: skip
 
     def snapshot(self) -> PluginState:
-        """The state now as plain data (:func:`numa_device_plugin.plugin.snapshot.take`), for
-        the node page and ``/debug/state`` (loop thread; imported at the first call)."""
-        from numa_device_plugin.plugin.snapshot import take
+        """The state now as plain data
+        (:func:`numa_device_plugin.plugin.reports.snapshot.take`), for the node page and
+        ``/debug/state`` (loop thread; imported at the first call)."""
+        from numa_device_plugin.plugin.reports.snapshot import take
 
         return take(
             self.config, self.catalog, self.registered, self.poller, self.lock_keeper,
@@ -139,7 +139,7 @@ class PluginManager:
         return (
             self.wakeups.idle
             and not self.wakeups.pending
-            and not self._to_restart
+            and not self.restarts.pending
             and self.endpoints.registrations_done()
         )
 
@@ -221,7 +221,7 @@ class PluginManager:
                 first = False
                 folder, names = str(self.config.socket_dir), list(self.resources)
                 log.info("device plugin started", socket_dir=folder, resources=names)
-                self._to_restart = set(self.resources)
+                self.restarts.pending = set(self.resources)
                 self.wakeups.drain()  # events from before (the holder's sockets going): moot
                 await self.poller.read_before_registering()  # live counts from the start
                 poller = asyncio.create_task(self.poller.run(), name="pod resources")
@@ -249,36 +249,32 @@ class PluginManager:
         while not self.wakeups.stopping and not self.lock_keeper.lost:
             try:
                 if reasons is not None:
-                    self._evaluate(reasons)
+                    self.restarts.evaluate(reasons)
                 if self.wakeups.take_reload():
                     found = await rediscover(
                         self.config, self._discover_fn, self._listener_connections
                     )
                     if found is not None:  # serve everything again
-                        self._to_restart |= set(self.resources) | set(found.resources)
+                        self.restarts.pending |= set(self.resources) | set(found.resources)
                         self._set_discovery(found)
                 if (found := self.device_watch.take()) is not None:  # (a reload drops it)
-                    self._to_restart |= (names := changed(self.resources, found.resources))
+                    self.restarts.pending |= (names := changed(self.resources, found.resources))
                     caught_up = self.device_watch.caught_up()  # else: what was left out
                     self._set_discovery(found)
                     if caught_up:
                         log.info("devices changed; serving again what changed",
                                  resources=sorted(names))  # fmt: skip
-                if self._to_restart:
-                    names, self._to_restart = self._to_restart, set()
-                    await self._restart(names)
+                if self.restarts.pending:
+                    names, self.restarts.pending = self.restarts.pending, set()
+                    await self.restarts.restart(names)
                     self._trim_pending = True
             except Exception:
                 # Never crash on a surprise: log it, serve everything afresh after a backoff.
                 log.exception("unexpected error in the plugin loop; starting over")
-                self._to_restart |= set(self.resources) | set(self.endpoints.running)
+                self.restarts.pending |= set(self.resources) | set(self.endpoints.running)
             if self.wakeups.stopping or self.lock_keeper.lost:
                 break
-            delay: float | None = None
-            if self._to_restart:  # a server failed to start: try again later
-                delay = self._backoff.next_delay()
-            else:
-                self._backoff.reset()
+            delay = self.restarts.retry_delay()
             if self._trim_pending and not self.wakeups.woken_now():
                 # Settled after serving again: give the burst's memory back.
                 self._trim_pending = False
@@ -287,44 +283,6 @@ class PluginManager:
             await self.wakeups.sleep(delay, self.config.debounce)
             self.wakeups.set_idle(False)
             reasons = self.wakeups.drain()
-
-    def _evaluate(self, reasons: list[tuple[str, str]]) -> None:
-        """Decide which resources to serve (again), from the state found now.
-
-        Events only say *when* to look (:func:`restart_reason` says why, per resource).
-        """
-        if not self.lock_keeper.keep():
-            return
-        kubelet = file_identity(self.config.kubelet_socket)
-        self.endpoints.note_kubelet(kubelet)
-        lost = {name for reason, name in reasons if reason == STREAM_LOST}
-        for name in self.resources:
-            why = restart_reason(self.endpoints.running.get(name), kubelet, name in lost)
-            if why is not None and name not in self._to_restart:
-                log.info("serving and registering again", resource=name, reason=why)
-                self._to_restart.add(name)
-        if self._to_restart:
-            log.debug("restart planned", resources=sorted(self._to_restart), reasons=reasons)
-
-    async def _restart(self, names: set[str]) -> None:
-        """Stop the named endpoints, then, if a kubelet is there, serve them again.
-
-        Streams are ended first, so the grace period only waits for in-flight
-        Allocate calls and costs nothing when there are none. Servers that fail to
-        start are retried with backoff; /readyz says so meanwhile.
-        """
-        await self.endpoints.stop(names, self.config.shutdown_grace)
-        kubelet = file_identity(self.config.kubelet_socket)
-        self.endpoints.note_kubelet(kubelet)
-        if kubelet is None:
-            log.info("waiting for the kubelet", kubelet_socket=str(self.config.kubelet_socket))
-            return
-        to_start = sorted(names & set(self.resources))
-        failed = await self.endpoints.start_all(
-            [(self.resources[name], self.servicers[name]) for name in to_start], kubelet
-        )
-        self._to_restart |= set(failed)
-        self._serve_problem = serve_problem(failed)
 
 
 async def rediscover(

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from numa_device_plugin.plugin.endpoint import Endpoint, KubeletIdentity
-from numa_device_plugin.plugin.servicer import NumaDevicePluginServicer
+from numa_device_plugin.plugin.serving.endpoint import Endpoint, KubeletIdentity
+from numa_device_plugin.plugin.serving.servicer import NumaDevicePluginServicer
 
 
 def restart_reason(

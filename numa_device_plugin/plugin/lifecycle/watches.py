@@ -26,9 +26,9 @@ from typing import TYPE_CHECKING
 import structlog
 
 from numa_device_plugin.ops.instancelock import LOCK_DIR_NAME
-from numa_device_plugin.plugin.config import Config
-from numa_device_plugin.plugin.devicewatch import DeviceWatch
-from numa_device_plugin.plugin.lockkeeper import LockKeeper
+from numa_device_plugin.plugin.lifecycle.devicewatch import DeviceWatch
+from numa_device_plugin.plugin.serving.lock import LockKeeper
+from numa_device_plugin.plugin.settings.config import Config
 
 if TYPE_CHECKING:
     from numa_device_plugin.kubelet.kubepods import KubepodsWatcher

@@ -1,7 +1,8 @@
 """Resources that follow a device (``--near data-disk=serial:S3EV``, ``near:`` in a
 node's configuration): the :class:`Near` entry, its parsing and its checks. Where such a
-resource's devices lie is planned by :func:`~numa_device_plugin.plugin.discovery.plan_near`
-and built by :func:`~numa_device_plugin.plugin.devices.near_resource`.
+resource's devices lie is planned by
+:func:`~numa_device_plugin.plugin.advertised.discovery.plan_near` and built by
+:func:`~numa_device_plugin.plugin.advertised.build.near_resource`.
 
 The device selectors (:mod:`~numa_device_plugin.topology.selectors`, with the mount
 table's reading) are imported by the first ``--near`` parsed: a plugin without one
@@ -14,7 +15,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from numa_device_plugin.plugin.devices import (
+from numa_device_plugin.plugin.model.names import (
     DEFAULT_RESOURCE_PREFIX,
     quoted,
     validate_extended_resource_name,

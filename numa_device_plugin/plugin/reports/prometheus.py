@@ -42,16 +42,16 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from numa_device_plugin import __version__
-from numa_device_plugin.plugin.capacity import OTHERS, OURS, NodeCapacity
-from numa_device_plugin.plugin.devices import HEALTHY, UNHEALTHY, Device
-from numa_device_plugin.topology.numa import NodePlan
+from numa_device_plugin.plugin.model.figures import OTHERS, OURS, NodeCapacity
+from numa_device_plugin.plugin.model.resources import HEALTHY, UNHEALTHY, Device
+from numa_device_plugin.topology.plan import NodePlan
 
 # Allocate answers in about a millisecond; buckets from 100 us to 1 s.
 _ALLOCATE_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.1, 1.0)
 
 
 class PrometheusRecorder:
-    """A :class:`~numa_device_plugin.plugin.recorder.Recorder` that keeps Prometheus metrics
+    """A :class:`~numa_device_plugin.plugin.model.recorder.Recorder` that keeps Prometheus metrics
     in its own ``registry``; :meth:`render` gives the text exposition format."""
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:

@@ -2,7 +2,7 @@
 
 :meth:`PluginManager.snapshot` takes a :class:`PluginState` on the event loop: it
 only copies references to frozen objects (the discovery, the device lists, the last
-:class:`~numa_device_plugin.plugin.capacity.KubeletView`), so it costs microseconds and
+:class:`~numa_device_plugin.plugin.counts.capacity.KubeletView`), so it costs microseconds and
 the page can be rendered from it in a worker thread while the loop goes on.
 :func:`debug_document` turns it into the JSON of ``/debug/state``.
 """
@@ -15,18 +15,18 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from numa_device_plugin.kubelet.view import Holder, KubeletView
-from numa_device_plugin.plugin.config import Config
-from numa_device_plugin.plugin.devices import HEALTHY, Device, Resource
-from numa_device_plugin.plugin.discovery import NearPlan, near_document
+from numa_device_plugin.plugin.advertised.discovery import NearPlan, near_document
+from numa_device_plugin.plugin.model.resources import HEALTHY, Device, Resource
+from numa_device_plugin.plugin.settings.config import Config
 from numa_device_plugin.topology import sysfs
 from numa_device_plugin.topology.bynode import NO_DEVICES, devices_by_node
 from numa_device_plugin.topology.locality import Inventory
-from numa_device_plugin.topology.numa import NodePlan
+from numa_device_plugin.topology.plan import NodePlan
 
 if TYPE_CHECKING:
-    from numa_device_plugin.plugin.catalog import Catalog
-    from numa_device_plugin.plugin.lockkeeper import LockKeeper
-    from numa_device_plugin.plugin.poller import CapacityPoller
+    from numa_device_plugin.plugin.counts.poller import CapacityPoller
+    from numa_device_plugin.plugin.serving.catalog import Catalog
+    from numa_device_plugin.plugin.serving.lock import LockKeeper
 
 
 @dataclass(frozen=True)

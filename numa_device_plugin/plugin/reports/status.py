@@ -25,10 +25,11 @@ from typing import Any
 from numa_device_plugin.api.podresources.v1 import api_pb2 as pr_pb2
 from numa_device_plugin.kubelet.view import KubeletView, view_from
 from numa_device_plugin.ops.bounded import one_line
-from numa_device_plugin.plugin.capacity import live_devices, misalignment, node_capacity
-from numa_device_plugin.plugin.config import Config
-from numa_device_plugin.plugin.devices import CPUS, Resource, device_index
-from numa_device_plugin.plugin.discovery import Discovery
+from numa_device_plugin.plugin.advertised.discovery import Discovery
+from numa_device_plugin.plugin.counts.capacity import live_devices, misalignment, node_capacity
+from numa_device_plugin.plugin.model.ids import device_index
+from numa_device_plugin.plugin.model.resources import CPUS, Resource
+from numa_device_plugin.plugin.settings.config import Config
 from numa_device_plugin.topology import sysfs
 from numa_device_plugin.topology.memory import format_quantity
 

@@ -11,10 +11,10 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 
-from numa_device_plugin.plugin.devices import Resource
-from numa_device_plugin.plugin.discovery import Discovery
-from numa_device_plugin.plugin.nearhealth import same_served
-from numa_device_plugin.plugin.servicer import NumaDevicePluginServicer
+from numa_device_plugin.plugin.advertised.discovery import Discovery
+from numa_device_plugin.plugin.advertised.lost import same_served
+from numa_device_plugin.plugin.model.resources import Resource
+from numa_device_plugin.plugin.serving.servicer import NumaDevicePluginServicer
 
 
 class Catalog:
@@ -46,7 +46,7 @@ class Catalog:
 
     def update(self, discovery: Discovery) -> None:
         """Take ``discovery``: keep the servicers of resources that serve the same
-        (:func:`~numa_device_plugin.plugin.nearhealth.same_served`: a lost resource whose
+        (:func:`~numa_device_plugin.plugin.advertised.lost.same_served`: a lost resource whose
         reason's text changed keeps the servicer its running server holds), build the
         rest."""
         kept = {

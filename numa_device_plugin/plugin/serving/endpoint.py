@@ -36,10 +36,10 @@ from numa_device_plugin.kubelet.registration import (
     register_request,
 )
 from numa_device_plugin.ops.logs import LogLimiter
-from numa_device_plugin.plugin.config import Config
-from numa_device_plugin.plugin.devices import HEALTHY, Resource
-from numa_device_plugin.plugin.recorder import Recorder
-from numa_device_plugin.plugin.servicer import NumaDevicePluginServicer
+from numa_device_plugin.plugin.model.recorder import Recorder
+from numa_device_plugin.plugin.model.resources import HEALTHY, Resource
+from numa_device_plugin.plugin.serving.servicer import NumaDevicePluginServicer
+from numa_device_plugin.plugin.settings.config import Config
 
 log = structlog.get_logger(__name__)
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections import Counter
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from typing import Any, NoReturn
 
@@ -20,9 +19,15 @@ import grpc
 import structlog
 
 from numa_device_plugin.api.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
-from numa_device_plugin.plugin.devices import Device, Resource
-from numa_device_plugin.plugin.near import near_env
-from numa_device_plugin.plugin.recorder import NullRecorder, Recorder
+from numa_device_plugin.plugin.model.near import near_env
+from numa_device_plugin.plugin.model.recorder import NullRecorder, Recorder
+from numa_device_plugin.plugin.model.resources import Device, Resource
+from numa_device_plugin.plugin.serving.requests import (
+    RequestError,
+    bounded,
+    check_ids,
+    preferred,
+)
 from numa_device_plugin.topology import sysfs
 
 log = structlog.get_logger(__name__)
@@ -30,13 +35,6 @@ log = structlog.get_logger(__name__)
 Context = grpc.aio.ServicerContext[Any, Any]
 
 NUMA_NODE_ENV = "NUMA_NODE"
-# Device ids quoted in an error message at most; the rest are counted.
-_MAX_IDS_IN_MESSAGE = 5
-# A quoted id is cut to this many characters (real ids have at most 63).
-_MAX_ID_CHARS = 64
-# The whole status message (and its log line) at most, in bytes: a status message
-# travels in gRPC metadata, and a huge one turns INVALID_ARGUMENT into RESOURCE_EXHAUSTED.
-MAX_MESSAGE_BYTES = 1024
 
 
 def device_message(device: Device) -> api_pb2.Device:
@@ -46,30 +44,6 @@ def device_message(device: Device) -> api_pb2.Device:
         health=device.health,
         topology=api_pb2.TopologyInfo(nodes=[api_pb2.NUMANode(ID=device.node_id)]),
     )
-
-
-def _quote_id(device_id: str) -> str:
-    if len(device_id) <= _MAX_ID_CHARS:
-        return repr(device_id)
-    return f"{device_id[:_MAX_ID_CHARS]!r}... ({len(device_id)} characters)"
-
-
-def _quote_ids(ids: Sequence[str]) -> str:
-    shown = ", ".join(_quote_id(device_id) for device_id in ids[:_MAX_IDS_IN_MESSAGE])
-    more = len(ids) - _MAX_IDS_IN_MESSAGE
-    return shown + (f" and {more} more" if more > 0 else "")
-
-
-def bounded(message: str, limit: int = MAX_MESSAGE_BYTES) -> str:
-    """``message`` cut to at most ``limit`` bytes of UTF-8, ending in ``...`` when cut."""
-    encoded = message.encode()
-    if len(encoded) <= limit:
-        return message
-    return encoded[: limit - 3].decode(errors="ignore") + "..."
-
-
-class RequestError(ValueError):
-    """A request the servicer refuses; the text becomes the INVALID_ARGUMENT message."""
 
 
 class NumaDevicePluginServicer(api_pb2_grpc.DevicePluginServicer):  # type: ignore[misc]
@@ -200,7 +174,7 @@ class NumaDevicePluginServicer(api_pb2_grpc.DevicePluginServicer):  # type: igno
             responses = []
             for position, container in enumerate(request.container_requests):
                 ids = list(container.devices_ids)
-                self._check_ids(ids, f"container request {position}")
+                check_ids(self._by_id, ids, f"container request {position}")
                 responses.append(api_pb2.ContainerAllocateResponse(envs=self._envs(ids)))
         except RequestError as exc:
             self._recorder.allocated(self.resource_name, time.perf_counter() - started, False)
@@ -219,7 +193,7 @@ class NumaDevicePluginServicer(api_pb2_grpc.DevicePluginServicer):  # type: igno
                 raise RequestError("GetPreferredAllocation request has no container requests")
             responses = [
                 api_pb2.ContainerPreferredAllocationResponse(
-                    deviceIDs=self._prefer(container, f"container request {position}")
+                    deviceIDs=preferred(self._by_id, container, f"container request {position}")
                 )
                 for position, container in enumerate(request.container_requests)
             ]
@@ -263,64 +237,3 @@ class NumaDevicePluginServicer(api_pb2_grpc.DevicePluginServicer):  # type: igno
         Topology Manager policy that does not align, e.g. ``best-effort``)."""
         nodes = sorted({self._by_id[device_id].node_id for device_id in ids})
         return ",".join(map(str, nodes))
-
-    def _check_ids(self, ids: Sequence[str], where: str, *, allow_empty: bool = False) -> None:
-        if not ids and not allow_empty:
-            raise RequestError(f"{where} names no device ids")
-        unknown = [device_id for device_id in ids if device_id not in self._by_id]
-        if unknown:
-            raise RequestError(
-                f"{where}: device ids {_quote_ids(unknown)} are not devices of this resource"
-            )
-        repeated = [device_id for device_id, count in Counter(ids).items() if count > 1]
-        if repeated:
-            raise RequestError(f"{where}: device ids {_quote_ids(repeated)} are listed twice")
-
-    def _prefer(
-        self, container: api_pb2.ContainerPreferredAllocationRequest, where: str
-    ) -> list[str]:
-        available = list(container.available_deviceIDs)
-        must = list(container.must_include_deviceIDs)
-        size = container.allocation_size
-        self._check_ids(available, f"{where} available_deviceIDs", allow_empty=True)
-        self._check_ids(must, f"{where} must_include_deviceIDs", allow_empty=True)
-        offered = set(available)
-        missing = [device_id for device_id in must if device_id not in offered]
-        if missing:
-            raise RequestError(
-                f"{where}: must_include_deviceIDs {_quote_ids(missing)} are not in "
-                "available_deviceIDs"
-            )
-        if size < 1:
-            raise RequestError(f"{where}: allocation_size must be at least 1, got {size}")
-        if len(must) > size:
-            raise RequestError(
-                f"{where}: {len(must)} must-include devices do not fit allocation_size {size}"
-            )
-        chosen = sorted(must, key=self._order)
-        rest = self._by_preferred_node(offered - set(must), {self._by_id[d].node_id for d in must})
-        if len(chosen) + len(rest) < size:
-            raise RequestError(
-                f"{where}: allocation_size {size} exceeds the {len(chosen) + len(rest)} "
-                "available and must-include devices"
-            )
-        return chosen + rest[: size - len(chosen)]
-
-    def _order(self, device_id: str) -> tuple[int, int, str]:
-        """A total order of this resource's devices: NUMA node, index, id."""
-        device = self._by_id[device_id]
-        return device.node_id, device.index, device_id
-
-    def _by_preferred_node(self, ids: set[str], must_nodes: set[int]) -> list[str]:
-        """``ids`` in the order to offer them, so that an allocation stays on one NUMA
-        node where it can (a resource that follows a device on several NUMA nodes has
-        devices of each): first the devices of the must-include devices' node when they
-        are all on one, else of the node with the most devices available (then the
-        lowest id); then the other nodes' in the same order. Deterministic: within a
-        node, by index."""
-        by_node: dict[int, list[str]] = {}
-        for device_id in ids:
-            by_node.setdefault(self._by_id[device_id].node_id, []).append(device_id)
-        first = next(iter(must_nodes)) if len(must_nodes) == 1 else None
-        nodes = sorted(by_node, key=lambda node: (node != first, -len(by_node[node]), node))
-        return [device_id for node in nodes for device_id in sorted(by_node[node], key=self._order)]

@@ -14,15 +14,14 @@ from typing import Any
 
 from numa_device_plugin.kubelet.grpcserver import check_socket_path
 from numa_device_plugin.kubelet.registration import KUBELET_SOCKET_NAME
-from numa_device_plugin.plugin.devices import (
+from numa_device_plugin.plugin.model.names import DEFAULT_RESOURCE_PREFIX, validate_resource_prefix
+from numa_device_plugin.plugin.model.near import Near, check_near
+from numa_device_plugin.plugin.model.resources import (
     CPUS,
     DEFAULT_CAPACITY,
-    DEFAULT_RESOURCE_PREFIX,
     Capacity,
     validate_capacity,
-    validate_resource_prefix,
 )
-from numa_device_plugin.plugin.near import Near, check_near
 from numa_device_plugin.topology.memory import ReservedMemory
 
 DEFAULT_SOCKET_DIR = Path("/var/lib/kubelet/device-plugins")

@@ -9,7 +9,7 @@ import os
 import re
 from pathlib import Path
 
-from numa_device_plugin.plugin.devices import CPUS, Capacity, validate_capacity
+from numa_device_plugin.plugin.model.resources import CPUS, Capacity, validate_capacity
 from numa_device_plugin.topology import sysfs
 
 

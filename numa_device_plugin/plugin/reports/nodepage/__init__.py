@@ -2,11 +2,11 @@
 
 Two pure steps, so the page can be tested without a server and rendered in a worker
 thread: :func:`build_page` (:mod:`.model`) turns a
-:class:`~numa_device_plugin.plugin.snapshot.PluginState` into a :class:`NodePage`, and
+:class:`~numa_device_plugin.plugin.reports.snapshot.PluginState` into a :class:`NodePage`, and
 :func:`render_page` (:mod:`.render`) writes it as HTML.
 """
 
-from numa_device_plugin.plugin.nodepage.model import (
+from numa_device_plugin.plugin.reports.nodepage.model import (
     CPU_STATES,
     MAX_BOXES,
     OFFLINE,
@@ -22,7 +22,7 @@ from numa_device_plugin.plugin.nodepage.model import (
     ResourceRow,
     build_page,
 )
-from numa_device_plugin.plugin.nodepage.render import REFRESH, render_page
+from numa_device_plugin.plugin.reports.nodepage.render import REFRESH, render_page
 
 __all__ = [
     "CPU_STATES",

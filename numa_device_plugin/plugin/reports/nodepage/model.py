@@ -1,6 +1,6 @@
 """The node page's model: what each CPU is, who holds it, the memory per NUMA node.
 
-:func:`build_page` turns a :class:`~numa_device_plugin.plugin.snapshot.PluginState` into a
+:func:`build_page` turns a :class:`~numa_device_plugin.plugin.reports.snapshot.PluginState` into a
 :class:`NodePage`; pure. Where the figures come from:
 
 - the NUMA nodes, their CPUs (``cpu`` folders of ``nodeN``, offline ones from
@@ -25,11 +25,11 @@ import socket
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from numa_device_plugin.plugin.snapshot import PluginState
+from numa_device_plugin.plugin.reports.snapshot import PluginState
 from numa_device_plugin.topology import sysfs
 from numa_device_plugin.topology.bynode import NO_DEVICES, NodeDevices, devices_by_node
 from numa_device_plugin.topology.memory import MEMORY, hugepages_type
-from numa_device_plugin.topology.numa import NodePlan
+from numa_device_plugin.topology.plan import NodePlan
 
 # What each CPU can be, in the order the legend lists them.
 OURS = "ours"  # exclusive, to a container holding a numa-align resource

@@ -1,6 +1,6 @@
 """The node page as one HTML document with inline SVG and CSS, and no script.
 
-:func:`render_page` writes a :class:`~numa_device_plugin.plugin.nodepage.model.NodePage`:
+:func:`render_page` writes a :class:`~numa_device_plugin.plugin.reports.nodepage.model.NodePage`:
 one SVG per NUMA node (a cell per CPU coloured by what it is, with its holder; a bar
 per memory type; its disks, NICs and accelerators), a table of the resources, one of
 the resources that follow a device, the distance matrix. The page reloads
@@ -14,7 +14,7 @@ import html
 import time
 from collections.abc import Iterable
 
-from numa_device_plugin.plugin.nodepage.model import (
+from numa_device_plugin.plugin.reports.nodepage.model import (
     CPU_STATES,
     OFFLINE,
     OTHER,
