@@ -16,8 +16,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import REPO
-from tests.e2e import conftest as e2e
-from tests.e2e import waits
+from tests.e2e import platforms, progress, waits
 
 sys.path.insert(0, str(REPO / "test" / "local"))
 import netstate
@@ -161,7 +160,7 @@ def test_kubectl_that_never_reached_the_api_server_runs_again_and_is_noted(
     tmp_path: Path,
 ) -> None:
     command = fake_kubectl(tmp_path, 2, UNREACHED)
-    assert e2e.run_checked(command, timeout=30) == "done\n"
+    assert platforms.run_checked(command, timeout=30) == "done\n"
     retried = [n for n in waits.NOTES if n["outcome"] == "retried"]
     assert len(retried) == 2
     assert retried[0]["what"].endswith("to reach the API server")
@@ -172,7 +171,7 @@ def test_kubectl_that_never_reached_the_api_server_runs_again_and_is_noted(
 def test_kubectl_that_failed_otherwise_is_not_run_again(tmp_path: Path) -> None:
     command = fake_kubectl(tmp_path, 1, "error: unknown flag --bogus")
     with pytest.raises(AssertionError, match="unknown flag --bogus"):
-        e2e.run_checked(command, timeout=30)
+        platforms.run_checked(command, timeout=30)
     assert (tmp_path / "count").read_text().strip() == "1"
     assert not [n for n in waits.NOTES if n["outcome"] == "retried"]
 
@@ -183,7 +182,7 @@ def test_kubectl_that_never_reaches_the_api_server_fails_after_its_retries(
 ) -> None:
     command = fake_kubectl(tmp_path, 99, UNREACHED)
     with pytest.raises(AssertionError, match="i/o timeout"):
-        e2e.run_checked(command, timeout=30, retries=3)
+        platforms.run_checked(command, timeout=30, retries=3)
     assert (tmp_path / "count").read_text().strip() == "4"
 
 
@@ -192,7 +191,7 @@ def test_the_progress_record_carries_the_waits() -> None:
         "tests/e2e/test_x.py::test_y", ("f", 1, "t"), {}, "passed", None, "call", [],
         duration=3.0, user_properties=[("waits", [{"what": "pod", "seconds": 2.0}])],
     )  # fmt: skip
-    record = e2e.progress_record(report)
+    record = progress.progress_record(report)
     assert record is not None
     assert record["waits"] == [{"what": "pod", "seconds": 2.0}]
     assert record["network"] is None

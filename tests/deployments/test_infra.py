@@ -561,7 +561,7 @@ def test_destroy_removes_vms_volumes_pool_network_and_state(tmp_path: Path) -> N
 def test_e2e_tests_take_the_numa_layout_from_the_cluster_config(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from tests.e2e.conftest import read_cluster_config
+    from tests.e2e.platforms import read_cluster_config
 
     for name in ("NUMA_NODES_PER_WORKER", "CPUS_PER_NUMA_NODE", "RESERVED_CPUS"):
         monkeypatch.delenv(name, raising=False)

@@ -19,7 +19,8 @@ import pytest
 
 from numa_device_plugin.topology.fake import build_machine
 from tests.conftest import REPO
-from tests.e2e.conftest import ClusterConfig, _with_capacity, read_sysfs_layout
+from tests.e2e.localplatform import _with_capacity
+from tests.e2e.platforms import ClusterConfig, read_sysfs_layout
 
 sys.path.insert(0, str(REPO / "test" / "local"))
 import cluster
@@ -508,7 +509,7 @@ def test_host_paths_under_tmp_are_bound_into_the_guests_tmp() -> None:
 def test_a_failed_command_shows_its_stderr_and_the_plugins_last_log_lines() -> None:
     """The e2e failure of ``status`` on a loaded machine once showed only
     CalledProcessError: not why it failed."""
-    from tests.e2e.conftest import run_checked
+    from tests.e2e.platforms import run_checked
 
     command = ["sh", "-c", "echo partial; echo 'no answer within 5 s' >&2; exit 3"]
     log = "\n".join(f"line {i}" for i in range(100))
@@ -606,7 +607,7 @@ def test_a_failed_e2e_test_carries_the_plugins_last_log_lines(tmp_path: Path) ->
 def test_a_long_failure_chain_keeps_the_tests_line_and_the_raising_frames() -> None:
     from types import SimpleNamespace
 
-    from tests.e2e.conftest import failure_chain
+    from tests.e2e.progress import failure_chain
 
     def entry(line: int | None) -> SimpleNamespace:
         loc = None if line is None else SimpleNamespace(path=f"f{line}.py", lineno=line)

@@ -23,10 +23,10 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from tests.e2e.conftest import (
+from tests.e2e.localplatform import LocalPlatform
+from tests.e2e.platforms import (
     NAMESPACE,
     PLUGIN,
-    LocalPlatform,
     daemonset_pod,
     parse_metrics,
     pod_progress,

@@ -18,7 +18,8 @@ from kubernetes import client
 
 from numa_device_plugin.topology.sysfs import parse_cpulist
 from tests.conftest import REPO
-from tests.e2e.conftest import ClusterConfig, LocalPlatform, Platform, pod_progress, run_checked
+from tests.e2e.localplatform import LocalPlatform
+from tests.e2e.platforms import ClusterConfig, Platform, pod_progress, run_checked
 
 pytestmark = pytest.mark.e2e
 # What a pod prints to show where it runs, read from the kernel, not from the plugin.

@@ -27,7 +27,7 @@ import pytest
 from kubernetes import client
 
 from numa_device_plugin.topology.sysfs import parse_cpulist
-from tests.e2e.conftest import NAMESPACE, run_checked
+from tests.e2e.platforms import NAMESPACE, run_checked
 from tests.e2e.shipped import METRICS_PORT
 from tests.e2e.test_cluster import WHERE, create, wait_phase
 from tests.e2e.test_workers import Workers, on, one_per_node, two, where  # noqa: F401 (the fixture)

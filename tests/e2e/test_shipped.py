@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from kubernetes import client
 
-from tests.e2e.conftest import NAMESPACE, PLUGIN, Platform
+from tests.e2e.platforms import NAMESPACE, PLUGIN, Platform
 from tests.e2e.shipped import ShippedPlatform
 from tests.e2e.test_cluster import (
     _survivor,

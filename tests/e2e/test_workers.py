@@ -19,14 +19,7 @@ import pytest
 from kubernetes import client
 
 from numa_device_plugin.topology.sysfs import parse_cpulist
-from tests.e2e.conftest import (
-    NAMESPACE,
-    PLUGIN,
-    ClusterConfig,
-    Platform,
-    parse_metrics,
-    pod_ready,
-)
+from tests.e2e.platforms import NAMESPACE, PLUGIN, ClusterConfig, Platform, parse_metrics, pod_ready
 from tests.e2e.shipped import METRICS_PORT, ShippedPlatform
 from tests.e2e.test_cluster import (
     DATA_DISK,
@@ -70,7 +63,7 @@ class Workers:
         return {k: v for k, v in self.allocatable(node).items() if k.startswith("numa-align/")}
 
     def plugin_pod(self, node: str) -> client.V1Pod | None:
-        from tests.e2e.conftest import daemonset_pod
+        from tests.e2e.platforms import daemonset_pod
 
         return daemonset_pod(self.platform.core, node)
 

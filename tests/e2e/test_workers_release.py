@@ -15,7 +15,7 @@ import pytest
 from kubernetes import client
 
 from tests.conftest import REPO
-from tests.e2e.conftest import NAMESPACE, Platform, pod_ready
+from tests.e2e.platforms import NAMESPACE, Platform, pod_ready
 from tests.e2e.shipped import METRICS_PORT, RELEASE, ShippedPlatform
 from tests.e2e.test_cluster import wait_phase
 from tests.e2e.test_workers import Workers, two  # noqa: F401 (the fixture)
