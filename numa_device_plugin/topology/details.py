@@ -122,7 +122,9 @@ def mount_points(inventory: Inventory, mounts: MountTable | None) -> dict[str, l
                 continue
             seen.add(name)
             parts = made_of.get(name, ())
-            if parts and not NVME_HEAD.fullmatch(name):
+            # a dm or md device: its parts' disks; a multipath head and its partitions
+            # (made of the head's paths, which are no disks): the head
+            if parts and not all(NVME_PATH.fullmatch(part) for part in parts):
                 pending.extend(parts)
             elif name in disk_of:
                 disks.add(disk_of[name])

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from numa_device_plugin.topology import locality
 from numa_device_plugin.topology.details import details
 from numa_device_plugin.topology.fake import DeviceTree
 from numa_device_plugin.topology.locality import read_inventory
@@ -181,4 +182,61 @@ def test_each_disk_lists_the_mount_points_of_itself_its_partitions_and_lvm_over_
         "2 1 259:5 / /mnt/disks/a rw - xfs /dev/nvme1n1p1 rw\n"
     )
     host = details(root, inventory, read_mount_table(tmp_path / "overlay-host", root))
-    assert {d["name"]: d["mountpoints"] for d in host["disks"]}["nvme1n1"] == ["/mnt/disks/a"]
+    # nvme0n1 is mounted nowhere there: an empty list, never null (which says unknown)
+    assert {d["name"]: d["mountpoints"] for d in host["disks"]} == {
+        "nvme0n1": [],
+        "nvme1n1": ["/mnt/disks/a"],
+    }
+
+
+@pytest.mark.parametrize(
+    ("name", "parts", "virtual", "expected"),
+    [
+        ("nvme0n1", ("nvme0c0n1", "nvme0c1n1"), True, True),
+        ("nvme0n1", (), True, False),  # no path left: no disk to mount
+        ("nvme0n1", ("nvme0c0n1", "dm-3"), True, False),
+        ("nvme0n1", ("nvme0c0n1",), False, False),  # a real controller's namespace
+        ("dm-0", ("nvme0c0n1",), True, False),
+    ],
+    ids=["head", "pathless", "mixed-parts", "not-virtual", "dm"],
+)
+def test_only_a_virtual_nvme_head_made_of_paths_is_a_multipath_head(
+    name: str, parts: tuple[str, ...], virtual: bool, expected: bool
+) -> None:
+    from numa_device_plugin.topology.details import is_multipath_head
+    from numa_device_plugin.topology.parts import Located
+
+    device = Located(name, frozenset({0}), ("0000:01:00.0",), parts=parts, disk=name,
+                     virtual=virtual)  # fmt: skip
+    assert is_multipath_head(device) is expected
+    inventory = locality.Inventory(block=(device,))
+    listed = [d["name"] for d in details(Path("/nonexistent"), inventory)["disks"]]
+    assert listed == ([name] if expected or not virtual else [])
+
+
+def test_a_multipath_heads_mount_points_are_its_own_not_lost_in_its_paths(
+    tmp_path: Path,
+) -> None:
+    """A filesystem on the head's partition (nvme0n1p1, over the paths nvme0c0n1 and
+    nvme0c1n1) is a mount point of the head, the disk a server mounts."""
+    import os
+
+    from numa_device_plugin.topology.mounts import read_mount_table
+    from tests.topology.test_locality import multipath_head
+
+    tree = DeviceTree(tmp_path)
+    tree.pci("0000:01:00.0", 0)
+    tree.pci("0000:81:00.0", 1)
+    multipath_head(tree, {"nvme0": "0000:01:00.0", "nvme1": "0000:81:00.0"}, links=True)
+    for device, name in (("259:1", "nvme0n1p1"), ("259:0", "nvme0n1")):
+        link = tmp_path / "dev" / "block" / device
+        link.parent.mkdir(parents=True, exist_ok=True)
+        os.symlink(os.path.relpath((tmp_path / "class/block" / name).resolve(), link.parent), link)
+    (tmp_path / "mountinfo").write_text(
+        "22 1 8:1 / / rw - ext4 /dev/sda1 rw\n"
+        "30 22 259:1 / /data rw - xfs /dev/nvme0n1p1 rw\n"
+        "31 22 259:0 / /raw rw - xfs /dev/nvme0n1 rw\n"
+    )
+    inventory = read_inventory(tmp_path)
+    found = details(tmp_path, inventory, read_mount_table(tmp_path / "mountinfo", tmp_path))
+    assert {d["name"]: d["mountpoints"] for d in found["disks"]} == {"nvme0n1": ["/data", "/raw"]}

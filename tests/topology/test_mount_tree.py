@@ -101,20 +101,75 @@ def test_the_mount_tree_decides_not_the_order_or_length_of_mount_points() -> Non
 
 
 @pytest.mark.parametrize(
-    "table",
+    ("table", "expected"),
     [
-        "",  # nothing
-        "40 41 8:5 / /mnt rw - ext4 /dev/sda5 rw\n41 40 8:6 / / rw - ext4 /dev/sda6 rw\n",
-        "22 22 8:1 / / rw - ext4 /dev/sda1 rw\n23 23 8:2 / /mnt rw - ext4 /dev/sda2 rw\n",
-        "22 1 8:1 / /x rw - ext4 /dev/sda1 rw\n",  # no root at /
+        ("", None),  # nothing
+        ("40 41 8:5 / /mnt rw - ext4 /dev/sda5 rw\n41 40 8:6 / / rw - ext4 /dev/sda6 rw\n", None),
+        # a mount listed as its own parent is a root (proc(5)); one at /mnt is no child
+        (
+            "22 22 8:1 / / rw - ext4 /dev/sda1 rw\n23 23 8:2 / /mnt rw - ext4 /dev/sda2 rw\n",
+            "/dev/sda1",
+        ),
+        ("22 1 8:1 / /x rw - ext4 /dev/sda1 rw\n", None),  # no root at /
     ],
     ids=["empty", "parent-loop", "self-parents", "rootless"],
 )
 def test_a_table_without_a_root_mount_or_with_loops_holds_nothing_or_the_root(
-    table: str,
+    table: str, expected: str | None
 ) -> None:
     found = MountTable(parse_mountinfo(table)).holding("/mnt/disks/a")
-    assert found is None or found.mount_point == "/"
+    assert (None if found is None else found.source) == expected
+
+
+def test_a_root_mount_listed_as_its_own_parent_is_the_root_and_holds_its_children() -> None:
+    """proc(5): the root of a mount namespace may name itself as its parent. It is the
+    root, and the mounts below it are found through it."""
+    table = MountTable(parse_mountinfo(
+        "22 22 8:1 / / rw - ext4 /dev/sda1 rw\n"
+        "30 22 8:2 / /mnt/disks/a rw - xfs /dev/sda2 rw\n"
+    ))  # fmt: skip
+    assert [m.source if m else None for m in map(table.holding, ("/etc", "/mnt/disks/a/x"))] == [
+        "/dev/sda1",
+        "/dev/sda2",
+    ]
+
+
+def test_of_two_mounts_at_one_point_under_one_parent_the_later_listed_is_seen() -> None:
+    """Mounted twice at one point of one parent (a mount over a mount that shares its
+    parent, as a racing automounter leaves it): the line listed later is the one on top."""
+    table = MountTable(parse_mountinfo(
+        ROOT
+        + "30 22 8:2 / /mnt/disks/a rw - xfs /dev/sda2 rw\n"
+        + "31 22 8:3 / /mnt/disks/a rw - xfs /dev/sda3 rw\n"
+    ))  # fmt: skip
+    found = table.holding("/mnt/disks/a/file")
+    assert found is not None
+    assert found.source == "/dev/sda3"
+
+
+def test_a_stack_whose_mount_ids_loop_ends_instead_of_spinning() -> None:
+    """A hostile table repeating a mount ID so that a stack at one point comes back to a
+    mount already climbed (30 -> 31 -> 30 again): :meth:`MountTable.holding` stops at the
+    last new mount of the stack, where the device watch's thread would otherwise spin
+    forever. Run in a child process, killed if it spins."""
+    table = (
+        ROOT
+        + "30 22 8:2 / /mnt rw - xfs /dev/sda2 rw\n"
+        + "31 30 8:3 / /mnt rw - xfs /dev/sda3 rw\n"
+        + "30 31 8:4 / /mnt rw - xfs /dev/sda4 rw\n"
+    )
+    code = (
+        "import sys\n"
+        "from numa_device_plugin.topology.mounts import MountTable, parse_mountinfo\n"
+        "print(MountTable(parse_mountinfo(sys.stdin.read())).holding('/mnt/x').source)\n"
+    )
+    try:
+        # milliseconds when it ends; a spinning holding() never does
+        found = subprocess.run([sys.executable, "-c", code], input=table, text=True,
+                               capture_output=True, timeout=60, check=True)  # fmt: skip
+    except subprocess.TimeoutExpired:
+        pytest.fail("holding() spins on a looping stack")
+    assert found.stdout == "/dev/sda3\n"
 
 
 ODD = ["\r", "\x0b", "\x0c", "\x1c", "\x1d", "\x1e", "\x85", "\u2028", "\u2029"]

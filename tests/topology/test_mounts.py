@@ -173,3 +173,48 @@ def test_a_filesystem_of_major_0_has_no_block_device_whatever_sysfs_links(
     (tmp_path / "mountinfo").write_text(TABLE)
     table = read_mount_table(tmp_path / "mountinfo", tmp_path / "sys")
     assert {m.mount_point: m.blocks for m in table.mounts}["/mnt/disks/scratch"] == ()
+
+
+def test_a_multi_device_source_names_each_of_its_devices(tmp_path: Path) -> None:
+    """bcachefs mounts an anonymous device whose source lists its devices joined by
+    ``:``: every one of them is the mount's, each once, in the source's order."""
+    sysfs_with_devices(tmp_path / "sys")
+    (tmp_path / "mountinfo").write_text(
+        "22 1 259:2 / / rw - ext4 /dev/nvme0n1p2 rw\n"
+        "40 22 0:70 / /mnt/pool rw - bcachefs /dev/nvme1n1p1:/dev/nvme0n1p3:/dev/nvme1n1p1 rw\n"
+    )
+    table = read_mount_table(tmp_path / "mountinfo", tmp_path / "sys")
+    assert table.mounts[-1].blocks == ("nvme1n1p1", "nvme0n1p3")
+
+
+def test_a_table_without_a_trailing_newline_keeps_its_last_line() -> None:
+    mounts = parse_mountinfo(TABLE.rstrip("\n"))
+    assert [m.mount_point for m in mounts][-1] == "/mnt/disks/a/inner"
+    assert len(mounts) == len(parse_mountinfo(TABLE))
+
+
+def test_a_mapper_source_names_its_dm_device_and_skips_odd_dm_folders(
+    tmp_path: Path, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """``/dev/mapper/NAME`` on an anonymous device (btrfs on LVM) is the dm device whose
+    ``dm/name`` is NAME; a dm link leaving the root and a dm device whose name cannot be
+    read are passed over, never followed or fatal."""
+    root = tmp_path / "sys"
+    tree = sysfs_with_devices(root)
+    (root / "class/block/dm-0/dm").mkdir(parents=True, exist_ok=True)
+    (root / "class/block/dm-0/dm/name").write_text("vg-data\n")
+    outside = tmp_path_factory.mktemp("outside")
+    (outside / "dm").mkdir()
+    (outside / "dm" / "name").write_text("vg-data\n")
+    (root / "class/block/dm-1").symlink_to(outside)  # out of the root: not read
+    tree.mapped("dm-2", ["nvme0n1p3"])
+    (root / "class/block/dm-2/dm").mkdir(parents=True, exist_ok=True)
+    (root / "class/block/dm-2/dm/name").mkdir()  # unreadable as text
+    (tmp_path / "mountinfo").write_text(
+        "22 1 259:2 / / rw - ext4 /dev/nvme0n1p2 rw\n"
+        "40 22 0:70 / /mnt/lvm rw - btrfs /dev/mapper/vg-data rw\n"
+        "41 22 0:71 / /mnt/gone rw - btrfs /dev/mapper/nothing rw\n"
+    )
+    table = read_mount_table(tmp_path / "mountinfo", root)
+    assert table.problem is None
+    assert [m.blocks for m in table.mounts[1:]] == [("dm-0",), ()]
