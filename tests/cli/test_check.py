@@ -124,6 +124,16 @@ def test_the_recipes_pods_are_all_aligned_and_it_exits_0(
         (search_pod("plain-0", "numa-1", "data-b-0"),
          holder("plain-0", "2", "numa-1", ["numa1-slot0000"]), "misaligned",
          "volume data-b-0 (/mnt/disks/b) is on vdc, NUMA node(s) 0; the pod's devices are on 1"),
+        # CPUs partly on the device's node: all of them must be
+        (search_pod("span-0", "data-a"),
+         holder("span-0", "1-2", "data-a", ["numa1-slot0002"], memory=1), "misaligned",
+         "container es: CPUs on NUMA node(s) 0,1, numa-align/data-a's device(s) on 1"),
+        # memory partly on the device's node: all of it must be
+        (search_pod("halves-0", "data-a"),
+         {**holder("halves-0", "3", "data-a", ["numa1-slot0002"]),
+          "memory": [{"numa_node": 1, "type": "memory", "bytes": 1 << 30},
+                     {"numa_node": 0, "type": "memory", "bytes": 1 << 30}]},
+         "misaligned", "container es: memory on NUMA node(s) 0,1, numa-align/data-a's device(s)"),
     ],
 )  # fmt: skip
 def test_a_pod_off_its_devices_node_is_named_with_why_and_it_exits_1(
@@ -249,3 +259,138 @@ def test_without_a_kubeconfig_it_says_so(
     monkeypatch.setenv("HOME", str(tmp_path))
     assert main(["check"]) == 1
     assert "no kubeconfig" in capsys.readouterr().err
+
+
+def test_a_lost_device_outranks_misalignment_which_outranks_unknown() -> None:
+    """A pod with every fault: its device lost, CPUs and memory off its node, a volume
+    on a node whose mount points are unknown. The verdict is the worst, every fault is
+    listed."""
+    state = node_state([holder("search-a-0", "0", "data-a", ["numa1-slot0000"], memory=0)],
+                       lost="pulled")  # fmt: skip
+    state["inventory"]["disks"] = [{"name": "vdb", "nodes": [1], "mountpoints": None}]
+    check = check_pod(RECIPE[0], state, [("data-a-0", "/mnt/disks/a")], "numa-align")
+    assert check.verdict == "device lost"
+    assert [why.split(":")[0] for why in check.why] == [
+        "numa-align/data-a", "container es", "container es", "volume data-a-0 (/mnt/disks/a)",
+    ]  # fmt: skip
+    state["resources"]["numa-align/data-a"]["lost"] = None
+    assert check_pod(RECIPE[0], state, [("data-a-0", "/mnt/disks/a")], "numa-align").verdict == (
+        "misaligned"
+    )
+
+
+def test_a_volume_on_a_node_whose_mount_points_are_unknown_is_unknown_never_aligned() -> None:
+    """The plugin read no host mount table (or not yet): a local volume's disk cannot be
+    told, so the pod is not shown to be aligned."""
+    state = node_state(RECIPE_HOLDERS)
+    state["inventory"]["disks"] = [{**d, "mountpoints": None} for d in state["inventory"]["disks"]]
+    check = check_pod(RECIPE[0], state, [("data-a-0", "/mnt/disks/a")], "numa-align")
+    assert check.verdict == "unknown"
+    assert check.why == [
+        "volume data-a-0 (/mnt/disks/a): the node's mount points are unknown (the plugin "
+        "reads no host mount table)"
+    ]
+    assert check.volumes[0]["disk"] is None
+
+
+def test_a_non_local_volume_and_a_numa_nodes_volume_on_its_own_disk_are_aligned(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An NFS claim has no disk on the node: checked by its CPUs alone; a NUMA node's own
+    resource whose local volume is on that node's disk is aligned."""
+    pods = [search_pod("nfs-0", "data-a", "elsewhere"), search_pod("plain-1", "numa-1", "data-a-0")]
+    holders = [holder("nfs-0", "3", "data-a", ["numa1-slot0004"], memory=1),
+               holder("plain-1", "2", "numa-1", ["numa1-slot0001"], memory=1)]  # fmt: skip
+    code, out, err = run(tmp_path, capsys, pods, node_state(holders), "--output", "json")
+    found = {p["pod"]: p for p in json.loads(out)["pods"]}
+    assert (code, err) == (0, "")
+    assert found["search/nfs-0"]["verdict"] == "aligned"
+    assert found["search/nfs-0"]["volumes"] == [
+        {"claim": "elsewhere", "path": None, "disk": None, "numa_nodes": [], "followed": None}
+    ]
+    assert found["search/plain-1"]["verdict"] == "aligned"
+    assert found["search/plain-1"]["volumes"][0]["disk"] == "vdb"
+
+
+def test_a_namespace_alone_checks_only_that_namespaces_pods(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``-n search`` without POD: the pods of search, not those of another namespace
+    that hold the same resource on the same node."""
+    requests = {"cpu": "1", "memory": "1Gi", "numa-align/data-a": "1"}
+    other = pod("x-0", [container("es", requests, limits=requests)], node="a",
+                namespace="other")  # fmt: skip
+    other_holder = {**holder("x-0", "0", "data-a", ["numa1-slot0009"]), "pod": "other/x-0"}
+    state = node_state([*RECIPE_HOLDERS, other_holder])
+    code, out, _ = run(tmp_path, capsys, [*RECIPE, other], state, "-n", "search",
+                       "--output", "json")  # fmt: skip
+    assert code == 0
+    assert sorted(p["pod"] for p in json.loads(out)["pods"]) == [
+        "search/search-a-0", "search/search-b-0",
+    ]  # fmt: skip
+    code, out, _ = run(tmp_path, capsys, [*RECIPE, other], state, "--output", "json")
+    assert code == 1  # all namespaces: other/x-0's CPUs are off its device's node
+    assert "other/x-0" in {p["pod"] for p in json.loads(out)["pods"]}
+
+
+def test_check_prints_reasons_with_terminal_controls_escaped(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A plugin's reason is untrusted text: an escape sequence in it reaches the
+    terminal as visible characters, never as a control."""
+    reason = "gone\x1b[2J\x1b]0;owned\x07\r\nsearch/fake: aligned"
+    code, out, _ = run(tmp_path, capsys, RECIPE, node_state(RECIPE_HOLDERS, lost=reason))
+    assert code == 1
+    assert not any(c in out for c in "\x1b\x07\r"), out
+    assert "search/search-a-0: numa-align/data-a: device lost: gone\\x1b[2J" in out
+    assert "\nsearch/fake: aligned" not in out
+
+
+async def test_check_on_a_real_plugins_debug_state_follows_its_disk(
+    tmp_path: Path, sock_dir: Path
+) -> None:
+    """Not a hand-made document: a real plugin (data-a=path:/mnt/disks/a, nvme1n1 on NUMA
+    node 1) against the kubelet stand-in, a pod holding data-a with CPUs of node 1 and
+    its volume on that disk; the plugin's own /debug/state makes ``check`` say aligned,
+    naming the disk it follows; the same pod with its CPUs on node 0 is misaligned."""
+    import asyncio
+
+    from numa_device_plugin.kubelet_standin import KubeletStandIn
+    from numa_device_plugin.plugin.model.near import parse_near
+    from numa_device_plugin.plugin.reports.snapshot import debug_document
+    from tests.plugin.test_devicewatch import mounted_machine
+    from tests.plugin.test_manager import make_config
+    from tests.standin_helpers import eventually, running, wait_all_live
+
+    tree, table = mounted_machine(tmp_path / "sys")
+    standin = KubeletStandIn(sock_dir / "dp", pod_resources_dir=sock_dir / "pr",
+                             allocatable_cpus=range(4))  # fmt: skip
+    async with standin as kubelet:
+        config = make_config(
+            tree, sock_dir / "dp", near=(parse_near("data-a=path:/mnt/disks/a"),),
+            mount_table=table, pod_resources_socket=kubelet.pod_resources_socket,
+        )  # fmt: skip
+        async with running(config) as manager:
+            await wait_all_live(kubelet, ["numa-align/data-a"])
+            kubelet.add_pod("search", "search-a-0",
+                            [("es", {"numa-align/data-a": ["numa1-slot0000"]}, [2])])  # fmt: skip
+            kubelet.add_pod("search", "search-a-1",
+                            [("es", {"numa-align/data-a": ["numa1-slot0001"]}, [1])])  # fmt: skip
+            manager.poller.schedule.request()
+
+            def state() -> dict[str, Any]:
+                found: dict[str, Any] = json.loads(json.dumps(debug_document(manager.snapshot())))
+                return found
+
+            await eventually(lambda: len(state()["pod_resources"]["holders"]) == 2)
+            await eventually(lambda: state()["inventory"] is not None)
+            document = await asyncio.to_thread(state)
+    good = check_pod(search_pod("search-a-0", "data-a", "data-a-0"), document,
+                     [("data-a-0", "/mnt/disks/a/pv-1")], "numa-align")  # fmt: skip
+    assert (good.verdict, good.why) == ("aligned", [])
+    assert good.resources["numa-align/data-a"]["devices"] == ["nvme1n1"]
+    assert good.volumes[0]["disk"] == "nvme1n1"
+    assert good.volumes[0]["followed"] is True
+    bad = check_pod(search_pod("search-a-1", "data-a"), document, [], "numa-align")
+    assert bad.verdict == "misaligned"
+    assert bad.why == ["container es: CPUs on NUMA node(s) 0, numa-align/data-a's device(s) on 1"]

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from numa_device_plugin.plugin.advertised.discovery import Discovery, discover
+from numa_device_plugin.plugin.advertised.discovery import Discovery, discover, look_key
 from numa_device_plugin.plugin.lifecycle.devicewatch import DeviceWatch, changed, differs
 from numa_device_plugin.plugin.model.near import parse_near
 from numa_device_plugin.plugin.settings.config import Config
@@ -368,3 +368,17 @@ def test_a_fifo_or_an_oversized_mount_table_gives_a_key_at_once(tmp_path: Path) 
     with table.open("wb") as out:
         out.truncate(MAX_TABLE_BYTES + 1)
     assert f"over {MAX_TABLE_BYTES} bytes" in str(look_key(config))
+
+
+def test_a_configuration_with_only_path_below_reads_the_mount_table(tmp_path: Path) -> None:
+    """``path-below:`` alone (no ``path:``) needs the mount table as much: the resource
+    lies on the data disk's node, and the look key follows the table (a moved mount is
+    a new key)."""
+    tree, table = mounted_machine(tmp_path / "sys")
+    config = Config(sysfs_root=tree.root, mount_table=table,
+                    near=(parse_near("data-a=path-below:/mnt/disks/a/shard-1"),))  # fmt: skip
+    found = discover(config)
+    assert found.resources["numa-align/data-a"].near_nodes == (1,)
+    before = look_key(config)
+    table.write_text(ROOT_LINE + "30 22 259:3 / /mnt/disks/a rw - xfs /dev/nvme0n1p1 rw\n")
+    assert look_key(config) != before
