@@ -141,7 +141,7 @@ async def serve_process(
     """Start ``serve`` (``flags`` after the defaults, so they win); at the end kill it if
     it still runs. The log file lives beside ``folder`` (a temp folder of the test)."""
     log_path = Path(tempfile.mkstemp(prefix="serve-", suffix=".log", dir=folder.parent)[1])
-    environment = dict(os.environ, PYTHONPATH=str(REPO), **(env or {}))
+    environment = {**os.environ, "PYTHONPATH": str(REPO), **(env or {})}
     with log_path.open("ab") as log:
         process = subprocess.Popen(
             serve_args(tree, folder, *flags),

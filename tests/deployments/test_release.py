@@ -53,6 +53,7 @@ def project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[ModuleType
     (folder / "CHANGELOG.md").write_text(
         f"# Changelog\n\n## [0.2.0] - 2026-11-27\n\n{ENTRY}\n\n## [0.1.0] - 2026-11-24\n\n- first\n"
     )
+    (folder / ".gitignore").write_text("dist/\n")  # as the repository's own
     git(folder, "init", "-q")
     git(folder, "add", "-A")
     git(folder, "-c", "user.name=t", "-c", "user.email=t@example.com", "commit", "-qm", "0.2.0")
@@ -178,6 +179,10 @@ def test_a_release_builds_each_platform_pushes_image_and_chart_and_tags(
 ) -> None:
     release, folder = project
     fake_helm, calls = fake_tools(tmp_path, monkeypatch)
+    # An earlier attempt's files: neither published nor listed in SHA256SUMS
+    stale = folder / "dist" / "v0.2.0"
+    stale.mkdir(parents=True)
+    (stale / "numa_device_plugin-0.1.9-py3-none-any.whl").write_text("an earlier attempt")
     code = release.main([
         "0.2.0", "--registry", "registry.test:5000", "--tool", "buildah", "--helm", fake_helm,
         "--base", "linux/arm64=localhost/base:arm64", "--push-flags=--tls-verify=false",
@@ -212,6 +217,7 @@ def test_a_release_builds_each_platform_pushes_image_and_chart_and_tags(
     assert files == ["SHA256SUMS", "numa-device-plugin-0.2.0.tgz",
                      "numa_device_plugin-0.2.0-py3-none-any.whl"]  # fmt: skip
     sums = (dist / "SHA256SUMS").read_text()
+    assert "0.1.9" not in sums
     check = subprocess.run(["sha256sum", "--check", "--strict", "SHA256SUMS"], cwd=dist,
                            capture_output=True, text=True)  # fmt: skip
     assert check.returncode == 0, check.stdout + check.stderr

@@ -179,3 +179,42 @@ async def test_one_resource_registered_of_two_makes_nothing_yet(
         await eventually(lambda: deferred.loaded, timeout=5)
     finally:
         deferred.stop()
+
+
+# Prints a line to stderr when the serve process imports prometheus-client (an audit
+# hook, installed by sitecustomize before serve runs).
+IMPORT_WATCH = """\
+import sys
+
+def _hook(event, args):
+    if event == "import" and args[0] == "prometheus_client":
+        sys.stderr.write("AUDIT prometheus_client imported\\n")
+        sys.stderr.flush()
+
+sys.addaudithook(_hook)
+"""
+
+
+async def test_serve_makes_its_metrics_after_registering_without_waiting_for_a_scrape(
+    two_nodes: SysfsTree, sock_dir: Path, tmp_path: Path
+) -> None:
+    """serve starts its deferred recorder: prometheus-client is imported once every
+    resource has registered (no scrape comes), not before registering and not at the
+    first scrape (registering must not wait for it, and neither should the first one)."""
+    from tests.standin_helpers import serve_process
+
+    hooks = tmp_path / "hooks"
+    hooks.mkdir()
+    (hooks / "sitecustomize.py").write_text(IMPORT_WATCH)
+    marker = "AUDIT prometheus_client imported"
+    async with KubeletStandIn(sock_dir) as kubelet, serve_process(
+        two_nodes, sock_dir, "--metrics-address", "127.0.0.1:0", "--capacity", "5",
+        env={"PYTHONPATH": f"{hooks}:{Path(__file__).resolve().parents[2]}"},
+    ) as plugin:  # fmt: skip
+        await wait_all_live(kubelet, NAMES, plugin=plugin)
+        log = plugin.log()
+        assert "registered with the kubelet" in log
+        registered = log.index("registered with the kubelet")
+        assert marker not in log[:registered], "prometheus-client before registering"
+        # SETTLE after the last registration, DEADLINE at the latest: no scrape asked
+        await eventually(lambda: marker in plugin.log(), timeout=deferred_module.DEADLINE + 10)

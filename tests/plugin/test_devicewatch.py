@@ -382,3 +382,43 @@ def test_a_configuration_with_only_path_below_reads_the_mount_table(tmp_path: Pa
     before = look_key(config)
     table.write_text(ROOT_LINE + "30 22 259:3 / /mnt/disks/a rw - xfs /dev/nvme0n1p1 rw\n")
     assert look_key(config) != before
+
+
+async def test_a_full_look_that_failed_is_retried_at_the_next_interval_not_skipped(
+    tmp_path: Path,
+) -> None:
+    """The full look that the key would have skipped finds a change (a device
+    attribute changed in place, which the key does not see), but reading it all fails
+    once: the next look reads again, at once, rather than trusting the unchanged key
+    for FULL_LOOK_EVERY - 1 more intervals."""
+    from numa_device_plugin.plugin.lifecycle.devicewatch import FULL_LOOK_EVERY
+    from numa_device_plugin.topology.sysfs import SysfsError
+
+    tree, _ = machine(tmp_path / "sys")
+    served = discover(Config(sysfs_root=tree.root, capacity=5))
+    changed_in_place = discover(Config(sysfs_root=tree.root, capacity=6))
+    config = Config(sysfs_root=tree.root, capacity=5)
+    quiet: list[Discovery] = []
+    loud: list[int] = []
+
+    def quiet_look(given: Config) -> Discovery:
+        quiet.append(served if not quiet else changed_in_place)
+        return quiet[-1]
+
+    def full_look(given: Config) -> Discovery:
+        loud.append(1)
+        if len(loud) == 1:
+            raise SysfsError("devices/system/node/node1/meminfo: Input/output error")
+        return changed_in_place
+
+    woken: list[int] = []
+    watch = DeviceWatch(config, full_look, lambda: served, lambda: woken.append(1),
+                        quiet_look, lambda given: "unchanged")  # fmt: skip
+    for _ in range(FULL_LOOK_EVERY):  # the first look, then all but the due one skipped
+        await watch.look()
+    assert (len(quiet), watch.skipped_looks) == (1, FULL_LOOK_EVERY - 1)
+    await watch.look()  # the due full look: a change, and a failed read of it
+    assert (len(quiet), len(loud), woken) == (2, 1, [])
+    await watch.look()  # the very next interval reads again
+    assert (len(quiet), len(loud), woken) == (3, 2, [1])
+    assert watch.take() is changed_in_place
