@@ -80,6 +80,20 @@ async def eventually(predicate: Callable[[], bool], timeout: float = 10.0) -> No
             await asyncio.sleep(0.01)
 
 
+async def past(seconds: float, turns: int = 10) -> None:
+    """Until the event loop's clock is ``seconds`` past now, then ``turns`` more turns of
+    the loop: every timer due by then has fired and what it woke has run its next steps.
+    A negative check after it means "nothing happened although it would have by now"
+    (asyncio runs due timers in order of their time), where a sleep alone only means
+    that some wall-clock time passed."""
+    loop = asyncio.get_running_loop()
+    due: asyncio.Future[None] = loop.create_future()
+    loop.call_at(loop.time() + seconds, due.set_result, None)
+    await due
+    for _ in range(turns):
+        await asyncio.sleep(0)
+
+
 @dataclass
 class ServeProcess:
     """A real ``numa-device-plugin serve`` child process; its stderr goes to ``log_path``."""

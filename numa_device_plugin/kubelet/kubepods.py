@@ -138,6 +138,12 @@ class KubepodsWatcher:
             return False
         return (stat.st_dev, stat.st_ino) == self._identity
 
+    @property
+    def ended(self) -> bool:
+        """True once the watch saw its folder's own deletion (inotify's
+        ``IN_DELETE_SELF``): every event before it has been handed to the loop."""
+        return self._ended
+
     def _end(self) -> None:
         self._ended = True  # on watchdog's thread; read on the loop's (a bool: atomic)
 

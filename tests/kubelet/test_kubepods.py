@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from numa_device_plugin.kubelet.kubepods import KubepodsWatcher, find_kubepods, is_kubepods
+from tests.standin_helpers import eventually
 
 
 @pytest.mark.parametrize(
@@ -100,22 +101,32 @@ async def test_a_pod_cgroup_made_or_removed_calls_changed(tmp_path: Path) -> Non
         await changed_within(calls)
 
 
+async def drained(watcher: KubepodsWatcher, calls: asyncio.Queue[int]) -> int:
+    """Once the watch has seen its folder's own deletion (every event before it was
+    handed over): stop and join it, run what it handed to the loop, and count the calls."""
+    await eventually(lambda: watcher.ended)
+    watcher.stop()
+    for _ in range(3):
+        await asyncio.sleep(0)
+    return calls.qsize()
+
+
 async def test_files_and_deeper_folders_call_nothing(tmp_path: Path) -> None:
     """A container's cgroup (a level down) and file events are not asked for: a busy
-    node's cgroup files would otherwise wake the plugin for nothing. The folder made last
-    shows that the earlier events were not merely late."""
+    node's cgroup files would otherwise wake the plugin for nothing. The folder's own
+    removal, the last event, shows that the earlier ones were all handled: only the
+    move of a pod folder out and that removal call."""
     kubepods = tmp_path / "kubepods"
     (kubepods / "burstable").mkdir(parents=True)
-    async with watched(kubepods) as (_, calls):
+    async with watched(kubepods) as (watcher, calls):
         (kubepods / "burstable" / "pod9").mkdir()
         (kubepods / "burstable" / "pod9").rmdir()
         (kubepods / "cgroup.events").write_text("populated 1\n")
         (kubepods / "cgroup.events").write_text("populated 0\n")
         (kubepods / "cgroup.events").unlink()
-        (kubepods / "last").mkdir()
-        await changed_within(calls)
-        await asyncio.sleep(0.3)  # any earlier call would be queued by now
-        assert calls.empty()
+        os.rename(kubepods / "burstable", tmp_path / "burstable")  # a folder going: a call
+        kubepods.rmdir()  # the watch's last event: a call
+        assert await drained(watcher, calls) == 2
 
 
 async def test_the_watch_is_not_live_once_its_folder_is_removed_or_replaced(
@@ -131,8 +142,12 @@ async def test_the_watch_is_not_live_once_its_folder_is_removed_or_replaced(
         kubepods.mkdir()  # another folder by the same name (the inode may be reused)
         assert not watcher.live
         (kubepods / "pod1").mkdir()
-        await asyncio.sleep(0.2)
-        assert calls.empty(), "the new folder is not watched"
+        # a watch of the new folder sees pod2 come: the events happen, not to the old one
+        async with watched(kubepods) as (fresh, fresh_calls):
+            (kubepods / "pod2").mkdir()
+            await changed_within(fresh_calls)
+            assert fresh.live
+        assert await drained(watcher, calls) == 0, "the new folder is not watched"
     assert not watcher.live, "stopped"
 
 

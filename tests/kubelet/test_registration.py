@@ -66,12 +66,22 @@ def request_for(name: str) -> api_pb2.RegisterRequest:
     return register_request(name, socket_name(name), OPTIONS)
 
 
-def gate_registrations(kubelet: KubeletStandIn, monkeypatch: pytest.MonkeyPatch) -> asyncio.Event:
-    """Hold every Register at the kubelet until the returned event is set."""
-    gate = asyncio.Event()
+class Gate(asyncio.Event):
+    """Set to let the held Register calls through; ``arrived``: the resource names of
+    those that reached the kubelet so far."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.arrived: list[str] = []
+
+
+def gate_registrations(kubelet: KubeletStandIn, monkeypatch: pytest.MonkeyPatch) -> Gate:
+    """Hold every Register at the kubelet until the returned gate is set."""
+    gate = Gate()
     real = kubelet.device_manager.register
 
     async def held(request: api_pb2.RegisterRequest) -> str | None:
+        gate.arrived.append(request.resource_name)
         await gate.wait()
         return await real(request)
 
@@ -91,8 +101,8 @@ async def test_registrations_in_flight_together_share_one_connection_closed_afte
         )
         for name in NAMES
     ]
-    await eventually(lambda: connections_to(kubelet.socket_path) > 0)
-    await asyncio.sleep(0.3)  # the other calls are in flight by now (they wait at the gate)
+    # every call has reached the kubelet (each waits at the gate): over one connection
+    await eventually(lambda: sorted(gate.arrived) == sorted(NAMES))
     assert connections_to(kubelet.socket_path) == 1
     gate.set()
     await asyncio.gather(*calls)

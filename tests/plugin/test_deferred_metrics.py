@@ -3,7 +3,6 @@ does not wait for prometheus-client, and nothing recorded before is lost."""
 
 from __future__ import annotations
 
-import asyncio
 import threading
 import time
 from pathlib import Path
@@ -22,10 +21,23 @@ from numa_device_plugin.topology.fake import SysfsTree
 from numa_device_plugin.topology.numa import NumaNode
 from numa_device_plugin.topology.plan import NodePlan
 from tests.plugin.test_manager import NAMES, make_config
-from tests.standin_helpers import eventually, running, wait_all_live
+from tests.standin_helpers import eventually, past, running, wait_all_live
 
 NODES = tuple(NodePlan(NumaNode(n, frozenset({n}), 1 << 30, {0: 10, 1: 21}), True) for n in (0, 1))
 DEVICES = {name: 5 for name in NAMES}
+
+
+class Noted(DeferredRecorder[PrometheusRecorder]):
+    """A deferred recorder that notes, on the loop and at once, each time a timer asks
+    for the real recorder to be made (the making itself runs in a worker thread)."""
+
+    def __init__(self) -> None:
+        super().__init__(PrometheusRecorder)
+        self.asked: list[float] = []
+
+    def _load_soon(self) -> None:
+        self.asked.append(time.monotonic())
+        super()._load_soon()
 
 
 def feed(recorder: Recorder) -> None:
@@ -114,7 +126,8 @@ async def test_the_recorder_is_made_once_every_resource_registered_not_before(
     config = make_config(two_nodes, sock_dir)
     try:
         async with running(config, recorder=deferred) as manager:
-            await asyncio.sleep(0.3)
+            await eventually(manager.acted)  # found no kubelet: nothing registers
+            await past(deferred_module.SETTLE * 3)
             assert not deferred.loaded, "no kubelet: nothing registered, nothing made"
             async with KubeletStandIn(sock_dir) as kubelet:
                 await wait_all_live(kubelet, NAMES)
@@ -152,14 +165,14 @@ async def test_a_stopped_recorder_is_made_by_nothing_but_load(
 ) -> None:
     monkeypatch.setattr(deferred_module, "DEADLINE", 0.05)
     monkeypatch.setattr(deferred_module, "SETTLE", 0.05)
-    deferred = DeferredRecorder(PrometheusRecorder)
+    deferred = Noted()
     deferred.start()
     deferred.topology(NODES, DEVICES)
     deferred.stop()
     for name in NAMES:
         deferred.registered(name, True)
-    await asyncio.sleep(0.3)
-    assert not deferred.loaded
+    await past(max(deferred_module.DEADLINE, deferred_module.SETTLE) * 3)
+    assert (deferred.asked, deferred.loaded) == ([], False)
     assert deferred.load() is deferred.load()
 
 
@@ -167,14 +180,14 @@ async def test_one_resource_registered_of_two_makes_nothing_yet(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setattr(deferred_module, "SETTLE", 0.05)
-    deferred = DeferredRecorder(PrometheusRecorder)
+    deferred = Noted()
     deferred.start()
     try:
         deferred.topology(NODES, DEVICES)
         deferred.registered(NAMES[0], True)
         deferred.registered(NAMES[1], False)
-        await asyncio.sleep(0.3)
-        assert not deferred.loaded
+        await past(deferred_module.SETTLE * 3)
+        assert (deferred.asked, deferred.loaded) == ([], False)
         deferred.registered(NAMES[1], True)
         await eventually(lambda: deferred.loaded, timeout=5)
     finally:

@@ -140,8 +140,10 @@ async def test_the_kubepods_watch_asked_for_before_the_folder_is_watched_starts_
     config = Config(sysfs_root=two_nodes.root, socket_dir=tmp_path / "dp",
                     cgroup_root=tmp_path / "cgroup", device_interval=0)  # fmt: skip
     acted = asyncio.Event()
+    waiting = asyncio.Event()
 
     async def wait_acted() -> None:
+        waiting.set()
         await acted.wait()
 
     woken: list[str] = []
@@ -153,7 +155,7 @@ async def test_the_kubepods_watch_asked_for_before_the_folder_is_watched_starts_
     watches.start()
     try:
         watches.ensure_kubepods((1, 1, 1))
-        await asyncio.sleep(0.05)
+        await asyncio.wait_for(waiting.wait(), 10)  # the watch waits for the loop to act
         assert not watches.watching
         assert not watches.pods_signalled
         assert not (tmp_path / "dp").exists(), "nothing made before the loop acted"

@@ -11,7 +11,7 @@ import pytest
 from numa_device_plugin.ops.wakeups import LOCK_CHANGED
 from numa_device_plugin.plugin.serving import lock as lockkeeper
 from numa_device_plugin.plugin.serving.lock import LockKeeper
-from tests.standin_helpers import eventually
+from tests.standin_helpers import eventually, past
 
 
 async def test_the_lock_is_checked_only_as_a_backstop_while_its_folder_is_watched(
@@ -32,20 +32,28 @@ async def test_the_lock_is_checked_only_as_a_backstop_while_its_folder_is_watche
 
     monkeypatch.setattr(keeper.lock, "intact", counted)
     watched = {"now": True}
+    chosen: list[bool] = []  # each period chosen: whether the folder was watched then
+
+    def is_watched() -> bool:
+        chosen.append(watched["now"])
+        return watched["now"]
+
     woken: list[str] = []
-    task = asyncio.create_task(keeper.watch(woken.append, lambda: watched["now"]))
+    task = asyncio.create_task(keeper.watch(woken.append, is_watched))
     try:
-        await asyncio.sleep(0.5)
-        assert checks["n"] == 0, "no check within the watched period"
+        await eventually(lambda: chosen == [True])  # the watched period is under way
+        await past(lockkeeper.LOCK_CHECK * 4)  # four unwatched periods would have checked
+        assert (checks["n"], chosen) == (0, [True]), "no check within the watched period"
         watched["now"] = False
         assert keeper.keep()  # a wake of the loop: the period is chosen anew
         checks["n"] = 0
         await eventually(lambda: checks["n"] >= 3)
         watched["now"] = True
+        chosen.clear()
         assert keeper.keep()
-        await asyncio.sleep(0.2)  # a check already under way may end
+        await eventually(lambda: chosen[-1:] == [True])  # the watched period chosen anew
         checks["n"] = 0
-        await asyncio.sleep(0.5)
+        await past(lockkeeper.LOCK_CHECK * 4)
         assert checks["n"] == 0
         assert woken == []
     finally:

@@ -43,6 +43,14 @@ async def reads_settled(kubelet: KubeletStandIn, quiet: float = 1.0) -> None:
             return
 
 
+async def quiet_for(plugin: ServeProcess, seconds: float, timeout: float = 30.0) -> None:
+    """Until the plugin's /debug/state says its last pod resources read is ``seconds``
+    old; TimeoutError after ``timeout`` (a plugin that keeps reading)."""
+    async with asyncio.timeout(timeout):
+        while (await debug_state(plugin))["pod_resources"]["age_seconds"] < seconds:  # noqa: ASYNC110 - another process: poll it
+            await asyncio.sleep(0.1)
+
+
 async def test_a_guaranteed_pods_cpus_count_when_its_cgroup_appears_not_an_interval_later(
     two_nodes: SysfsTree, sock_dir: Path, tmp_path: Path
 ) -> None:
@@ -68,7 +76,9 @@ async def test_a_guaranteed_pods_cpus_count_when_its_cgroup_appears_not_an_inter
         # Admitted (CPUs assigned) before its cgroup exists: nothing reads yet.
         reads = kubelet.pod_resources_calls
         kubelet.add_pod("web", "nginx", [("nginx", {}, [5, 6])])
-        await asyncio.sleep(2.0)
+        # The plugin itself says it went 2 s (ten 0.2 s intervals) without a read while
+        # it answered: an interval read would have come by then.
+        await quiet_for(plugin, 2.0)
         assert kubelet.pod_resources_calls == reads, "read on the 0.2 s interval"
         assert kubelet.allocatable(R1) == 4
         (kubepods / "pod0001").mkdir()
@@ -76,9 +86,10 @@ async def test_a_guaranteed_pods_cpus_count_when_its_cgroup_appears_not_an_inter
 
         # It terminates: its cgroup goes first, the kubelet drops it from its active
         # pods a moment later; the read after the signal settles sees that.
+        reads = kubelet.pod_resources_calls
         (kubepods / "pod0001").rmdir()
-        await asyncio.sleep(1.5)  # past the first read after the signal
-        kubelet.remove_pod("web", "nginx")
+        await eventually(lambda: kubelet.pod_resources_calls > reads, timeout=10)
+        kubelet.remove_pod("web", "nginx")  # after the first read after the signal
         await kubelet.wait_until(lambda: kubelet.allocatable(R1) == 4, timeout=10)
         assert await plugin.terminate() == 0
 
