@@ -105,14 +105,17 @@ def details(
 
 def mount_points(inventory: Inventory, mounts: MountTable | None) -> dict[str, list[str]] | None:
     """Disk name -> the mount points of the disk, its partitions and the devices made of
-    them (sorted, at most :data:`MAX_MOUNT_POINTS` each); None when ``mounts`` is None,
-    unreadable or a container's own table."""
+    them (sorted, at most :data:`MAX_MOUNT_POINTS` each), of the mounts visible there
+    (as ``path:`` finds them: a mount hidden under a later one is not listed); None when
+    ``mounts`` is None, unreadable or a container's own table."""
     if mounts is None or mounts.problem is not None or is_a_containers(mounts):
         return None
     disk_of = {d.name: d.disk or d.name for d in inventory.block}
     made_of = {d.name: d.parts for d in inventory.block}
     found: dict[str, set[str]] = {}
     for mount in mounts.mounts:
+        if not mounts.visible(mount):
+            continue  # hidden by a later mount: its disk is not what is seen there
         disks: set[str] = set()
         pending = list(mount.blocks)
         seen: set[str] = set()

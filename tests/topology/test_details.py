@@ -240,3 +240,26 @@ def test_a_multipath_heads_mount_points_are_its_own_not_lost_in_its_paths(
     inventory = read_inventory(tmp_path)
     found = details(tmp_path, inventory, read_mount_table(tmp_path / "mountinfo", tmp_path))
     assert {d["name"]: d["mountpoints"] for d in found["disks"]} == {"nvme0n1": ["/data", "/raw"]}
+
+
+def test_a_mount_hidden_by_a_later_mount_is_not_listed_as_its_disks(tmp_path: Path) -> None:
+    """nvme1n1p1 mounted at /mnt/disks/a, then nvme0n1p3 over /mnt, then a tmpfs over
+    /mnt/disks/b (hiding the LVM there): what a process sees at those points is on
+    nvme0n1 or no disk, so only nvme0n1 lists /mnt, as ``path:`` would find it."""
+    from numa_device_plugin.topology.mounts import read_mount_table
+    from tests.topology.test_mounts import sysfs_with_devices
+
+    root = tmp_path / "sys"
+    sysfs_with_devices(root)
+    (tmp_path / "mountinfo").write_text(
+        "22 1 259:2 / / rw - ext4 /dev/nvme0n1p2 rw\n"
+        "30 22 259:5 / /mnt/disks/a rw - xfs /dev/nvme1n1p1 rw\n"
+        "31 22 253:0 / /srv/b rw - xfs /dev/mapper/vg-data rw\n"
+        "40 22 259:6 / /mnt rw - ext4 /dev/nvme0n1p3 rw\n"
+        "41 22 0:50 / /srv/b rw - tmpfs tmpfs rw\n"
+    )
+    found = details(root, read_inventory(root), read_mount_table(tmp_path / "mountinfo", root))
+    assert {d["name"]: d["mountpoints"] for d in found["disks"]} == {
+        "nvme0n1": ["/", "/mnt"],
+        "nvme1n1": [],
+    }
