@@ -47,6 +47,12 @@ MAX_TABLE_BYTES = 16 << 20
 # Devices of one multi-device filesystem read from fs/btrfs/<fsid>/devices.
 MAX_FS_DEVICES = 256
 
+# Filesystems on block devices that mount with an anonymous device (major 0), whose
+# mount source names their device(s): btrfs (one, the others under fs/btrfs) and
+# bcachefs (all, joined by ':'). Any other type's source is free text: a tmpfs, an
+# overlay or a FUSE mount may name /dev/nvme1n1p1 and hold nothing of it.
+SOURCE_NAMES_DEVICES = frozenset({"btrfs", "bcachefs"})
+
 _OCTAL = re.compile(r"\\([0-7]{3})")
 _DEVICE = re.compile(r"(\d{1,10}):(\d{1,10})")
 _ID = re.compile(r"\d{1,10}")
@@ -276,16 +282,16 @@ class _Devices:
 
     def of(self, mount: Mount) -> tuple[str, ...]:
         """``mount``'s block devices: its ``major:minor``'s, or for an anonymous device
-        (major 0) those its ``/dev/`` source names, with every other device of a btrfs
-        filesystem that holds one of them."""
+        (major 0) of a :data:`SOURCE_NAMES_DEVICES` type those its ``/dev/`` source
+        names, with every other device of a btrfs filesystem that holds one of them."""
         if mount.device[0] != 0:
             if mount.device not in self.by_number:
                 link = self.root / "dev" / "block" / f"{mount.device[0]}:{mount.device[1]}"
                 real = self.confined.folder(link)
                 self.by_number[mount.device] = () if isinstance(real, str) else (real.name,)
             return self.by_number[mount.device]
-        if not mount.source.startswith("/dev/"):
-            return ()  # tmpfs, overlay, proc, NFS: no block device
+        if mount.fs_type not in SOURCE_NAMES_DEVICES or not mount.source.startswith("/dev/"):
+            return ()  # tmpfs, overlay, proc, NFS, FUSE: no block device, whatever the source
         if mount.source not in self.by_source:
             self.by_source[mount.source] = self._from_source(mount.source)
         return self.by_source[mount.source]

@@ -218,3 +218,31 @@ def test_a_mapper_source_names_its_dm_device_and_skips_odd_dm_folders(
     table = read_mount_table(tmp_path / "mountinfo", root)
     assert table.problem is None
     assert [m.blocks for m in table.mounts[1:]] == [("dm-0",), ()]
+
+
+@pytest.mark.parametrize("fs_type", ["tmpfs", "overlay", "fuse.sshfs", "proc", "vfat", "nfs4"])
+def test_a_filesystem_without_a_block_device_is_on_no_disk_whatever_its_source(
+    tmp_path: Path, fs_type: str
+) -> None:
+    """Mount sources are free text: a tmpfs (or an overlay, a FUSE mount...) on an
+    anonymous device whose source says /dev/nvme1n1p1 holds nothing of that disk, so
+    ``path:`` says it has no locality, never NUMA node 1; btrfs and bcachefs, whose
+    sources name their devices, still resolve."""
+    from numa_device_plugin.topology.locality import read_inventory
+    from numa_device_plugin.topology.selectors import parse_selector, select
+
+    root = tmp_path / "sys"
+    sysfs_with_devices(root)
+    (tmp_path / "mountinfo").write_text(
+        "22 1 259:2 / / rw - ext4 /dev/nvme0n1p2 rw\n"
+        f"40 22 0:70 / /mnt/odd rw - {fs_type} /dev/nvme1n1p1 rw\n"
+        "41 22 0:71 / /mnt/pool rw - btrfs /dev/nvme1n1p1 rw\n"
+    )
+    table = read_mount_table(tmp_path / "mountinfo", root)
+    assert [m.blocks for m in table.mounts[1:]] == [(), ("nvme1n1p1",)]
+    inventory = read_inventory(root)
+    odd = select(inventory, parse_selector("path:/mnt/odd"), table)
+    assert odd.nodes == frozenset()
+    assert odd.reason is not None
+    assert "which is no block device: no locality" in odd.reason
+    assert select(inventory, parse_selector("path:/mnt/pool"), table).nodes == {1}
