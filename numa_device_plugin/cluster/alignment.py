@@ -35,6 +35,9 @@ UNKNOWN = "unknown"
 
 _DEVICE_NODE = re.compile(r"numa(\d{1,4})-")
 _RANGE = re.compile(r"(\d{1,5})(?:-(\d{1,5}))?")
+# CPU ids read from a plugin's answer at most: the kernel's largest NR_CPUS (8192)
+# many times over, and the bound of what one cpulist costs to parse.
+MAX_CPUS = 65536
 
 
 @dataclass
@@ -66,15 +69,28 @@ class PodCheck:
                 "memory_numa_nodes": self.memory_nodes, "volumes": self.volumes}  # fmt: skip
 
 
-def parse_cpulist(text: object) -> set[int]:
-    """A cpulist (``0-3,8``) from an answer; an odd one gives what parses of it."""
-    found: set[int] = set()
-    for part in text.split(",") if isinstance(text, str) else ():
+def parse_cpulist(text: object, limit: int = MAX_CPUS) -> set[int]:
+    """A cpulist (``0-3,8``) from an answer; an odd one gives what parses of it. Bounded
+    however the answer lies: at most ``limit`` comma-separated parts are read (a real
+    cpulist of ``limit`` CPUs has no more) and no CPU id at or above ``limit`` is kept,
+    each CPU added once (overlapping ranges merged first): the work is at most a few
+    times ``limit``, never the product of a 2 MB list's ranges."""
+    if not isinstance(text, str):
+        return set()
+    spans = []
+    for part in text.split(",", limit)[:limit]:
         match = _RANGE.fullmatch(part.strip())
         if match:
             low = int(match[1])
-            high = int(match[2]) if match[2] else low
-            found.update(range(low, min(high, low + 4096) + 1))
+            high = min(int(match[2]) if match[2] else low, limit - 1)
+            if low <= high:
+                spans.append((low, high))
+    found: set[int] = set()
+    reach = -1  # the highest CPU added so far, in span order
+    for low, high in sorted(spans):
+        if high > reach:
+            found.update(range(max(low, reach + 1), high + 1))
+            reach = high
     return found
 
 
@@ -111,14 +127,22 @@ def pod_key(pod: Mapping[str, Any]) -> tuple[str, str]:
 
 
 def claims(pod: Mapping[str, Any]) -> list[str]:
-    """The PersistentVolumeClaim names of the pod's volumes."""
+    """The PersistentVolumeClaim names of the pod's volumes: each
+    ``persistentVolumeClaim``'s ``claimName``, and for a generic ephemeral volume
+    (``ephemeral.volumeClaimTemplate``) the claim Kubernetes makes for it,
+    ``<pod name>-<volume name>``."""
     spec = _dict(pod.get("spec"))
+    pod_name = pod_key(pod)[1]
     found = []
     for volume in _dicts(spec.get("volumes")):
         claim = volume.get("persistentVolumeClaim")
         name = claim.get("claimName") if isinstance(claim, dict) else None
         if isinstance(name, str) and name:
             found.append(name)
+        elif isinstance(volume.get("ephemeral"), dict) and pod_name:
+            volume_name = volume.get("name")
+            if isinstance(volume_name, str) and volume_name:
+                found.append(f"{pod_name}-{volume_name}")
     return found
 
 
@@ -153,12 +177,17 @@ def disk_under(state: Mapping[str, Any], path: str) -> tuple[str, list[int]] | N
     return None if best is None else (best[1], best[2])
 
 
-def _cpu_nodes(state: Mapping[str, Any], cpus: set[int]) -> set[int]:
-    nodes = set()
+def _node_cpus(state: Mapping[str, Any]) -> dict[int, set[int]]:
+    """NUMA node id -> its CPUs, from the state's ``numa_nodes`` (parsed once a pod)."""
+    found: dict[int, set[int]] = {}
     for node in _dicts(state.get("numa_nodes")):
-        if isinstance(node.get("id"), int) and parse_cpulist(node.get("cpus")) & cpus:
-            nodes.add(node["id"])
-    return nodes
+        if isinstance(node.get("id"), int):
+            found[node["id"]] = found.get(node["id"], set()) | parse_cpulist(node.get("cpus"))
+    return found
+
+
+def _cpu_nodes(node_cpus: Mapping[int, set[int]], cpus: set[int]) -> set[int]:
+    return {node for node, on_node in node_cpus.items() if on_node & cpus}
 
 
 def check_pod(
@@ -189,6 +218,7 @@ def check_pod(
     near = {e.get("resource"): e for e in _dicts(state.get("near"))}
     followed: dict[str, set[str]] = {}
     all_nodes: set[int] = set()
+    node_cpus = _node_cpus(state)
     for holder, resource, ids in held:
         nodes = {int(m[1]) for i in ids if isinstance(i, str) and (m := _DEVICE_NODE.match(i))}
         all_nodes |= nodes
@@ -206,7 +236,7 @@ def check_pod(
         if not cpus:
             why = "no exclusive CPUs (Guaranteed QoS with integer CPUs, the static CPU manager)"
             check.fault(MISALIGNED, f"container {container}: {why}")
-        cpu_nodes = _cpu_nodes(state, cpus)
+        cpu_nodes = _cpu_nodes(node_cpus, cpus)
         check.cpu_nodes = sorted(set(check.cpu_nodes) | cpu_nodes)
         devices_at = f"{resource}'s device(s) on {_list(nodes)}"
         if cpus and nodes and not cpu_nodes <= nodes:

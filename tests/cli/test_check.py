@@ -394,3 +394,48 @@ async def test_check_on_a_real_plugins_debug_state_follows_its_disk(
     bad = check_pod(search_pod("search-a-1", "data-a"), document, [], "numa-align")
     assert bad.verdict == "misaligned"
     assert bad.why == ["container es: CPUs on NUMA node(s) 0, numa-align/data-a's device(s) on 1"]
+
+
+def test_a_generic_ephemeral_volume_is_checked_by_the_claim_kubernetes_makes_for_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``ephemeral.volumeClaimTemplate``: Kubernetes makes the claim <pod>-<volume>; bound
+    to a local PV on the other NUMA node's disk, the pod is misaligned (it was reported
+    aligned, exit 0)."""
+    from numa_device_plugin.cluster.alignment import claims
+
+    scratch = search_pod("eph-0", "data-a")
+    scratch["spec"]["volumes"] = [{"name": "scratch", "ephemeral": {"volumeClaimTemplate": {
+        "spec": {"storageClassName": "local"}}}}]  # fmt: skip
+    assert claims(scratch) == ["eph-0-scratch"]
+    holders = [*RECIPE_HOLDERS, holder("eph-0", "3", "data-a", ["numa1-slot0005"], memory=1)]
+    with cluster_api(tmp_path, [], [plugin_pod("p-a", "a"), *RECIPE, scratch]) as (api, config):
+        api.proxied["p-a"] = node_state(holders)
+        api.claims = [claim("data-a-0", "pv-a"), claim("data-b-0", "pv-b"),
+                      claim("eph-0-scratch", "pv-b")]  # fmt: skip
+        api.volumes = [local_pv("pv-a", "/mnt/disks/a"), local_pv("pv-b", "/mnt/disks/b")]
+        code = main(["check", "--kubeconfig", str(config), "--output", "json"])
+    found = {p["pod"]: p for p in json.loads(capsys.readouterr().out)["pods"]}
+    assert code == 1
+    assert found["search/eph-0"]["verdict"] == "misaligned"
+    assert found["search/eph-0"]["volumes"][0]["claim"] == "eph-0-scratch"
+    assert found["search/eph-0"]["volumes"][0]["disk"] == "vdc"
+
+
+def test_a_lying_cpulist_is_read_within_its_bounds() -> None:
+    """A plugin pod answering 2 MB of ``0-4095,`` once took check 46-79 s past its
+    --timeout: each CPU is added once (ranges merged), at most MAX_CPUS parts are read
+    and no id at or above MAX_CPUS is kept."""
+    from numa_device_plugin.cluster.alignment import MAX_CPUS, parse_cpulist
+
+    assert parse_cpulist("0-4095," * 300_000) == set(range(4096))
+    assert parse_cpulist("0-3,8,2-5,7-6,x,,10-") == {0, 1, 2, 3, 4, 5, 8}
+    assert parse_cpulist(f"{MAX_CPUS - 2}-99999") == {MAX_CPUS - 2, MAX_CPUS - 1}
+    assert parse_cpulist("0," * MAX_CPUS + "5") == {0}  # the parts past the bound unread
+    assert parse_cpulist(5) == set()
+    state = node_state([holder("search-a-0", "0-4095," * 100_000 + "3", "data-a",
+                               ["numa1-slot0000"], memory=1)])  # fmt: skip
+    state["numa_nodes"] = [{"id": 0, "cpus": "0-1," * 100_000}, {"id": 1, "cpus": "2-3"}]
+    check = check_pod(RECIPE[0], state, [], "numa-align")
+    assert check.cpu_nodes == [0, 1]
+    assert check.verdict == "misaligned"
