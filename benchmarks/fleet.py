@@ -68,8 +68,18 @@ def _page(kind: str, items: list[dict[str, Any]], query: str) -> dict[str, Any]:
             "items": items[start:rest]}  # fmt: skip
 
 
+def hostile_state(index: int, kind: str) -> dict[str, Any]:
+    """A lying plugin's ``/debug/state`` of just under 4 MiB (the per-answer cap): a
+    list of ``kind`` made of the smallest objects, the most objects to parse for the
+    bytes (``empty``: ``{}``; ``disks``: ``{"name": "d"}`` disk entries)."""
+    entry: dict[str, Any] = {} if kind == "empty" else {"name": f"d{index}"}
+    each = len(json.dumps(entry)) + 2  # and ", "
+    count = ((4 << 20) - 4096) // each
+    return {"inventory": {"disks": [entry] * count, "nics": [], "accelerators": []}}
+
+
 def serve_fleet(
-    nodes: int, slow: float, latency: float = 0.0
+    nodes: int, slow: float, latency: float = 0.0, hostile: str | None = None
 ) -> tuple[Any, list[dict[str, Any]], dict[str, Any]]:
     """The answer function of a fleet of ``nodes``: plugin pods p-N on nodes n-N, each
     with its state after ``latency`` seconds (the API server to kubelet to pod round
@@ -84,7 +94,8 @@ def serve_fleet(
                  {"name": "es", "resources": {"requests": requests, "limits": requests}}]},
              "status": {"phase": "Running"}}
             for i in range(nodes) for j in range(10)]  # fmt: skip
-    states = {f"p-{i}": plugin_state(i) for i in range(nodes)}
+    states = {f"p-{i}": plugin_state(i) if hostile is None else hostile_state(i, hostile)
+              for i in range(nodes)}  # fmt: skip
 
     def answer(path: str, token: str) -> tuple[int, dict[str, Any]]:
         route, _, query = path.partition("?")
@@ -126,13 +137,14 @@ def run_command(argv: list[str], cwd: str | None = None) -> tuple[float, float, 
 
 def measure(
     nodes: int = 1000, slow: float = 60.0, timeout: float = 20.0, latency: float = 0.02,
-    python_path: str | None = None,
+    python_path: str | None = None, hostile: str | None = None,
 ) -> dict[str, Any]:  # fmt: skip
     """The figures of ``devices`` and ``check`` against a fleet of ``nodes`` (the
-    package from ``python_path`` when given: another checkout, for a before and after)."""
-    answer, _, _ = serve_fleet(nodes, slow, latency)
+    package from ``python_path`` when given: another checkout, for a before and after;
+    ``hostile``: every pod answers :func:`hostile_state` of that kind)."""
+    answer, _, _ = serve_fleet(nodes, slow, latency, hostile)
     figures: dict[str, Any] = {"nodes": nodes, "slow_pod_seconds": slow, "timeout": timeout,
-                               "latency_seconds": latency}  # fmt: skip
+                               "latency_seconds": latency, "hostile": hostile}  # fmt: skip
     python = [sys.executable]
     if python_path is not None:  # without site: the editable install would win over it
         import sysconfig
@@ -180,8 +192,14 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help="run the commands of another checkout (PYTHONPATH), for a before",
     )
+    parser.add_argument(
+        "--hostile", choices=("empty", "disks"), default=None,
+        help="every pod answers just under 4 MiB of the smallest objects (with --nodes 64:"
+             " the caps, 256 MiB in all); the figure to watch is peak_rss_mb",
+    )  # fmt: skip
     args = parser.parse_args(argv)
-    figures = measure(args.nodes, args.slow, args.timeout, args.latency, args.python_path)
+    figures = measure(args.nodes, args.slow, args.timeout, args.latency, args.python_path,
+                      args.hostile)  # fmt: skip
     print(json.dumps(figures, indent=2))
     return 0
 

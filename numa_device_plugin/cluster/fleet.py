@@ -42,6 +42,11 @@ RESERVE = 1.0
 # Seconds one pod's read may take at most (a plugin answers in milliseconds; a pod that
 # does not answer within this is named, and waits for it end here, not at --timeout).
 POD_SECONDS = 5.0
+# Entries of a list of a /debug/state taken at most: the plugin lists at most 16,384
+# devices of a kind; past it the answer is a lie, and its first entries are enough.
+MAX_LISTED = 16_384
+# The key of :func:`kept`'s document naming what was cut.
+CUT = "cut"
 # The parts of a /debug/state document the commands read, with their JSON types.
 KEPT: dict[str, type] = {
     "inventory": dict,
@@ -76,9 +81,13 @@ class FleetRead:
 
 
 def kept(document: dict[str, Any]) -> dict[str, Any]:
-    """The :data:`KEPT` parts of a ``/debug/state`` document. Raises ValueError naming
-    the first part that is present but not of its type (``inventory`` is a list)."""
+    """The :data:`KEPT` parts of a ``/debug/state`` document, each list in them (the
+    inventory's disks, NICs and accelerators, the near entries, the NUMA nodes, the
+    holders) cut to its first :data:`MAX_LISTED` entries, as the plugin itself lists
+    them; ``CUT`` then names what was cut. Raises ValueError naming the first part that
+    is present but not of its type (``inventory`` is a list)."""
     found: dict[str, Any] = {}
+    cut: list[str] = []
     for key, kind in KEPT.items():
         value = document.get(key)
         if value is None:
@@ -86,8 +95,24 @@ def kept(document: dict[str, Any]) -> dict[str, Any]:
         if not isinstance(value, kind):
             raise ValueError(f"its /debug/state has {key} of type {type(value).__name__}, "
                              f"not {kind.__name__}")  # fmt: skip
-        found[key] = value
+        found[key] = _cut(value, key, cut)
+    if cut:
+        found[CUT] = cut
     return found
+
+
+def _cut(value: Any, name: str, cut: list[str]) -> Any:
+    """``value`` with each list at the top or one level down cut to :data:`MAX_LISTED`
+    entries, noting ``name``'s cut lists in ``cut``."""
+    if isinstance(value, list):
+        if len(value) > MAX_LISTED:
+            cut.append(f"{name} ({len(value)})")
+            return value[:MAX_LISTED]
+        return value
+    if isinstance(value, dict) and name in ("inventory", "pod_resources"):
+        return {key: _cut(inner, f"{name}.{key}", cut) if isinstance(inner, list) else inner
+                for key, inner in value.items()}  # fmt: skip
+    return value
 
 
 def plugin_pods(api: KubeApi, namespace: str, selector: str) -> list[tuple[str, str]]:
@@ -131,7 +156,7 @@ def read_fleet(
         path = (f"/api/v1/namespaces/{quote(namespace, safe='')}/pods/{quote(name, safe='')}"
                 f":{port}/proxy/debug/state")  # fmt: skip
         # DeadlinePassed when its deadline passes, however the pod answers (KubeApi).
-        return kept(api.get(path, None, Deadline(min(reads.left(), pod_seconds))))
+        return api.get(path, None, Deadline(min(reads.left(), pod_seconds)), keep=kept)
 
     pool = concurrent.futures.ThreadPoolExecutor(max(1, min(readers, len(listed))))
     try:
@@ -142,6 +167,11 @@ def read_fleet(
             name, node = futures[future]
             try:
                 answers[(name, node)] = future.result()
+                cut = answers[(name, node)].pop(CUT, None)
+                if cut:
+                    read.problems.append(f"{node} ({name}): its /debug/state lists over "
+                                         f"{MAX_LISTED} of {', '.join(cut)}: the first "
+                                         f"{MAX_LISTED} of each read")  # fmt: skip
             except (ApiError, ValueError) as exc:
                 read.problems.append(f"{node} ({name}): {exc}")
             except DeadlinePassed:

@@ -18,7 +18,8 @@ and, in a pod without a kubeconfig, the service account. Around it:
   client itself runs no command);
 - **byte caps**: the kubeconfig (:data:`MAX_KUBECONFIG`), each answer
   (:data:`MAX_ANSWER`), all answers of one run (:data:`MAX_TOTAL`), and at most
-  :data:`MAX_PAGES` pages per list.
+  :data:`MAX_PAGES` pages per list; **object caps**: at most :data:`MAX_CONTAINERS`
+  objects and arrays an answer, one answer parsed at a time.
 
 Costs: importing the client takes ~0.4 s and ~36 MB of RSS, paid by ``top`` only.
 """
@@ -31,7 +32,7 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -48,6 +49,13 @@ MAX_ANSWER = 4 << 20
 # Bytes of all answers of one run, and pages of one list.
 MAX_TOTAL = 256 << 20
 MAX_PAGES = 2_000
+# JSON objects and arrays in one answer (its '{' and '[' bytes, counted before parsing):
+# 4 MiB of "[{},{}...]" parsed is a million dicts (~100 MB); sixteen readers at once
+# once held 1.7 GB. A page of 500 pods or a plugin's whole /debug/state has far fewer.
+MAX_CONTAINERS = 1 << 18
+# One answer parsed (and pruned by its reader's ``keep``) at a time, whatever the
+# number of readers: the parsing peak is one answer's.
+_PARSING = threading.Lock()
 
 
 class ApiError(Exception):
@@ -233,28 +241,67 @@ class KubeApi:
             raise ApiError(f"GET {path}: the answers are over {MAX_TOTAL} bytes in all")
         return response.status, one_line(response.reason or "", 80), b"".join(chunks)
 
-    def get(self, path: str, kind: str | None, deadline: Deadline | None = None) -> dict[str, Any]:
+    def get(
+        self, path: str, kind: str | None, deadline: Deadline | None = None,
+        keep: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
+    ) -> dict[str, Any]:  # fmt: skip
         """The object at ``path``, which must be of ``kind`` (``Pod``, ``NodeList``); a
         JSON object of any kind when ``kind`` is None (a pod's page through
         ``pods/proxy``); within ``deadline`` when given (it ends no later than the
-        command's)."""
-        status, reason, body = self._answer(path, deadline)
-        try:
-            document = json.loads(body)
-        except (ValueError, RecursionError):
-            document = None
+        command's). ``keep`` (a successful answer's parts the caller uses, bounded) runs
+        under the same lock as the parsing: one whole answer is alive at a time. Raises
+        ApiError for an answer of more than :data:`MAX_CONTAINERS` objects and arrays,
+        before parsing it; what ``keep`` raises."""
+        status, reason, document = self._parsed(path, deadline, keep)
+        problem = None
         if status != 200:
             message = document.get("message") if isinstance(document, dict) else None
             text = one_line(str(message), 200) if message else ""
-            raise ApiError(f"GET {path}: {status} {reason}: {text}".strip().rstrip(":"))
-        if kind is None and not isinstance(document, dict):
-            raise ApiError(f"GET {path}: the answer is not a JSON object")
-        found = document.get("kind") if isinstance(document, dict) else None
-        if kind is not None and found != kind:
-            shown = f" (kind {one_line(found, 40)!r})" if isinstance(found, str) else ""
-            raise ApiError(f"GET {path}: the answer is not a {kind} object{shown}")
+            problem = f"GET {path}: {status} {reason}: {text}".strip().rstrip(":")
+        elif kind is None and not isinstance(document, dict):
+            problem = f"GET {path}: the answer is not a JSON object"
+        elif kind is not None:
+            found = document.get("kind") if isinstance(document, dict) else None
+            if found != kind:
+                shown = f" (kind {one_line(found, 40)!r})" if isinstance(found, str) else ""
+                problem = f"GET {path}: the answer is not a {kind} object{shown}"
+        if problem is not None:
+            # Not kept alive by the error's traceback (a reader's future holds it).
+            del document
+            raise ApiError(problem)
         assert isinstance(document, dict)
         return document
+
+    def _parsed(
+        self, path: str, deadline: Deadline | None,
+        keep: Callable[[dict[str, Any]], dict[str, Any]] | None,
+    ) -> tuple[int, str, Any]:  # fmt: skip
+        """Status, reason and the parsed answer (None: not JSON; ``keep`` of it when
+        200), one answer parsed at a time. Raises what :meth:`_answer` raises, ApiError
+        for over :data:`MAX_CONTAINERS` objects and arrays (the answer not kept by the
+        error)."""
+        status, reason, body = self._answer(path, deadline)
+        containers = body.count(b"{") + body.count(b"[")
+        if containers > MAX_CONTAINERS:
+            del body
+            raise ApiError(f"GET {path}: the answer holds over {MAX_CONTAINERS} JSON objects "
+                           "and arrays")  # fmt: skip
+        with _PARSING:
+            try:
+                document = json.loads(body)
+            except (ValueError, RecursionError):
+                document = None
+            del body
+            refused = None
+            if status == 200 and keep is not None and isinstance(document, dict):
+                try:
+                    document = keep(document)
+                except ValueError as exc:  # raised below: no traceback keeps the answer
+                    refused = str(exc)
+        if refused is not None:
+            del document
+            raise ValueError(refused)
+        return status, reason, document
 
     def list(self, path: str, kind: str) -> list[dict[str, Any]]:
         """Every item of the list of ``kind`` objects at ``path`` (which has

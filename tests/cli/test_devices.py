@@ -458,3 +458,39 @@ def test_a_proposal_past_the_plugins_limits_says_what_it_left_out(
     found = proposal.propose({"a": inventory(many[:1]), "b": inventory(many[1:2])})
     assert found["named"] == {"same": {"near": {"disk-sd000": "serial:S0"}}}
     assert "b: its configuration name same is taken" in found["left_out"]
+
+
+def test_an_answer_of_too_many_objects_is_refused_unparsed_and_named(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A lying pod's 4 MiB of ``[{},{}...]`` parsed was a million dicts (sixteen at once
+    reached 1.7 GB): past MAX_CONTAINERS objects and arrays the answer is refused before
+    parsing, and the pod named; the others are printed."""
+    from numa_device_plugin.cluster import kubeapi
+
+    monkeypatch.setattr(kubeapi, "MAX_CONTAINERS", 2000)
+    pods = [plugin_pod("p-a", "a"), plugin_pod("p-b", "b")]
+    liar = {"ready": True, "inventory": {"disks": [{}] * 3000, "nics": [], "accelerators": []}}
+    proxied = {"p-a": liar, "p-b": state(disk("vda", "S2", [0]))}
+    code, out, err, _ = run(tmp_path, capsys, pods, proxied, "--output", "json")
+    assert code == 0
+    assert "a (p-a): GET " in err
+    assert "the answer holds over 2000 JSON objects and arrays" in err
+    assert [n["name"] for n in json.loads(out)["nodes"]] == ["b"]
+
+
+def test_a_list_longer_than_the_plugin_makes_is_cut_and_said(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The plugin lists at most MAX_LISTED devices of a kind: a longer list is a lie,
+    its first MAX_LISTED entries are read and the cut is named."""
+    from numa_device_plugin.cluster import fleet
+
+    monkeypatch.setattr(fleet, "MAX_LISTED", 5)
+    pods = [plugin_pod("p-a", "a")]
+    many = state(*(disk(f"sd{i}", f"S{i}", [0]) for i in range(8)))
+    code, out, err, _ = run(tmp_path, capsys, pods, {"p-a": many}, "--output", "json")
+    assert code == 0
+    assert "a (p-a): its /debug/state lists over 5 of inventory.disks (8): the first 5" in err
+    (node,) = json.loads(out)["nodes"]
+    assert [d["name"] for d in node["disks"]] == [f"sd{i}" for i in range(5)]
