@@ -86,8 +86,16 @@ def devices_document(states: dict[str, dict[str, Any]]) -> dict[str, Any]:
     every field of its type (:func:`~numa_device_plugin.cli.proposal.clean`); pure.
     The proposal is :func:`~numa_device_plugin.cli.proposal.propose`'s."""
     nodes = {node: clean(states[node].get("inventory")) for node in sorted(states)}
-    return {"nodes": [{"name": node, **found} for node, found in nodes.items()],
-            **propose(nodes)}  # fmt: skip
+    # A plugin serves a null inventory until it has read its devices (once registered):
+    # not a node without disks. Named, and the proposal made from the others.
+    unread = [node for node in sorted(states) if states[node].get("inventory") is None]
+    proposal = propose({node: found for node, found in nodes.items() if node not in unread})
+    proposal["left_out"] = [
+        *(f"{node}: its plugin has not read its devices yet (it reads them once "
+          "registered); run again in a moment" for node in unread),
+        *proposal["left_out"],
+    ]  # fmt: skip
+    return {"nodes": [{"name": node, **found} for node, found in nodes.items()], **proposal}
 
 
 def _cell(value: object) -> str:

@@ -264,8 +264,13 @@ def _check_volume(
         return  # not a local volume: no disk of this node
     found = disk_under(state, path)
     if found is None:
+        why = (
+            "the plugin has not read its devices yet (it reads them once registered)"
+            if state.get("inventory") is None
+            else "the plugin reads no host mount table"
+        )
         check.fault(UNKNOWN, f"volume {claim} ({path}): the node's mount points are unknown "
-                             "(the plugin reads no host mount table)")  # fmt: skip
+                             f"({why})")  # fmt: skip
         return
     disk, disk_nodes = found
     entry.update(disk=disk, numa_nodes=disk_nodes)

@@ -291,6 +291,13 @@ def test_a_volume_on_a_node_whose_mount_points_are_unknown_is_unknown_never_alig
         "reads no host mount table)"
     ]
     assert check.volumes[0]["disk"] is None
+    state["inventory"] = None  # a plugin just started: its devices not read yet
+    check = check_pod(RECIPE[0], state, [("data-a-0", "/mnt/disks/a")], "numa-align")
+    assert check.verdict == "unknown"
+    assert check.why == [
+        "volume data-a-0 (/mnt/disks/a): the node's mount points are unknown (the plugin "
+        "has not read its devices yet (it reads them once registered))"
+    ]
 
 
 def test_a_non_local_volume_and_a_numa_nodes_volume_on_its_own_disk_are_aligned(

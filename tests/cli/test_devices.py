@@ -494,3 +494,22 @@ def test_a_list_longer_than_the_plugin_makes_is_cut_and_said(
     assert "a (p-a): its /debug/state lists over 5 of inventory.disks (8): the first 5" in err
     (node,) = json.loads(out)["nodes"]
     assert [d["name"] for d in node["disks"]] == [f"sd{i}" for i in range(5)]
+
+
+def test_a_plugin_that_has_not_read_its_devices_yet_is_named_and_the_pool_made_of_the_rest() -> (
+    None
+):
+    """Just after start a plugin serves a null inventory (it reads the devices once
+    registered): the pool proposal once came out empty with nothing said; now that node
+    is named as not read yet, and the others' shared mount points are proposed."""
+
+    def node(serial: str) -> dict[str, Any]:
+        return {"ready": True, "inventory": {"disks": [
+            mounted_disk("vda", f"ROOT-{serial}", 0, "/"),
+            mounted_disk("vdb", serial, 1, "/mnt/disks/a"),
+        ], "nics": [], "accelerators": []}}  # fmt: skip
+
+    document = devices_document({"a": node("DA"), "b": node("DB"), "c": {"inventory": None}})
+    assert document["pool"] == {"near": {"mnt-disks-a": "path:/mnt/disks/a"}}
+    assert document["left_out"][0].startswith("c: its plugin has not read its devices yet")
+    assert [n["name"] for n in document["nodes"]] == ["a", "b", "c"]
