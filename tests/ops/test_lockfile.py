@@ -370,3 +370,36 @@ def test_a_folder_deleted_while_its_lock_is_taken_again_is_no_other_instance(
         assert (keeper.lost, keeper.problem) == (False, None)
     finally:
         keeper.lock.release()
+
+
+async def test_a_plugin_that_waited_for_the_lock_looks_again_before_serving(
+    two_nodes: SysfsTree, sock_dir: Path
+) -> None:
+    """Its first look came before the wait: the disk a resource follows moved to NUMA
+    node 0 meanwhile (replaced, its controller moved). Once it takes the lock over it
+    looks again and serves node 0, not the node 1 it saw before waiting (with
+    --device-interval 0, forever)."""
+    from numa_device_plugin.plugin.model.near import parse_near
+    from numa_device_plugin.topology.fake import DeviceTree
+    from tests.plugin.test_manager import make_config
+    from tests.standin_helpers import running
+
+    devices = DeviceTree(two_nodes.root)
+    devices.pci("0000:41:00.0", 1)
+    devices.disk("nvme0n1", "0000:41:00.0", serial="S1")
+    holder = InstanceLock(sock_dir)
+    assert holder.try_acquire()
+    config = make_config(two_nodes, sock_dir, near=(parse_near("d=serial:S1"),),
+                         device_interval=0)  # fmt: skip
+    try:
+        async with KubeletStandIn(sock_dir) as kubelet, running(config) as manager:
+            await eventually(lambda: manager.lock_keeper.problem is not None)  # waiting
+            assert manager.resources["numa-align/d"].near_nodes == (1,)  # its first look
+            (devices.pci_folder("0000:41:00.0") / "numa_node").write_text("0\n")
+            holder.release()
+            await wait_all_live(kubelet, ["numa-align/d", *NAMES], timeout=20)
+            nodes = {n.ID for d in kubelet.devices("numa-align/d") for n in d.topology.nodes}
+            assert nodes == {0}
+            assert manager.lock_keeper.took_over
+    finally:
+        holder.release()

@@ -219,6 +219,11 @@ class PluginManager:
                 raise_errors=first, stopping=lambda: self.wakeups.stopping, nap=self.wakeups.nap
             ):
                 first = False
+                if self.lock_keeper.took_over:  # sysfs may have changed while it waited
+                    found = await rediscover(self.config, self._discover_fn,
+                                             self._listener_connections)  # fmt: skip
+                    if found is not None:
+                        self._set_discovery(found)
                 folder, names = str(self.config.socket_dir), list(self.resources)
                 log.info("device plugin started", socket_dir=folder, resources=names)
                 self.restarts.pending = set(self.resources)

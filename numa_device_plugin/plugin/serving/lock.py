@@ -41,14 +41,17 @@ LOCK_CHECK_WATCHED = 60.0
 
 
 class LockKeeper:
-    """The lock of ``socket_dir``, why it is not held (``problem``, for ``/readyz``) and
-    whether it was lost while serving (``lost``: the loop must stand down)."""
+    """The lock of ``socket_dir``, why it is not held (``problem``, for ``/readyz``),
+    whether it was lost while serving (``lost``: the loop must stand down) and whether
+    the last :meth:`acquire` took it over (``took_over``: after waiting for another
+    instance or after standing down; what was looked at before may have changed)."""
 
     def __init__(self, socket_dir: Path, on_change: Callable[[], None]) -> None:
         self.socket_dir = socket_dir
         self.lock = InstanceLock(socket_dir)
         self.problem: str | None = None
         self.lost = False
+        self.took_over = False
         self._on_change = on_change
         self._recheck = asyncio.Event()
 
@@ -75,7 +78,8 @@ class LockKeeper:
             if acquired:
                 # Said whenever the lock comes after waiting or after standing down, even
                 # at the first attempt (the holder may be gone by then).
-                if announced or self.lost:
+                self.took_over = bool(announced or self.lost)
+                if self.took_over:
                     log.info("took over the instance lock", lock=str(self.lock.path))
                 self.problem = None
                 self.lost = False
