@@ -4,6 +4,7 @@ would serve something else."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -422,3 +423,57 @@ async def test_a_full_look_that_failed_is_retried_at_the_next_interval_not_skipp
     await watch.look()  # the very next interval reads again
     assert (len(quiet), len(loud), woken) == (3, 2, [1])
     assert watch.take() is changed_in_place
+
+
+def mount_points(found: Discovery | None) -> dict[str, Any]:
+    assert found is not None
+    assert found.details is not None
+    return {disk["name"]: disk["mountpoints"] for disk in found.details["disks"]}
+
+
+async def test_the_disks_mount_points_follow_the_mount_table_without_a_path_selector(
+    tmp_path: Path,
+) -> None:
+    """/debug/state and the inventory kept a moved mount's old points forever: the look
+    key read the table only for path: selectors, and a look that found the same
+    resources handed nothing over. Now a changed table refreshes the mount points alone
+    (no sysfs look, nothing registered again), and an unchanged one does nothing."""
+    from numa_device_plugin.plugin.lifecycle.devicewatch import changed
+
+    tree, table = mounted_machine(tmp_path / "sys")
+    config = Config(sysfs_root=tree.root, mount_table=table, capacity=5)
+    served = [discover(config)]
+    assert mount_points(served[0]) == {"nvme0n1": ["/"], "nvme1n1": ["/mnt/disks/a"]}
+    woken: list[int] = []
+    watch, quiet = counting_watch(config, served, woken)
+    await watch.look()  # the first look: reads, matches
+    assert (len(quiet), woken, watch.take()) == (1, [], None)
+    table.write_text(ROOT_LINE + "31 22 259:3 / /mnt/disks/b rw - xfs /dev/nvme0n1p1 rw\n")
+    await watch.look()
+    found = watch.take()
+    assert (len(quiet), woken) == (1, [1]), "the mount points alone, no sysfs look"
+    assert mount_points(found) == {"nvme0n1": ["/", "/mnt/disks/b"], "nvme1n1": []}
+    assert found is not None
+    assert changed(served[0].resources, found.resources) == set()
+    served.append(found)
+    await watch.look()
+    assert (woken, watch.take()) == ([1], None)
+
+
+async def test_a_newly_mounted_disk_appears_beside_a_path_selector_on_another_mount(
+    tmp_path: Path,
+) -> None:
+    tree, table = mounted_machine(tmp_path / "sys")
+    config = Config(sysfs_root=tree.root, mount_table=table,
+                    near=(parse_near("data-a=path:/mnt/disks/a"),))  # fmt: skip
+    served = [discover(config)]
+    woken: list[int] = []
+    watch, _ = counting_watch(config, served, woken)
+    await watch.look()
+    table.write_text(MOUNTED + "32 22 259:3 / /mnt/scratch rw - xfs /dev/nvme0n1p1 rw\n")
+    await watch.look()
+    found = watch.take()
+    assert woken == [1]
+    assert mount_points(found)["nvme0n1"] == ["/", "/mnt/scratch"]
+    assert found is not None
+    assert found.resources == served[0].resources

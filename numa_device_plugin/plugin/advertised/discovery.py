@@ -132,8 +132,9 @@ def look_key(config: Config) -> Hashable:
     the topology (``devices/system``: cpulists, memory, huge pages; a few files a NUMA
     node), each entry's name and inode in :data:`DEVICE_FOLDERS` (the folder listings,
     no file read: a hot-plugged, removed or replaced device changes them, and so does
-    a renamed NIC), and the mount table's bytes when a ``path:`` or ``path-below:``
-    selector is configured. Equal keys: the quiet look would find what it found before.
+    a renamed NIC), and the mount table's bytes (``path:`` selectors follow it, and so
+    do the disks' mount points the inventory lists). Equal keys: the quiet look would
+    find what it found before.
     A device attribute that changes in place (a driver bound anew) is not in it: the
     device watch still reads everything every :data:`~..lifecycle.devicewatch.FULL_LOOK_EVERY`
     looks. Raises what :func:`discover` raises for the topology; an unreadable mount
@@ -146,14 +147,13 @@ def look_key(config: Config) -> Hashable:
                 folders.append(tuple(sorted((e.name, e.inode()) for e in entries)))
         except OSError as exc:
             folders.append((("error", str(exc)),))  # as read_inventory sees it: empty
-    mounts: bytes | str = b""
-    if _selects_paths(config):
-        from numa_device_plugin.topology.mounts import MAX_TABLE_BYTES
+    from numa_device_plugin.topology.mounts import MAX_TABLE_BYTES
 
-        try:  # as read_mount_table reads it: a FIFO never blocks, a huge table is refused
-            mounts = read_file(config.mount_table, MAX_TABLE_BYTES)
-        except BoundError as exc:
-            mounts = str(exc)
+    mounts: bytes | str
+    try:  # as read_mount_table reads it: a FIFO never blocks, a huge table is refused
+        mounts = read_file(config.mount_table, MAX_TABLE_BYTES)
+    except BoundError as exc:
+        mounts = str(exc)
     return (read_topology(config.sysfs_root), tuple(folders), mounts)
 
 
@@ -221,6 +221,15 @@ def discover(config: Config, *, quiet: bool = False, devices: bool = True) -> Di
         return Discovery(plans=plans, resources=resources, near=near, devices_read=False)
     return Discovery(plans=plans, resources=resources, inventory=inventory, near=near,
                      details=_details(config, inventory, mounts))  # fmt: skip
+
+
+def with_mount_points(config: Config, discovery: Discovery) -> Discovery:
+    """``discovery`` with its details read again from the mount table now (the disks'
+    mount points), the devices as they were: a mount that came, went or moved, without
+    a look at sysfs. Blocking (the mount table's read)."""
+    if not discovery.devices_read:
+        return discovery
+    return replace(discovery, details=_details(config, discovery.inventory, None))
 
 
 def read_devices(config: Config, discovery: Discovery) -> Discovery:

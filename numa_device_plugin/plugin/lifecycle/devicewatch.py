@@ -20,6 +20,7 @@ from numa_device_plugin.plugin.advertised.discovery import (
     discover,
     look_key,
     read_devices,
+    with_mount_points,
 )
 from numa_device_plugin.plugin.advertised.lost import keep_lost, same_served
 from numa_device_plugin.plugin.model.resources import Resource
@@ -93,6 +94,7 @@ class DeviceWatch:
         self._quiet_fn = quiet_fn
         self._key_fn = key_fn if key_fn is not None or discover_fn is not discover else look_key
         self._key: Hashable = None  # the key of the last look that matched what is served
+        self._mounts: object = None  # the mount table's part of the last key read
         self._skipped = 0
         self.skipped_looks = 0  # looks the key skipped
         self._current = current
@@ -130,12 +132,18 @@ class DeviceWatch:
         resource that follows a device whose device is gone is kept, lost:
         :func:`~numa_device_plugin.plugin.advertised.lost.keep_lost`)."""
         key: Hashable = None
+        moved = False
         try:
             if self._key_fn is not None:
                 key = await asyncio.to_thread(self._key_fn, self.config)
-                if key == self._key and self._skipped + 1 < FULL_LOOK_EVERY:
+                mounts = key[2] if isinstance(key, tuple) and len(key) == 3 else None
+                moved = mounts is not None and mounts != self._mounts  # mount points too
+                self._mounts = mounts
+                if self._same(key) and self._skipped + 1 < FULL_LOOK_EVERY:
                     self._skipped += 1
                     self.skipped_looks += 1
+                    if moved:
+                        await self._fresh_mount_points()
                     return
             self._skipped, self._key = 0, None
             discovery = await asyncio.to_thread(self._quiet_fn, self.config)
@@ -144,6 +152,8 @@ class DeviceWatch:
                                                                        discovery)):  # fmt: skip
                 self._last_error = None
                 self._key = key
+                if moved:
+                    await self._fresh_mount_points()
                 return
             # Something changed: read again, logging the new plan and reading the details.
             discovery = await asyncio.to_thread(self._discover_fn, self.config)
@@ -159,6 +169,33 @@ class DeviceWatch:
             discovery = keep_lost(current.resources, discovery)
         if differs(current, discovery):
             self._found = (discovery, current)
+            self._woken()
+
+    def _same(self, key: Hashable) -> bool:
+        """Whether ``key`` says the quiet look would find what the last matching look
+        found: equal to its key, or, with no ``path:`` selector to follow the mount
+        table, equal but for the table (:func:`~..advertised.discovery.look_key`'s last
+        part, whose mount points :meth:`_fresh_mount_points` follows alone)."""
+        if key == self._key:
+            return True
+        last = self._key
+        return (
+            isinstance(key, tuple) and isinstance(last, tuple) and len(key) == len(last) == 3
+            and key[:2] == last[:2]
+            and not any(one.kind.startswith("path") for entry in self.config.near
+                        for one in entry.selectors)
+        )  # fmt: skip
+
+    async def _fresh_mount_points(self) -> None:
+        """The served discovery with its disks' mount points read again (the mount
+        table alone, no sysfs look); handed over when they changed (nothing registers
+        again: its resources are the same)."""
+        current = self._current()
+        if current is None or not current.devices_read:
+            return
+        found = await asyncio.to_thread(with_mount_points, self.config, current)
+        if found.details != current.details and self._current() is current:
+            self._found = (found, current)
             self._woken()
 
     async def _read_left_out(self) -> None:

@@ -266,7 +266,7 @@ class PluginManager:
                     self.restarts.pending |= (names := changed(self.resources, found.resources))
                     caught_up = self.device_watch.caught_up()  # else: what was left out
                     self._set_discovery(found)
-                    if caught_up:
+                    if caught_up and names:  # else the mount points alone, or nothing
                         log.info("devices changed; serving again what changed",
                                  resources=sorted(names))  # fmt: skip
                 if self.restarts.pending:
