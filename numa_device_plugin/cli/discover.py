@@ -154,7 +154,7 @@ def table(document: dict[str, Any]) -> str:
 
 def inventory_lines(inventory: dict[str, list[dict[str, Any]]] | None) -> list[str]:
     """The inventory as lines, one per disk, NIC and accelerator: the ids to select it by."""
-    if not inventory or not any(inventory.values()):
+    if not inventory or not any(inventory.get(kind) for kind in ("disks", "nics", "accelerators")):
         return []
 
     def nodes(listed: list[int]) -> str:

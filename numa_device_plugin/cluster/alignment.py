@@ -160,6 +160,12 @@ def local_path(pv: Mapping[str, Any]) -> str | None:
 def disk_under(state: Mapping[str, Any], path: str) -> tuple[str, list[int]] | None:
     """The disk whose mount point is the nearest at or above ``path`` in the node's
     inventory, with its NUMA nodes; None when no mount point is known."""
+    found = _nearest_disk(state, path)
+    return None if found is None else (found[1], found[2])
+
+
+def _nearest_disk(state: Mapping[str, Any], path: str) -> tuple[int, str, list[int]] | None:
+    """(length of the mount point, disk, its NUMA nodes) of :func:`disk_under`."""
     inventory = _dict(state.get("inventory"))
     best: tuple[int, str, list[int]] | None = None
     for disk in _dicts(inventory.get("disks")):
@@ -169,12 +175,28 @@ def disk_under(state: Mapping[str, Any], path: str) -> tuple[str, list[int]] | N
             continue
         nodes = [n for n in disk.get("nodes") or [] if isinstance(n, int)]
         for point in points:
-            if not isinstance(point, str):
-                continue
-            inside = point == "/" or path == point or path.startswith(point.rstrip("/") + "/")
+            inside = isinstance(point, str) and _at_or_above(point, path)
             if inside and (best is None or len(point) > best[0]):
                 best = (len(point), name, nodes)
-    return None if best is None else (best[1], best[2])
+    return best
+
+
+def no_disk_under(state: Mapping[str, Any], path: str) -> str | None:
+    """``TYPE at POINT`` when the nearest mount point at or above ``path`` in the node's
+    inventory is a filesystem on no local disk (the inventory's ``mounts``: NFS, tmpfs,
+    FUSE), nearer than any disk's; None otherwise."""
+    disk = _nearest_disk(state, path)
+    best = -1 if disk is None else disk[0]
+    found = None
+    for mount in _dicts(_dict(state.get("inventory")).get("mounts")):
+        point, kind = mount.get("point"), mount.get("type")
+        if isinstance(point, str) and _at_or_above(point, path) and len(point) > best:
+            best, found = len(point), f"{_text(kind) or 'a filesystem'} at {point}"
+    return found
+
+
+def _at_or_above(point: str, path: str) -> bool:
+    return point == "/" or path == point or path.startswith(point.rstrip("/") + "/")
 
 
 def _node_cpus(state: Mapping[str, Any]) -> dict[int, set[int]]:
@@ -262,6 +284,11 @@ def _check_volume(
     check.volumes.append(entry)
     if path is None:
         return  # not a local volume: no disk of this node
+    other = no_disk_under(state, path)
+    if other is not None:
+        check.fault(UNKNOWN, f"volume {claim} ({path}) is on {other}, a filesystem on no "
+                             "local disk: no NUMA node to check")  # fmt: skip
+        return
     found = disk_under(state, path)
     if found is None:
         why = (

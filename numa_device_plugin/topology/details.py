@@ -15,6 +15,7 @@ only; a value that cannot be read is left out (None), never an error.
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -100,7 +101,8 @@ def details(
         for d in inventory.pci
         if is_accelerator(d.pci_class)
     ][:MAX_DEVICES]
-    return {"disks": disks, "nics": nics, "accelerators": accelerators}
+    return {"disks": disks, "nics": nics, "accelerators": accelerators,
+            "mounts": other_mounts(mounts) or []}  # fmt: skip
 
 
 def mount_points(inventory: Inventory, mounts: MountTable | None) -> dict[str, list[str]] | None:
@@ -134,6 +136,30 @@ def mount_points(inventory: Inventory, mounts: MountTable | None) -> dict[str, l
         for disk in disks:
             found.setdefault(disk, set()).add(mount.mount_point)
     return {disk: sorted(points)[:MAX_MOUNT_POINTS] for disk, points in found.items()}
+
+
+# Mount points of filesystems on no local disk listed at most, and those never listed:
+# the kernel's own and the kubelet's per-pod volumes (thousands on a busy node).
+MAX_OTHER_MOUNTS = 4096
+_NOT_LISTED = re.compile(r"/(proc|sys|dev|run)(/.*)?|/var/lib/kubelet/pods/.*")
+
+
+def other_mounts(mounts: MountTable | None) -> list[dict[str, Any]] | None:
+    """The visible mounts of filesystems on no local disk (NFS, tmpfs, FUSE...), as
+    ``{"point", "type"}`` sorted by point, at most :data:`MAX_OTHER_MOUNTS`, neither
+    ``/`` nor the kernel's or the kubelet's pod folders: what tells ``check`` that a
+    volume's path is on no disk, where the nearest disk mount above it would say the
+    root disk. None when the mount points are unknown (as :func:`mount_points`)."""
+    if mounts is None or mounts.problem is not None or is_a_containers(mounts):
+        return None
+    found: dict[str, str] = {}
+    for mount in mounts.mounts:
+        point = mount.mount_point
+        if mount.blocks or point == "/" or _NOT_LISTED.fullmatch(point):
+            continue
+        if mounts.visible(mount):
+            found[point] = mount.fs_type
+    return [{"point": point, "type": found[point]} for point in sorted(found)][:MAX_OTHER_MOUNTS]
 
 
 # Files a container runtime bind-mounts into every container (the kubelet's and

@@ -446,3 +446,29 @@ def test_a_lying_cpulist_is_read_within_its_bounds() -> None:
     check = check_pod(RECIPE[0], state, [], "numa-align")
     assert check.cpu_nodes == [0, 1]
     assert check.verdict == "misaligned"
+
+
+@pytest.mark.parametrize(
+    ("path", "verdict", "why"),
+    [
+        ("/mnt/nfs/pv-1", "unknown", "is on nfs4 at /mnt/nfs, a filesystem on no local disk"),
+        ("/scratch/pv", "unknown", "is on tmpfs at /scratch, a filesystem on no local disk"),
+        # a disk mounted below the NFS mount is that disk's, and on the device's node
+        ("/mnt/nfs/local/pv", "aligned", None),
+        ("/srv/pv", "misaligned", "is on vda, NUMA node(s) 0"),  # the root disk's, truly
+    ],
+)
+def test_a_volume_on_a_filesystem_without_a_local_disk_is_unknown_never_the_root_disk(
+    path: str, verdict: str, why: str | None
+) -> None:
+    """An NFS or tmpfs mount's path was put on the root disk (the nearest disk mount
+    above it: /), so the pod was called misaligned; the plugin's inventory lists the
+    mounts on no local disk, and check says unknown, with which."""
+    state = node_state(RECIPE_HOLDERS)
+    state["inventory"]["disks"][1]["mountpoints"] = ["/mnt/disks/a", "/mnt/nfs/local"]
+    state["inventory"]["mounts"] = [{"point": "/mnt/nfs", "type": "nfs4"},
+                                    {"point": "/scratch", "type": "tmpfs"}]  # fmt: skip
+    check = check_pod(RECIPE[0], state, [("data-a-0", path)], "numa-align")
+    assert check.verdict == verdict, check.why
+    if why is not None:
+        assert any(why in line for line in check.why), check.why

@@ -16,10 +16,17 @@ from tests.cli.test_cli import NAMES, run_main
 from tests.topology.test_topology import SNAPSHOT_TABLE
 
 
-def test_discover_json_shape(two_nodes: SysfsTree, capsys: pytest.CaptureFixture[str]) -> None:
-    code, out, _ = run_main(
-        ["discover", "--sysfs-root", str(two_nodes.root), "--output", "json"], capsys
+def test_discover_json_shape(
+    two_nodes: SysfsTree, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    table = tmp_path / "mountinfo"  # not this machine's: its mounts are no part of the tree
+    table.write_text(
+        "22 1 8:1 / / rw - ext4 /dev/sda1 rw\n23 22 0:40 / /mnt/nfs rw - nfs4 h:/x rw\n"
     )
+    code, out, _ = run_main(
+        ["discover", "--sysfs-root", str(two_nodes.root), "--mount-table", str(table),
+         "--output", "json"], capsys,
+    )  # fmt: skip
     assert code == 0
     assert json.loads(out) == {
         "nodes": [
@@ -48,7 +55,12 @@ def test_discover_json_shape(two_nodes: SysfsTree, capsys: pytest.CaptureFixture
         "devices": dict.fromkeys(NAMES, 100),
         "near": [],
         "unlocated_pci": 0,
-        "inventory": {"disks": [], "nics": [], "accelerators": []},
+        "inventory": {
+            "disks": [],
+            "nics": [],
+            "accelerators": [],
+            "mounts": [{"point": "/mnt/nfs", "type": "nfs4"}],
+        },
     }
 
 

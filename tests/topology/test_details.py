@@ -263,3 +263,31 @@ def test_a_mount_hidden_by_a_later_mount_is_not_listed_as_its_disks(tmp_path: Pa
         "nvme0n1": ["/", "/mnt"],
         "nvme1n1": [],
     }
+
+
+def test_the_mounts_on_no_local_disk_are_listed_for_check(tmp_path: Path) -> None:
+    """NFS and tmpfs mounts a volume may sit on are listed (check says their volumes are
+    on no disk); not the kernel's folders, the kubelet's pod volumes, / or a hidden one;
+    unknown mount points list none."""
+    from numa_device_plugin.topology.mounts import read_mount_table
+    from tests.topology.test_mounts import sysfs_with_devices
+
+    root = tmp_path / "sys"
+    sysfs_with_devices(root)
+    (tmp_path / "mountinfo").write_text(
+        "22 1 259:2 / / rw - ext4 /dev/nvme0n1p2 rw\n"
+        "23 22 0:21 / /proc rw - proc proc rw\n"
+        "24 22 0:22 / /run rw - tmpfs tmpfs rw\n"
+        "25 22 0:23 / /mnt/nfs rw - nfs4 filer:/export rw\n"
+        "26 22 0:24 / /var/lib/kubelet/pods/p1/volumes/x rw - tmpfs tmpfs rw\n"
+        "27 22 0:25 / /scratch rw - tmpfs tmpfs rw\n"
+        "28 22 0:26 / /mnt/old rw - nfs4 filer:/old rw\n"
+        "29 22 259:6 / /mnt rw - ext4 /dev/nvme0n1p3 rw\n"  # hides /mnt/nfs and /mnt/old
+        "30 29 0:27 / /mnt/nfs rw - nfs4 filer:/new rw\n"
+    )
+    inventory = read_inventory(root)
+    found = details(root, inventory, read_mount_table(tmp_path / "mountinfo", root))
+    assert found["mounts"] == [
+        {"point": "/mnt/nfs", "type": "nfs4"}, {"point": "/scratch", "type": "tmpfs"},
+    ]  # fmt: skip
+    assert details(root, inventory)["mounts"] == []

@@ -142,7 +142,7 @@ def debug_document(state: PluginState) -> dict[str, Any]:
     {"numa_node", "numa_nodes", "near", "lost", "memory_type", "devices", "healthy",
     "registered", "streams", "kubelet_stream"}}, "near": [{"resource", "selector",
     "matched", "matched_count", "unlocated", "nodes", "reason"}], "inventory": {"disks",
-    "nics", "accelerators"} | null, "pod_resources":
+    "nics", "accelerators", "mounts"} | null, "pod_resources":
     {"up", "read_at", "age_seconds", "period_seconds", "on_change", "holders", "others",
     "allocatable_cpus"}}``.
     """
