@@ -53,6 +53,10 @@ CORPUS: list[tuple[str, dict[str, Any], bool]] = [
     ("path-escaped-letter", {"near": {"d": "path:/mnt/\\101"}}, True),
     ("path-escaped-dots", {"near": {"d": "path:/mnt/\\056\\056/etc"}}, False),
     ("path-escaped-dot", {"near": {"d": "path:/mnt/\\056"}}, False),
+    # a slash written \057 separates components too: these are ".." and "."
+    ("path-escaped-slash-dots", {"near": {"d": "path:/a\\057..\\057b"}}, False),
+    ("path-escaped-slash-dot", {"near": {"d": "path:/a\\057."}}, False),
+    ("path-escaped-slash", {"near": {"d": "path:/a\\057b"}}, True),
     ("path-escaped-control", {"near": {"d": "path:/mnt/\\001"}}, False),
     ("path-escaped-delete", {"near": {"d": "path:/mnt/\\177"}}, False),
     ("path-escaped-c1", {"near": {"d": "path:/mnt/\\205"}}, False),
