@@ -44,8 +44,24 @@ CHART = REPO / "deployments" / "helm" / "numa-device-plugin"
 NAME = "numa-device-plugin"
 # Semantic versioning 2.0.0's version core and pre-release (no build metadata: an OCI tag
 # cannot hold "+").
-SEMVER = re.compile(r"(0|[1-9]\d*)\.(0|[1-9]\d*)\.(0|[1-9]\d*)(-[0-9A-Za-z-]+(\.[0-9A-Za-z-]+)*)?")
+# The versions that can be released: X.Y.Z, or a pre-release X.Y.Z-alpha.N, -beta.N or
+# -rc.N, the SemVer pre-releases with a PEP 440 twin (python_version): any other (0a,
+# alpha-beta) setuptools would refuse or rename after the checks passed.
+SEMVER = re.compile(r"(0|[1-9]\d*)\.(0|[1-9]\d*)\.(0|[1-9]\d*)(?:-(alpha|beta|rc)\.(0|[1-9]\d*))?")
+PRE_RELEASE = {"alpha": "a", "beta": "b", "rc": "rc"}
 DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
+
+
+def python_version(version: str) -> str:
+    """The package's version (PEP 440) for a release's ``version`` (SemVer, the image's
+    tag and the chart's): ``1.0.0`` -> ``1.0.0``, ``1.0.0-rc.1`` -> ``1.0.0rc1``,
+    ``-alpha.N`` -> ``aN``, ``-beta.N`` -> ``bN``: what ``__version__`` says and the
+    wheel is named by. Raises ReleaseError for a version :data:`SEMVER` refuses."""
+    match = SEMVER.fullmatch(version)
+    if match is None:
+        raise ReleaseError(f"{version[:80]!r} is not a releasable version")
+    base = ".".join(match.group(1, 2, 3))
+    return base if match[4] is None else f"{base}{PRE_RELEASE[match[4]]}{match[5]}"
 
 
 class ReleaseError(Exception):
@@ -93,7 +109,8 @@ def check(version: str, tagged: bool = False) -> str:
     commit, instead of being absent. Raises ReleaseError."""
     if not SEMVER.fullmatch(version):
         shown = version if len(version) <= 80 else f"{version[:80]}... ({len(version)} characters)"
-        raise ReleaseError(f"VERSION={shown!r} is not a version X.Y.Z (semver, no +build)")
+        raise ReleaseError(f"VERSION={shown!r} is not a version X.Y.Z or X.Y.Z-alpha.N, "
+                           "-beta.N, -rc.N (semver, no +build)")  # fmt: skip
     changes = git("status", "--porcelain")
     if changes.strip():
         first = changes.splitlines()[0]
@@ -106,10 +123,12 @@ def check(version: str, tagged: bool = False) -> str:
         raise ReleaseError(f"the tag v{version} exists: a released version is never rebuilt")
     init = (REPO / "numa_device_plugin" / "__init__.py").read_text()
     written = re.search(r'__version__ = "([^"]+)"', init)
-    if written is None or written[1] != version:
+    python = python_version(version)
+    if written is None or written[1] != python:
         found = written[1] if written else "none"
         raise ReleaseError(
-            f"numa_device_plugin/__init__.py says __version__ {found}, not {version}"
+            f"numa_device_plugin/__init__.py says __version__ {found}, not {python}"
+            + (f" (PEP 440 for {version})" if python != version else "")
         )
     chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
     for key in ("version", "appVersion"):
@@ -201,11 +220,19 @@ def package_and_push_chart(
 
 
 def build_wheel(python: str, version: str, dist: Path) -> Path:
-    """The package's wheel, built by ``python -m pip wheel`` from the repository into
-    ``dist``. Raises ReleaseError when it is not there after."""
-    run([python, "-m", "pip", "wheel", "--quiet", "--no-deps", "--wheel-dir", str(dist),
-         str(REPO)], stdout=subprocess.DEVNULL)  # fmt: skip
-    wheel = dist / f"{NAME.replace('-', '_')}-{version}-py3-none-any.whl"
+    """The package's wheel, built by ``python -m pip wheel`` into ``dist`` from a clean
+    export of the commit (``git archive HEAD``: a git-ignored ``build/lib`` left by an
+    earlier build never reaches it), named by :func:`python_version`. Raises
+    ReleaseError when it is not there after."""
+    with tempfile.TemporaryDirectory(prefix="ndp-release-") as folder:
+        tree = Path(folder) / "tree"
+        tree.mkdir()
+        run(["git", "-C", str(REPO), "archive", "--format=tar", "--output",
+             str(Path(folder) / "tree.tar"), "HEAD"])  # fmt: skip
+        run(["tar", "-xf", str(Path(folder) / "tree.tar"), "-C", str(tree)])
+        run([python, "-m", "pip", "wheel", "--quiet", "--no-deps",
+             "--wheel-dir", str(dist), str(tree)], stdout=subprocess.DEVNULL)  # fmt: skip
+    wheel = dist / f"{NAME.replace('-', '_')}-{python_version(version)}-py3-none-any.whl"
     if not wheel.is_file():
         raise ReleaseError(f"pip wheel made no {wheel.name} in {dist}")
     return wheel

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import stat
 import subprocess
@@ -86,6 +87,9 @@ def test_the_checks_pass_for_a_clean_tree_saying_the_version_everywhere(
     [
         (None, "0.2", "is not a version X.Y.Z"),
         (None, "0.2.0+build.1", "is not a version"),
+        (None, "2.0.0-alpha-beta", "is not a version"),  # setuptools refused it later
+        (None, "3.0.0-0a", "is not a version"),
+        (None, "1.0.0-rc.1", "__version__ 0.2.0, not 1.0.0rc1 (PEP 440 for 1.0.0-rc.1)"),
         ("dirty", "0.2.0", "the work tree has changes (?? stray.txt"),
         ("tagged", "0.2.0", "the tag v0.2.0 exists"),
         (None, "0.3.0", "__version__ 0.2.0, not 0.3.0"),
@@ -414,3 +418,46 @@ def test_a_failed_manifest_or_chart_push_tags_nothing_and_exits_1(
     assert said in err
     assert "nothing was tagged" in err
     assert git(folder, "tag", "-l") == ""
+
+
+@pytest.mark.parametrize(
+    ("version", "python"),
+    [("1.2.3", "1.2.3"), ("1.0.0-rc.1", "1.0.0rc1"), ("1.0.0-alpha.0", "1.0.0a0"),
+     ("10.20.30-beta.12", "10.20.30b12")],
+)  # fmt: skip
+def test_a_semver_pre_release_maps_to_its_pep_440_twin(version: str, python: str) -> None:
+    assert load_release().python_version(version) == python
+
+
+@pytest.mark.parametrize("version", ["1.0.0-rc", "1.0.0-rc.01", "1.0.0-dev.1", "1.0.0-RC.1"])
+def test_a_pre_release_without_a_pep_440_twin_is_refused(version: str) -> None:
+    release = load_release()
+    with pytest.raises(release.ReleaseError, match="is not a releasable version"):
+        release.python_version(version)
+
+
+def test_an_rc_wheel_is_built_from_the_commit_named_by_pep_440(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """1.0.0-rc.1 end to end for the wheel: the commit's own files (a module left in a
+    git-ignored build/lib by an earlier build stays out), named 1.0.0rc1 as pip names
+    it (the release once stopped: "pip wheel made no ...whl")."""
+    import zipfile
+
+    clone = tmp_path / "clone"
+    subprocess.run(["git", "clone", "-q", "--no-hardlinks", str(REPO), str(clone)], check=True)
+    init = clone / "numa_device_plugin" / "__init__.py"
+    init.write_text(re.sub(r'__version__ = "[^"]+"', '__version__ = "1.0.0rc1"',
+                           init.read_text()))  # fmt: skip
+    git(clone, "-c", "user.name=t", "-c", "user.email=t@example.com", "commit", "-qam", "rc")
+    stale = clone / "build" / "lib" / "numa_device_plugin" / "stale_leftover.py"
+    stale.parent.mkdir(parents=True)
+    stale.write_text("LEFT = True\n")
+    release = load_release()
+    monkeypatch.setattr(release, "REPO", clone)
+    wheel = release.build_wheel(sys.executable, "1.0.0-rc.1", tmp_path / "dist")
+    assert wheel.name == "numa_device_plugin-1.0.0rc1-py3-none-any.whl"
+    with zipfile.ZipFile(wheel) as archive:
+        names = archive.namelist()
+    assert "numa_device_plugin/cli/check.py" in names
+    assert not [name for name in names if "stale_leftover" in name]
