@@ -21,12 +21,15 @@ connection costs a few kilobytes and no thread, and none may hold on:
   :data:`MAX_REQUEST` bytes (else 408 or 431, then close);
 - at most :data:`MAX_CONNECTIONS` connections are open at once. A new one beyond
   that evicts the oldest open connection, if it is older than :data:`EVICT_AGE`
-  seconds; when every open connection is younger (a burst), the new one is closed
-  at once. A prober, which sends its request as it connects, is answered within a
+  seconds. A prober, which sends its request as it connects, is answered within a
   loop turn or two: it becomes the oldest only after every connection before it was
   evicted, so a slowloris crowd neither holds it up nor evicts it unless it opens
   more than :data:`MAX_CONNECTIONS` connections within that time. The age guard
-  keeps a burst from evicting its own members before they are read;
+  keeps a burst from evicting its own members before they are read; when every open
+  connection is younger (the kernel hands a burst over in batches, stamped within a
+  millisecond), the newcomer gives the loop :data:`BURST_TURNS` turns, which read what
+  came with the connections, then evicts the oldest still without a whole request
+  head, and is refused only when there is none (a prober inside the batch is answered);
 - one request per connection (``Connection: close``), so a client cannot keep a
   connection open by asking again.
 
@@ -57,6 +60,9 @@ MAX_CONNECTIONS = 128
 # enough to read a request that came with the connection, short enough that an
 # attacker must open 128 / 0.05 = 2,560 connections a second to get newcomers refused.
 EVICT_AGE = 0.05
+# Loop turns a newcomer gives a burst of young connections before it evicts the oldest
+# still without a request head: a request sent with the connection is read in one.
+BURST_TURNS = 3
 # Seconds a rendering of /metrics is served again (Prometheus scrapes every 15-60 s).
 METRICS_MAX_AGE = 1.0
 # /metrics answers under way at once per listener (rendering or being sent).
@@ -165,8 +171,10 @@ class ProbeServer:
         self._max_connections = max_connections
         self._read_timeout = read_timeout
         self._server: asyncio.Server | None = None
-        # Open connections, oldest first: their handler task and accept time.
+        # Open connections, oldest first: their handler task and accept time; those
+        # still waiting for their request head.
         self._open: dict[asyncio.Task[None], float] = {}
+        self._waiting: set[asyncio.Task[None]] = set()
         self.port = 0
         self.evicted = 0
         self.refused = 0
@@ -206,17 +214,40 @@ class ProbeServer:
         assert task is not None
         now = time.monotonic()
         if len(self._open) >= self._max_connections and not self._evict_oldest(now):
-            self.refused += 1
-            writer.transport.abort()
-            return
+            # A burst: every open connection is younger than EVICT_AGE (the kernel hands
+            # connections over in batches, stamped within a millisecond). Give them the
+            # loop turns that read what came with them (a prober's request is answered
+            # and its connection closed), then evict the oldest still without a whole
+            # request head: a prober inside the batch is answered, not refused.
+            before = set(self._open)
+            for _ in range(BURST_TURNS):
+                await asyncio.sleep(0)
+            if len(self._open) >= self._max_connections and not self._evict_waiting(before):
+                self.refused += 1
+                writer.transport.abort()
+                return
         self._open[task] = now
+        self._waiting.add(task)
         try:
             await self._serve(reader, writer)
         except (asyncio.CancelledError, OSError):  # ConnectionError, TimeoutError too
             pass
         finally:
             self._open.pop(task, None)
+            self._waiting.discard(task)
             writer.close()
+
+    def _evict_waiting(self, before: set[asyncio.Task[None]]) -> bool:
+        """Evict the oldest connection of ``before`` (open before the newcomer gave the
+        loop its turns) still waiting for its request head; False when there is none."""
+        for task in self._open:
+            if task in before and task in self._waiting:
+                del self._open[task]
+                self._waiting.discard(task)
+                task.cancel()
+                self.evicted += 1
+                return True
+        return False
 
     def _evict_oldest(self, now: float) -> bool:
         oldest, since = next(iter(self._open.items()))
@@ -231,6 +262,9 @@ class ProbeServer:
         try:
             async with asyncio.timeout(self._read_timeout):
                 head = await reader.readuntil(b"\r\n\r\n")
+            task = asyncio.current_task()
+            if task is not None:
+                self._waiting.discard(task)  # being answered: never evicted by a burst
         except TimeoutError:
             await self._reply(writer, 408, "Request Timeout", b"request head too slow\n")
             return

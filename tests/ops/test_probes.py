@@ -92,12 +92,15 @@ async def test_every_request_gets_one_bounded_answer(request_bytes: bytes, statu
 
 
 async def test_connections_beyond_the_cap_are_refused_or_evict_the_oldest() -> None:
-    """Idle connections never pass the cap; once they are older than the eviction age,
-    a prober gets in and is answered at once."""
+    """Idle connections never pass the cap (a newcomer past it evicts an idle one, or is
+    refused); once they are older than the eviction age, a prober gets in and is
+    answered at once."""
     async with listening(max_connections=8) as server:
         crowd = [await idle_connection(server.port) for _ in range(40)]
         try:
-            await eventually(lambda: server.connections == 8 and server.refused > 0)
+            await eventually(
+                lambda: server.connections == 8 and server.refused + server.evicted > 0
+            )
             answers = []
             for _ in range(5):
                 try:
@@ -283,3 +286,41 @@ async def test_at_most_max_scrapes_are_served_at_once_the_next_is_refused() -> N
     assert b"too many scrapes at once" in refused
     assert all(a.startswith(b"HTTP/1.1 200 ") for a in answers)
     assert server.scrapes_refused == 1
+
+
+async def test_a_prober_inside_a_burst_of_young_connections_is_answered_not_refused() -> None:
+    """The kernel hands connections over in batches (a full accept queue's SYNs come
+    back 1 s, then 3 s later): a crowd accepted within a millisecond filled every slot
+    and a kubelet probe right behind it was reset, all being younger than EVICT_AGE.
+    Here the loop is held while the crowd and then the probe connect, so they arrive as
+    one batch: the probe is answered, an idle member of the crowd evicted."""
+    import threading
+
+    async with listening(max_connections=16) as server:
+        made: dict[str, object] = {}
+
+        def arrive() -> None:  # blocking sockets, while the loop is held
+            made["crowd"] = [socket.create_connection(("127.0.0.1", server.port), timeout=5)
+                             for _ in range(16)]  # fmt: skip
+            probe = socket.create_connection(("127.0.0.1", server.port), timeout=5)
+            probe.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+            made["probe"] = probe
+
+        arrival = threading.Thread(target=arrive)
+        arrival.start()
+        arrival.join(10)  # on the loop's thread: nothing is accepted meanwhile
+        probe = made["probe"]
+        assert isinstance(probe, socket.socket)
+
+        def answer() -> bytes:
+            probe.settimeout(5)
+            return probe.recv(64)
+
+        try:
+            assert (await asyncio.to_thread(answer)).startswith(b"HTTP/1.1 200 ")
+            assert server.refused == 0
+            assert server.evicted >= 1
+        finally:
+            probe.close()
+            for sock in made.get("crowd", []):  # type: ignore[attr-defined]
+                sock.close()
