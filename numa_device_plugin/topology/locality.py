@@ -41,6 +41,7 @@ device is resolved once, so a hostile tree costs time linear in what is read.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -121,11 +122,23 @@ class _Reader:
                                 "it is left out")  # fmt: skip
                 continue
             if not sysfs.is_kernel_name(name):
-                why = f"no locality: its name is not a kernel device name ({name[:64]!r})"
-                found.append(Located(name, frozenset(), reason=why))
+                found.append(self._misnamed(kind, name))
                 continue
             found.append(self._locate(kind, name)[0])
         return tuple(found)
+
+    def _misnamed(self, kind: str, name: str) -> Located:
+        """A device whose name is not a kernel device name (a comma, ``=``, a space: a
+        hostile sysfs), never located: a disk's serial and wwid are read all the same,
+        so that a selector of them names it with the reason; the inventory warns."""
+        why = f"no locality: its name is not a kernel device name ({name[:64]!r})"
+        folder = self.root / "class" / kind
+        self._warn_once(f"{folder} lists {name[:64]!r}, not a kernel device name: no locality")
+        target = self.confined.folder(folder / name)
+        if kind != "block" or isinstance(target, str):
+            return Located(name, frozenset(), reason=why, disk=name if kind == "block" else "")
+        _, serial, wwid = disk_ids(self.confined, target, name, self._warn_once)
+        return Located(name, frozenset(), reason=why, disk=name, serial=serial, wwid=wwid)
 
     # -- one device ------------------------------------------------------------------------
 
@@ -190,7 +203,7 @@ class _Reader:
             name, frozenset(), virtual="virtual" in target.relative_to(self.real_root).parts[:2]
         )
         if kind == "block":
-            disk, serial, wwid = self._disk_ids(target, name)
+            disk, serial, wwid = disk_ids(self.confined, target, name, self._warn_once)
             if not sysfs.is_kernel_name(disk):  # a partition's disk is the folder above it
                 why = f"no locality: its disk's folder is not a kernel device name ({disk[:64]!r})"
                 return replace(base, reason=why), 0
@@ -311,36 +324,43 @@ class _Reader:
             self._cut.add(line)
             self.warnings.append(line)
 
-    def _disk_ids(self, target: Path, name: str) -> tuple[str, str | None, str | None]:
-        """(the disk's name, its serial, its wwid) for block device folder ``target``:
-        a partition (a ``partition`` file) takes its disk's, the folder above it."""
-        disk_folder = target
-        if (target / "partition").is_file():
-            disk_folder = target.parent
-        disk = disk_folder.name if disk_folder != target else name
-        serial = self._identifier(disk_folder, "serial")
-        wwid = self._identifier(disk_folder, "wwid")
-        return disk, serial, wwid
 
-    def _identifier(self, folder: Path, attribute: str) -> str | None:
-        """``folder/<attribute>``, else ``folder/device/<attribute>`` (NVMe and SCSI keep
-        them on the controller or the SCSI device; a head of NVMe multipath on its
-        subsystem), stripped; None when absent, empty, unreadable or behind a link
-        that leaves the root (with a warning)."""
-        candidates = [folder / attribute]
-        device = folder / "device"
-        if os.path.lexists(device):
-            real = self.confined.folder(device)
-            if isinstance(real, str):
-                self._warn_once(f"{real}; the {attribute} there is not read")
-            else:
-                candidates.append(real / attribute)
-        for path in candidates:
-            try:
-                text = self.confined.read_text(path)
-            except sysfs.SysfsError as exc:
-                self._warn_once(f"{exc}; the {attribute} is left unknown")
-                continue
-            if text:
-                return text[:MAX_ID_CHARS]
-        return None
+def disk_ids(
+    confined: sysfs.Confined, target: Path, name: str, warn: Callable[[str], None]
+) -> tuple[str, str | None, str | None]:
+    """(the disk's name, its serial, its wwid) for block device folder ``target`` (read
+    through ``confined``; ``warn`` gets each odd file's line): a partition (a
+    ``partition`` file) takes its disk's, the folder above it."""
+    disk_folder = target
+    if (target / "partition").is_file():
+        disk_folder = target.parent
+    disk = disk_folder.name if disk_folder != target else name
+    serial = _identifier(confined, disk_folder, "serial", warn)
+    wwid = _identifier(confined, disk_folder, "wwid", warn)
+    return disk, serial, wwid
+
+
+def _identifier(
+    confined: sysfs.Confined, folder: Path, attribute: str, warn: Callable[[str], None]
+) -> str | None:
+    """``folder/<attribute>``, else ``folder/device/<attribute>`` (NVMe and SCSI keep
+    them on the controller or the SCSI device; a head of NVMe multipath on its
+    subsystem), stripped; None when absent, empty, unreadable or behind a link
+    that leaves the root (with a warning)."""
+    candidates = [folder / attribute]
+    device = folder / "device"
+    if os.path.lexists(device):
+        real = confined.folder(device)
+        if isinstance(real, str):
+            warn(f"{real}; the {attribute} there is not read")
+        else:
+            candidates.append(real / attribute)
+    for path in candidates:
+        try:
+            text = confined.read_text(path)
+        except sysfs.SysfsError as exc:
+            warn(f"{exc}; the {attribute} is left unknown")
+            continue
+        if text:
+            return text[:MAX_ID_CHARS]
+    return None

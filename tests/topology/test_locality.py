@@ -609,3 +609,31 @@ def test_an_nvme_multipath_head_without_a_path_has_no_locality_and_says_so(
     found = by_name(read_inventory(tree.root).block)["nvme0n1"]
     assert found.nodes == frozenset()
     assert found.reason == "no locality: an NVMe multipath head with no path"
+
+
+@pytest.mark.parametrize("name", ["d,sda", "d=X", "d $(id) x", "d" * 250])
+def test_a_disk_whose_name_is_not_a_kernel_name_is_selected_by_its_serial_with_the_reason(
+    tmp_path: Path, name: str
+) -> None:
+    """Such a disk was made with its name and reason alone (no serial): ``serial:S``
+    then said "no disk with that serial matches on this node", untrue, naming neither
+    the disk nor why. Its ids are read, the selector names it and says why it has no
+    locality, and the inventory warns; no such name reaches a pod's environment."""
+    from numa_device_plugin.topology.selectors import parse_selector, select
+
+    tree = DeviceTree(tmp_path)
+    tree.pci("0000:41:00.0", 1)
+    tree.disk(name, "0000:41:00.0", serial="ODD", wwid="eui.odd")
+    inventory = read_inventory(tmp_path)
+    (found,) = [d for d in inventory.block if d.name == name]
+    assert (found.serial, found.wwid, found.nodes) == ("ODD", "eui.odd", frozenset())
+    assert any("not a kernel device name" in line and repr(name[:64]) in line
+               for line in inventory.warnings)  # fmt: skip
+    for selector in ("serial:ODD", "wwid:eui.odd"):
+        selection = select(inventory, parse_selector(selector))
+        assert selection.nodes == frozenset()
+        assert selection.by_node == ()
+        assert selection.reason is not None
+        assert "no disk with that" not in selection.reason
+        assert "its name is not a kernel device name" in selection.reason
+        assert repr(name[:64]) in selection.reason
