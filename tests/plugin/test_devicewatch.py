@@ -477,3 +477,25 @@ async def test_a_newly_mounted_disk_appears_beside_a_path_selector_on_another_mo
     assert mount_points(found)["nvme0n1"] == ["/", "/mnt/scratch"]
     assert found is not None
     assert found.resources == served[0].resources
+
+
+def test_the_look_key_of_an_unreadable_device_folder_is_its_error_never_a_raise(
+    tmp_path: Path,
+) -> None:
+    """A device folder that cannot be listed (gone, a file in its place) is part of the
+    key as its error, as read_inventory sees it (empty): the key changes, the look runs
+    and finds what it finds, and it changes back when the folder does."""
+    tree, _ = mounted_machine(tmp_path / "sys")
+    config = Config(sysfs_root=tree.root, mount_table=tmp_path / "mountinfo")
+    normal = look_key(config)
+    net = tree.root / "class" / "net"
+    net.mkdir(parents=True, exist_ok=True)
+    net.rename(tmp_path / "net-away")
+    net.write_text("not a folder\n")
+    broken = look_key(config)
+    assert broken != normal
+    assert isinstance(broken, tuple)
+    assert any(entry and entry[0][0] == "error" for entry in broken[1])
+    net.unlink()
+    (tmp_path / "net-away").rename(net)
+    assert look_key(config) == normal
