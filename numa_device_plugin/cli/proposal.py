@@ -39,7 +39,8 @@ from numa_device_plugin.topology.mounts import escape
 KINDS = ("disks", "nics", "accelerators")
 # Mount points never proposed for a pool: the system's own folders.
 _SYSTEM = re.compile(r"/(boot|efi|proc|sys|dev|run|var/lib/kubelet|var/lib/containerd|"
-                     r"var/lib/docker|var/run|usr|etc|tmp)(/.*)?")  # fmt: skip
+                     r"var/lib/docker|var/run|usr|etc|tmp|var/lib/k0s|var/lib/rancher|"
+                     r"var/snap/microk8s|var/lib/k3s)(/.*)?")  # fmt: skip
 # A label value, and so a configuration name the chart accepts.
 _CONFIG_NAME = re.compile(r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?")
 

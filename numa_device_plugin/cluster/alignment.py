@@ -23,6 +23,7 @@ shown to be aligned.
 
 from __future__ import annotations
 
+import posixpath
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -153,7 +154,8 @@ def local_path(pv: Mapping[str, Any]) -> str | None:
         source = spec.get(kind)
         path = source.get("path") if isinstance(source, dict) else None
         if isinstance(path, str) and path.startswith("/"):
-            return "/" + "/".join(part for part in path.split("/") if part)
+            # normalised as the kernel resolves it: /mnt/disks/a/../b is /mnt/disks/b
+            return posixpath.normpath("/" + "/".join(part for part in path.split("/") if part))
     return None
 
 

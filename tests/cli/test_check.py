@@ -233,6 +233,9 @@ def test_a_volumes_disk_is_the_nearest_mount_point_at_or_above_its_path() -> Non
     assert disk_under(state, "/mnt/disks/ab") == ("vda", [0])  # a prefix of the text only
     assert local_path({"spec": {"local": {"path": "//mnt/disks/a/"}}}) == "/mnt/disks/a"
     assert local_path({"spec": {"hostPath": {"path": "relative"}}}) is None
+    # '..' resolved as the kernel does, never matched by its text's prefix
+    assert local_path({"spec": {"local": {"path": "/mnt/disks/a/../b/pv"}}}) == "/mnt/disks/b/pv"
+    assert local_path({"spec": {"local": {"path": "/../../mnt/disks/a"}}}) == "/mnt/disks/a"
 
 
 def test_kubectl_numa_help_names_top_devices_and_check(

@@ -422,7 +422,8 @@ def test_the_root_disks_other_mount_points_and_system_folders_are_never_proposed
         return {"disks": [
             mounted_disk("vda", "ROOT", 0, "/", "/data"),
             mounted_disk("vdb", data, 1, "/mnt/disks/a", "/boot", "/var/lib/kubelet",
-                         "/var/lib/containerd", "/var/lib/kubelet/pods/x/volumes/v"),
+                         "/var/lib/containerd", "/var/lib/kubelet/pods/x/volumes/v",
+                         "/var/lib/k0s", "/var/snap/microk8s/common", "/var/lib/rancher"),
         ], "nics": [], "accelerators": []}  # fmt: skip
 
     found = propose({"a": node("DA"), "b": node("DB")})
