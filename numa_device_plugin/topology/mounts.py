@@ -118,8 +118,11 @@ class MountTable:
 
     def visible(self, mount: Mount) -> bool:
         """Whether ``mount`` is the one a process sees at its own mount point (not
-        hidden under a later mount over it or over a parent folder)."""
-        return self.holding(mount.mount_point) is mount
+        hidden under a later mount over it or over a parent folder): what
+        :meth:`holding` answers for its point, for every mount of the table at once in
+        time linear in the table's bytes (a hostile table of deep mount points made one
+        :meth:`holding` per mount take seconds)."""
+        return id(mount) in self._tree.visible
 
 
 class _Tree:
@@ -143,6 +146,49 @@ class _Tree:
     def top(self, mount: Mount, point: str) -> Mount:
         """The mount on top of the stack at ``point`` that ``mount`` is the bottom of."""
         return _top(mount, point, self.children)
+
+    @cached_property
+    def visible(self) -> set[int]:
+        """``id()`` of each mount visible at its own point. From the root's top down:
+        of a visible mount's children (deeper points), those not below another of them
+        (components compared in C, points in component order) are reached, each as the
+        top of its stack; each mount is visited once, whatever loops a table has."""
+        by_parent: dict[int, list[Mount]] = {}
+        for (parent, _point), child in self.children.items():
+            by_parent.setdefault(parent, []).append(child)
+        found: set[int] = set()
+        if self.root is None:
+            return found
+        pending = [self.top(self.root, "/")]
+        seen = {id(pending[0])}
+        while pending:
+            mount = pending.pop()
+            found.add(id(mount))
+            here = _parts(mount.mount_point)
+            below = []
+            for child in by_parent.get(mount.mount_id, ()):
+                parts = _parts(child.mount_point)
+                # reached only at a deeper point under its parent's, written as a walk
+                # writes it (a hostile table's /x//y or a point beside the parent's: never)
+                if (len(parts) > len(here) and parts[: len(here)] == here
+                        and child.mount_point == "/" + "/".join(parts)):  # fmt: skip
+                    below.append((parts, child))
+            below.sort(key=lambda pair: pair[0])
+            kept: tuple[str, ...] | None = None
+            for parts, child in below:
+                if kept is not None and parts[: len(kept)] == kept:
+                    continue  # below a nearer mount of the same parent: hidden by it
+                kept = parts
+                top = self.top(child, child.mount_point)
+                if id(top) not in seen:
+                    seen.add(id(top))
+                    pending.append(top)
+        return found
+
+
+def _parts(point: str) -> tuple[str, ...]:
+    """A mount point's components: ``/a/b`` -> ``("a", "b")``, ``/`` -> ``()``."""
+    return tuple(part for part in point.split("/") if part)
 
 
 def _top(mount: Mount, point: str, children: dict[tuple[int, str], Mount]) -> Mount:
