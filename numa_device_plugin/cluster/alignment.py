@@ -183,12 +183,13 @@ def _nearest_disk(state: Mapping[str, Any], path: str) -> tuple[int, str, list[i
     return best
 
 
-def no_disk_under(state: Mapping[str, Any], path: str) -> str | None:
+def no_disk_under(
+    state: Mapping[str, Any], path: str, nearest: tuple[int, str, list[int]] | None
+) -> str | None:
     """``TYPE at POINT`` when the nearest mount point at or above ``path`` in the node's
     inventory is a filesystem on no local disk (the inventory's ``mounts``: NFS, tmpfs,
-    FUSE), nearer than any disk's; None otherwise."""
-    disk = _nearest_disk(state, path)
-    best = -1 if disk is None else disk[0]
+    FUSE), nearer than ``nearest`` (:func:`_nearest_disk`'s answer); None otherwise."""
+    best = -1 if nearest is None else nearest[0]
     found = None
     for mount in _dicts(_dict(state.get("inventory")).get("mounts")):
         point, kind = mount.get("point"), mount.get("type")
@@ -286,13 +287,13 @@ def _check_volume(
     check.volumes.append(entry)
     if path is None:
         return  # not a local volume: no disk of this node
-    other = no_disk_under(state, path)
+    nearest = _nearest_disk(state, path)
+    other = no_disk_under(state, path, nearest)
     if other is not None:
         check.fault(UNKNOWN, f"volume {claim} ({path}) is on {other}, a filesystem on no "
                              "local disk: no NUMA node to check")  # fmt: skip
         return
-    found = disk_under(state, path)
-    if found is None:
+    if nearest is None:
         why = (
             "the plugin has not read its devices yet (it reads them once registered)"
             if state.get("inventory") is None
@@ -301,7 +302,7 @@ def _check_volume(
         check.fault(UNKNOWN, f"volume {claim} ({path}): the node's mount points are unknown "
                              f"({why})")  # fmt: skip
         return
-    disk, disk_nodes = found
+    _, disk, disk_nodes = nearest
     entry.update(disk=disk, numa_nodes=disk_nodes)
     if followed:
         entry["followed"] = any(disk in devices for devices in followed.values())
