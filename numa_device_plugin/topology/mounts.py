@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from numa_device_plugin.topology import sysfs
+from numa_device_plugin.topology.mounttree import MountTree
 
 # Mounts read (a node with thousands of pods has a few thousand); bytes of the table.
 MAX_MOUNTS = 65536
@@ -91,8 +92,8 @@ class MountTable:
     problem: str | None = None
 
     @cached_property
-    def _tree(self) -> _Tree:
-        return _Tree(self.mounts)
+    def _tree(self) -> MountTree[Mount]:
+        return MountTree(self.mounts)
 
     def holding(self, path: str) -> Mount | None:
         """The mount visible at absolute, normalised ``path`` (no ``.``, ``..`` or
@@ -123,83 +124,6 @@ class MountTable:
         time linear in the table's bytes (a hostile table of deep mount points made one
         :meth:`holding` per mount take seconds)."""
         return id(mount) in self._tree.visible
-
-
-class _Tree:
-    """The mount tree of a table: each (parent ID, mount point)'s child (the last listed
-    of two at one point under one parent is the later), the root mount, and the mounts
-    at each point."""
-
-    def __init__(self, mounts: tuple[Mount, ...]) -> None:
-        self.children: dict[tuple[int, str], Mount] = {}
-        self.by_point: dict[str, list[Mount]] = {}
-        ids = {mount.mount_id for mount in mounts}
-        roots = []
-        for mount in mounts:
-            self.by_point.setdefault(mount.mount_point, []).append(mount)
-            if mount.parent_id in ids and mount.parent_id != mount.mount_id:
-                self.children[(mount.parent_id, mount.mount_point)] = mount
-            elif mount.mount_point == "/":
-                roots.append(mount)
-        self.root = roots[-1] if roots else None
-
-    def top(self, mount: Mount, point: str) -> Mount:
-        """The mount on top of the stack at ``point`` that ``mount`` is the bottom of."""
-        return _top(mount, point, self.children)
-
-    @cached_property
-    def visible(self) -> set[int]:
-        """``id()`` of each mount visible at its own point. From the root's top down:
-        of a visible mount's children (deeper points), those not below another of them
-        (components compared in C, points in component order) are reached, each as the
-        top of its stack; each mount is visited once, whatever loops a table has."""
-        by_parent: dict[int, list[Mount]] = {}
-        for (parent, _point), child in self.children.items():
-            by_parent.setdefault(parent, []).append(child)
-        found: set[int] = set()
-        if self.root is None:
-            return found
-        pending = [self.top(self.root, "/")]
-        seen = {id(pending[0])}
-        while pending:
-            mount = pending.pop()
-            found.add(id(mount))
-            here = _parts(mount.mount_point)
-            below = []
-            for child in by_parent.get(mount.mount_id, ()):
-                parts = _parts(child.mount_point)
-                # reached only at a deeper point under its parent's, written as a walk
-                # writes it (a hostile table's /x//y or a point beside the parent's: never)
-                if (len(parts) > len(here) and parts[: len(here)] == here
-                        and child.mount_point == "/" + "/".join(parts)):  # fmt: skip
-                    below.append((parts, child))
-            below.sort(key=lambda pair: pair[0])
-            kept: tuple[str, ...] | None = None
-            for parts, child in below:
-                if kept is not None and parts[: len(kept)] == kept:
-                    continue  # below a nearer mount of the same parent: hidden by it
-                kept = parts
-                top = self.top(child, child.mount_point)
-                if id(top) not in seen:
-                    seen.add(id(top))
-                    pending.append(top)
-        return found
-
-
-def _parts(point: str) -> tuple[str, ...]:
-    """A mount point's components: ``/a/b`` -> ``("a", "b")``, ``/`` -> ``()``."""
-    return tuple(part for part in point.split("/") if part)
-
-
-def _top(mount: Mount, point: str, children: dict[tuple[int, str], Mount]) -> Mount:
-    """The mount on top of the stack at ``point`` that ``mount`` is the bottom of."""
-    seen = {mount.mount_id}
-    while (above := children.get((mount.mount_id, point))) is not None:
-        if above.mount_id in seen:  # a loop in a hostile table
-            break
-        seen.add(above.mount_id)
-        mount = above
-    return mount
 
 
 def unescape(field: str) -> str:
