@@ -40,6 +40,7 @@ from numa_device_plugin.topology.numa import NumaNode
     options.capacity_option,
     options.include_cpuless_nodes,
     options.memory_unit_option,
+    options.any_resource,
     options.near_option,
     options.log_level,
     options.log_format,
@@ -268,6 +269,8 @@ def status_argv(config: Config) -> list[str]:
         argv += ["--reserved-cpus", format_cpulist(config.reserved_cpus)]
     if config.memory_unit is not None:
         argv += ["--memory-unit", format_quantity(config.memory_unit)]
+    if config.any_resource != "auto":
+        argv += ["--any-resource", config.any_resource]
     if config.reserved_memory:
         entries = ";".join(
             f"{node}:{kind}={format_quantity(size)}" for node, kind, size in config.reserved_memory
@@ -315,7 +318,7 @@ def _demo_pods(discovery: Discovery, config: Config) -> list[tuple[str, str, lis
         devices: dict[str, list[str]] = {}
         blocks: list[tuple[str, int, list[int]]] = []
         for name, resource in discovery.resources.items():
-            if resource.node_id != node or not resource.devices or resource.near is not None:
+            if resource.node_id != node or not resource.devices or not resource.node_own:
                 continue
             if resource.memory is None:
                 device = next(

@@ -24,8 +24,10 @@ from numa_device_plugin.topology.memory import format_quantity
 @options.apply(
     options.sysfs_root,
     options.resource_prefix,
+    options.capacity_option,
     options.include_cpuless_nodes,
     options.memory_unit_option,
+    options.any_resource,
     options.near_option,
     options.output,
     options.quiet_log_level,
@@ -39,10 +41,12 @@ def command(ctx: click.Context, /, **params: Any) -> int:
         config = Config(
             sysfs_root=params["sysfs_root"],
             resource_prefix=params["resource_prefix"],
+            capacity=params["capacity"],
             include_cpuless_nodes=params["include_cpuless_nodes"],
             memory_unit=params["memory_unit"],
             near=params["near"],
             mount_table=params["mount_table"],
+            any_resource=params["any_resource"],
         )
     except ValueError as exc:
         raise click.UsageError(str(exc), ctx) from None
@@ -55,7 +59,10 @@ def discovery_json(discovery: Discovery, root: Path | None = None) -> dict[str, 
     """The ``discover --output json`` document: nodes sorted by id, then resource names,
     then each resource's device count (``devices``: name -> count; with
     ``--memory-unit`` the memory and hugepage resources' counts are memory over the
-    unit), then ``near``: per ``--near`` entry its resource, selector, matched devices,
+    unit), then ``spanning``: per resource over several NUMA nodes its ``nodes`` (one of
+    them is offered at a time: the one with the most room) and, for a memory resource,
+    the resource whose exposed node it ``follows``, then ``near``: per ``--near`` entry
+    its resource, selector, matched devices,
     NUMA nodes and why nothing is advertised (``reason``, null when advertised), then
     ``unlocated_pci``: PCI devices whose ``numa_node`` is -1. ``memory_bytes`` and
     ``distances`` are null where their sysfs file was malformed; ``hugepages``: page
@@ -88,6 +95,11 @@ def discovery_json(discovery: Discovery, root: Path | None = None) -> dict[str, 
         "nodes": nodes,
         "resources": list(discovery.resources),
         "devices": {name: len(r.devices) for name, r in discovery.resources.items()},
+        "spanning": {
+            name: {"nodes": list(r.node_ids), "follows": r.follows if r.memory else None}
+            for name, r in discovery.resources.items()
+            if r.spans
+        },
         "near": [near_document(entry) for entry in discovery.near],
         "unlocated_pci": unlocated_pci(inventory),
         "inventory": discovery.details
@@ -120,6 +132,17 @@ def table(document: dict[str, Any]) -> str:
     ]
     listed = [f"{name} ({document['devices'][name]})" for name in document["resources"]]
     lines.append("resources (devices): " + (", ".join(listed) or "(none)"))
+    for name, spans in document.get("spanning", {}).items():
+        nodes = ",".join(map(str, spans["nodes"]))
+        lines.append(
+            f"{name} lies on NUMA nodes {nodes}: "
+            + (
+                f"only the node {spans['follows']} exposes offers its free devices"
+                if spans["follows"]
+                else "only the node with the most room (free CPUs) offers its free devices, "
+                "so the scheduler sees what fits on one node"
+            )
+        )
     found_any = document["unlocated_pci"] or any(
         node["devices"]["pci"] or node["devices"]["disks"] or node["devices"]["nics"]
         for node in document["nodes"]

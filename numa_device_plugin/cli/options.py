@@ -23,7 +23,7 @@ from numa_device_plugin.ops.logs import LEVELS
 from numa_device_plugin.plugin.model.names import DEFAULT_RESOURCE_PREFIX, validate_resource_prefix
 from numa_device_plugin.plugin.model.near import merge_near, parse_near
 from numa_device_plugin.plugin.model.resources import DEFAULT_CAPACITY
-from numa_device_plugin.plugin.settings.config import config_default
+from numa_device_plugin.plugin.settings.config import ANY_RESOURCE_VALUES, config_default
 from numa_device_plugin.plugin.settings.config import config_from_params as config_from_params
 
 if TYPE_CHECKING:
@@ -353,6 +353,16 @@ memory_unit_option = _option(
     None,
     "SIZE",
     shown="off",
+)
+any_resource = _option(
+    "--any-resource",
+    "advertise <prefix>/any, one resource over every NUMA node with CPUs whose devices "
+    "are the free CPUs of the node with the most room (a pod asks for as many as its "
+    "CPUs and lands where they fit on one node): auto (with --capacity cpus), on (needs "
+    "--capacity cpus) or off",
+    click.Choice(ANY_RESOURCE_VALUES),
+    config_default("any_resource"),
+    "auto|on|off",
 )
 reserved_memory_option = _option(
     "--reserved-memory",

@@ -72,6 +72,7 @@ class Runner(Protocol):
     options.reserved_cpus,
     options.allow_unaligned,
     options.memory_unit_option,
+    options.any_resource,
     options.reserved_memory_option,
     options.near_option,
     options.config_file,

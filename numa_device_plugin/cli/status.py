@@ -31,6 +31,7 @@ from numa_device_plugin.ops.logs import configure_logging
     options.capacity_option,
     options.include_cpuless_nodes,
     options.memory_unit_option,
+    options.any_resource,
     options.reserved_memory_option,
     options.near_option,
     options.output,

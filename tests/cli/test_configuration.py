@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from numa_device_plugin.cli import serve
+from numa_device_plugin.cli.options import config_from_params
 from numa_device_plugin.kubelet.podresources import PodResourcesClient, PodResourcesError
 from numa_device_plugin.plugin.lifecycle.manager import PluginManager
 from numa_device_plugin.plugin.settings.config import Config
@@ -39,6 +40,7 @@ NOT_EMPTY = [
     "NUMA_RESERVED_CPUS",
     "NUMA_ALLOW_UNALIGNED",
     "NUMA_MEMORY_UNIT",
+    "NUMA_ANY_RESOURCE",
     "NUMA_RESERVED_MEMORY",
     "NUMA_MOUNT_TABLE",
     "NUMA_NEAR",
@@ -157,6 +159,50 @@ def test_the_polling_interval_has_a_floor(
     assert "'--pod-resources-interval'" in err
     assert needle in err
     assert serve_params(["--pod-resources-interval", "0.1"])["pod_resources_interval"] == 0.1
+
+
+@pytest.mark.parametrize(
+    ("argv", "env", "needle"),
+    [
+        (["--any-resource", "yes"], {}, "Invalid value for '--any-resource': 'yes' is not one of"),
+        (["--any-resource", ""], {}, "Invalid value for '--any-resource'"),
+        ([], {"NUMA_ANY_RESOURCE": "ON"}, "'ON' is not one of 'auto', 'on', 'off'"),
+        (["--any-resource", "on"], {}, "numa-align/any needs --capacity cpus"),
+        (["--any-resource", "on", "--capacity", "4"], {}, "a slot count cannot tell"),
+        ([], {"NUMA_ANY_RESOURCE": "on"}, "numa-align/any needs --capacity cpus"),
+    ],
+)
+def test_a_bad_any_resource_value_or_any_with_slots_exits_2_saying_why(
+    argv: list[str],
+    env: dict[str, str],
+    needle: str,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    served: list[object],
+) -> None:
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    code, _, err = run_main(["serve", *argv], capsys)
+    assert code == 2
+    assert err.startswith("Usage: numa-device-plugin serve ")
+    assert needle in " ".join(err.split())
+    assert served == []
+
+
+@pytest.mark.parametrize(
+    ("argv", "any_resource", "serves_any"),
+    [
+        ([], "auto", False),
+        (["--capacity", "cpus"], "auto", True),
+        (["--capacity", "cpus", "--any-resource", "off"], "off", False),
+        (["--capacity", "cpus", "--any-resource", "on"], "on", True),
+    ],
+)
+def test_any_is_served_in_cpus_mode_unless_turned_off(
+    argv: list[str], any_resource: str, serves_any: bool
+) -> None:
+    config = config_from_params(serve_params(argv))
+    assert (config.any_resource, config.serves_any) == (any_resource, serves_any)
 
 
 @pytest.mark.parametrize("kind", ["missing", "a file"])

@@ -53,6 +53,7 @@ def test_discover_json_shape(
         ],
         "resources": NAMES,
         "devices": dict.fromkeys(NAMES, 100),
+        "spanning": {},
         "near": [],
         "unlocated_pci": 0,
         "inventory": {

@@ -98,7 +98,7 @@ async def test_the_device_lists_an_answer_calls_for_are_worked_out_off_the_event
         # The stand-in sees a resource live when it opens ListAndWatch, a moment
         # before the plugin has the Register answer (asserted at once, it failed 1
         # round in 10 beside two busy loops).
-        await eventually(lambda: manager.registered == set(names))
+        await eventually(lambda: manager.registered == {*names, "numa-align/any"})
     workers = [name for name in seen if name != threading.main_thread().name]
     assert workers, "each poll's answer is applied from a worker thread"
 

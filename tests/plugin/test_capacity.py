@@ -50,6 +50,7 @@ from tests.topology.test_numamemory import ALL, GI, M1, block, counts, machine, 
 NODE1 = frozenset(range(4, 8))
 R1 = "numa-align/numa-1"
 R0 = "numa-align/numa-0"
+ANY = "numa-align/any"
 
 
 def ours(*ids: str, cpus: tuple[int, ...] = (), name: str = "app") -> Holder:
@@ -421,20 +422,27 @@ async def test_a_cpu_manager_without_static_policy_gets_no_healthy_device(
         assert kubelet.allocatable(R1) == 0
         # The stand-in has the lists before the plugin has Register's answer (and logs
         # it): under load a SIGTERM at once once cut the last lines off.
-        await eventually(lambda: len(registered_lines(plugin)) == 4, 20)
+        # numa-0, numa-1 and, in cpus mode, any: each registered twice.
+        twice = 6 if capacity == "cpus" else 4
+        await eventually(lambda: len(registered_lines(plugin)) == twice, 20)
+        names = {record.resource_name for record in kubelet.registrations}
+        assert (ANY in names) == (capacity == "cpus")
+        if capacity == "cpus":
+            assert len(kubelet.devices(ANY)) == 8
+            assert kubelet.allocatable(ANY) == 0, "withheld like the others"
         assert await plugin.terminate() == 0
     warnings = [e for e in plugin.events() if "CPU manager is not static" in e["event"]]
     assert "--cpu-manager-policy=static" in warnings[0]["event"]
     assert "--allow-unaligned" in warnings[0]["event"]
     registrations = registered_lines(plugin)
-    assert len(registrations) == 4
+    assert len(registrations) == twice
     # A line at each registration made once the API has answered (both after the
     # restart), and one when the first answer shows the policy: at least 3. Under load
     # the first read can time out (0.2 s here) before the first registrations, which
     # then cannot know the policy yet: 4 is not always reached.
     after_restart = [
         e
-        for e in plugin.events()[plugin.events().index(registrations[2]) :]
+        for e in plugin.events()[plugin.events().index(registrations[twice // 2]) :]
         if "CPU manager is not static" in e["event"]
     ]
     assert len(after_restart) >= 2, "a line at each registration"

@@ -151,6 +151,9 @@ def test_a_near_resource_on_no_advertised_node_is_not_built() -> None:
         ("=serial:S1", "is not NAME=SELECTOR"),
         ("numa-1=serial:S1", "collide with the NUMA-node resources"),
         ("numa-0-memory=serial:S1", "collide"),
+        ("any=serial:S1", "would collide with the resource any"),
+        ("any-memory=serial:S1", "would collide with the resource any"),
+        ("any-hugepages-2mi=serial:S1", "would collide with the resource any"),
         ("x/y=serial:S1", "without the prefix"),
         ("-disk=serial:S1", "name part"),
         ("disk=sn:S1", "is not a selector"),
@@ -160,6 +163,11 @@ def test_a_near_resource_on_no_advertised_node_is_not_built() -> None:
 def test_parse_near_refuses_with_why(text: str, why: str) -> None:
     with pytest.raises(ValueError, match=re.escape(why)):
         parse_near(text)
+
+
+@pytest.mark.parametrize("name", ["any-nic", "anything", "many", "any-memory-disk"])
+def test_names_that_only_begin_like_any_are_a_near_resources_own(name: str) -> None:
+    assert parse_near(f"{name}=serial:S1").name == name
 
 
 def test_parse_near() -> None:

@@ -1,5 +1,6 @@
-"""Memory that follows a device (``--memory-unit`` with ``--near``): the near resource's
-node's memory and hugepages under the near resource's name, counted as that node's."""
+"""Memory that follows a device (``--memory-unit`` with ``--near``) or ``any``: the
+resource's nodes' memory and hugepages under its name, counted as those nodes'; on several
+NUMA nodes one part per node, offered on the node the resource exposes."""
 
 from __future__ import annotations
 
@@ -51,15 +52,53 @@ def test_a_near_resource_on_one_node_gets_that_nodes_memory_and_hugepages(root: 
     assert not any(n.startswith("numa-align/data-") and "numa-0" in n for n in resources)
 
 
+def test_a_near_resource_on_two_nodes_gets_a_memory_resource_of_one_part_per_node(
+    root: Path,
+) -> None:
+    config = Config(sysfs_root=root, memory_unit=GIB, near=(parse_near("data=block:md0"),))
+    resources = discover(config).resources
+    memory = resources["numa-align/data-memory"]
+    assert memory.node_ids == (0, 1)
+    assert memory.spans
+    assert memory.follows == "numa-align/data"
+    assert [part.memory for part in memory.parts] == [
+        resources["numa-align/numa-0-memory"].memory,
+        resources["numa-align/numa-1-memory"].memory,
+    ]
+    assert memory.devices == (
+        resources["numa-align/numa-0-memory"].devices
+        + resources["numa-align/numa-1-memory"].devices
+    )
+    hugepages = resources["numa-align/data-hugepages-2mi"]  # only node 1 has them
+    assert hugepages.node_ids == (1,)
+    assert not hugepages.parts
+    assert not hugepages.spans
+
+
+def test_any_gets_memory_over_every_node_in_cpus_mode_and_none_with_slots(root: Path) -> None:
+    cpus = discover(Config(sysfs_root=root, memory_unit=GIB, capacity="cpus")).resources
+    assert cpus["numa-align/any"].node_ids == (0, 1)
+    assert cpus["numa-align/any"].anywhere
+    assert cpus["numa-align/any"].devices == (
+        cpus["numa-align/numa-0"].devices + cpus["numa-align/numa-1"].devices
+    )
+    assert cpus["numa-align/any-memory"].node_ids == (0, 1)
+    assert cpus["numa-align/any-memory"].follows == "numa-align/any"
+    assert cpus["numa-align/any-hugepages-2mi"].node_ids == (1,)
+    off = Config(sysfs_root=root, memory_unit=GIB, capacity="cpus", any_resource="off")
+    assert not [name for name in discover(off).resources if "/any" in name]
+    slots = discover(Config(sysfs_root=root, memory_unit=GIB)).resources
+    assert not [name for name in slots if "/any" in name]
+
+
 @pytest.mark.parametrize(
     ("near", "memory_unit", "absent"),
     [
-        ("data=block:md0", GIB, "numa-align/data-memory"),  # on two nodes: whose memory?
         ("data=serial:S1", None, "numa-align/data-memory"),  # no --memory-unit
         ("data=serial:NONE", GIB, "numa-align/data-memory"),  # not advertised
     ],
 )  # fmt: skip
-def test_no_memory_follows_a_device_on_several_nodes_none_or_without_a_unit(
+def test_no_memory_follows_a_device_without_a_unit_or_not_advertised(
     root: Path, near: str, memory_unit: int | None, absent: str
 ) -> None:
     config = Config(sysfs_root=root, memory_unit=memory_unit, near=(parse_near(near),))

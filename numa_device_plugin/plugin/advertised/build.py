@@ -11,6 +11,7 @@ from collections.abc import Iterable, Mapping
 from numa_device_plugin.plugin.model.ids import cpu_device_id, device_id
 from numa_device_plugin.plugin.model.names import (
     DEFAULT_RESOURCE_PREFIX,
+    any_name,
     resource_name,
     validate_resource_prefix,
 )
@@ -97,6 +98,23 @@ def near_resource(
     )
 
 
+def any_resource(prefix: str, node_resources: Iterable[Resource]) -> Resource | None:
+    """``<prefix>/any``: over the NUMA nodes of ``node_resources`` (their ``numa-N``
+    resources, CPU devices) with at least one device, their devices and ids (so ids stay
+    stable across restarts and one CPU is one device whichever resource names it); None
+    when no node has a device."""
+    chosen = sorted((r for r in node_resources if r.devices), key=lambda r: r.node_id)
+    if not chosen:
+        return None
+    return Resource(
+        name=any_name(prefix),
+        node_id=chosen[0].node_id,
+        devices=tuple(device for resource in chosen for device in resource.devices),
+        near_nodes=tuple(resource.node_id for resource in chosen),
+        anywhere=True,
+    )
+
+
 def build_resources(
     plans: Iterable[NodePlan],
     *,
@@ -106,11 +124,13 @@ def build_resources(
     memory_unit: int | None = None,
     reserved_memory: ReservedMemory = (),
     near: Iterable[tuple[Near, frozenset[int]]] = (),
+    anywhere: bool = False,
 ) -> Mapping[str, Resource]:
     """One resource per advertised NUMA node, keyed by resource name, in NUMA id order,
     and with ``memory_unit`` (bytes) its memory resources after it; then, per ``near``
     entry (a :class:`~numa_device_plugin.plugin.model.near.Near` and the NUMA nodes its device
-    sits on), its resource on those of the nodes that are advertised (none: no resource).
+    sits on), its resource on those of the nodes that are advertised (none: no resource);
+    with ``anywhere`` (``cpus`` mode), ``<prefix>/any`` (:func:`any_resource`) last.
 
     In ``cpus`` mode a node's devices are its usable CPUs minus ``reserved_cpus``
     (the starting point; the kubelet's pod resources API refines it live).
@@ -146,4 +166,9 @@ def build_resources(
         if covered:
             resource = near_resource(prefix, entry, covered, capacity, reserved_cpus)
             resources[resource.name] = resource
+    if anywhere:
+        own = [r for r in resources.values() if r.memory is None and r.node_own]
+        found = any_resource(prefix, own)
+        if found is not None:
+            resources[found.name] = found
     return resources

@@ -1,8 +1,13 @@
-"""Memory that follows a device: with ``--memory-unit``, a resource that follows a
-device on one NUMA node (``numa-align/data-disk`` on node 1) gets that node's memory
-resources under its own name (``numa-align/data-disk-memory``,
-``numa-align/data-disk-hugepages-2mi``), so a pod that asks for the disk's node can ask
-for that node's memory too without knowing which node it is."""
+"""Memory that follows a resource over NUMA nodes: with ``--memory-unit``, a resource
+that follows a device (``numa-align/data-disk``), and ``numa-align/any``, get their
+nodes' memory resources under their own names (``numa-align/data-disk-memory``,
+``numa-align/any-hugepages-2mi``), so a pod that asks for the disk's node (or any node)
+can ask for that node's memory too without knowing which node it is.
+
+On one NUMA node N the memory resource is N's own under another name; on several it
+has one part per node holding that memory type (:attr:`Resource.parts`), and its free
+devices are offered on the node the resource it follows exposes
+(:mod:`~numa_device_plugin.plugin.counts.exposure`)."""
 
 from __future__ import annotations
 
@@ -18,38 +23,49 @@ log = structlog.get_logger(__name__)
 
 
 def near_memory(resources: Mapping[str, Resource]) -> dict[str, Resource]:
-    """The memory resources of each resource of ``resources`` that follows a device on
-    exactly one NUMA node N: for each memory resource of N (``<prefix>/numa-N-memory``,
-    ``<prefix>/numa-N-hugepages-2mi``), ``<near name>-memory`` (…``-hugepages-2mi``) with
-    the same pool and device ids, so it is counted live as N's (the Memory Manager's
-    allocatable minus assigned on N, :func:`~numa_device_plugin.plugin.counts.capacity.
-    live_memory_devices`), and the near resource's ``near``, ``near_nodes`` and
-    ``near_devices`` (Allocate sets its variable). A resource on several nodes gets none
-    (whose memory would it be?); a name taken or invalid is left out with a warning.
+    """The memory resources of each resource of ``resources`` that follows a device or
+    is ``any``: for each memory type its NUMA nodes have (``<prefix>/numa-N-memory``,
+    ``<prefix>/numa-N-hugepages-2mi``), ``<name>-memory`` (…``-hugepages-2mi``) with the
+    same pools and device ids, so each is counted live as its node's (the Memory
+    Manager's allocatable minus assigned there, :func:`~numa_device_plugin.plugin.counts.
+    capacity.live_memory_devices`), and the resource's ``near``, ``near_nodes`` (the
+    nodes that have the type) and ``near_devices`` (Allocate sets its variable);
+    ``follows`` names the resource. A name taken or invalid is left out with a warning.
     Returns the new resources only, in the order found."""
     found: dict[str, Resource] = {}
-    for near in resources.values():
-        if near.near is None or near.memory is not None or len(near.near_nodes) != 1:
+    for base in resources.values():
+        if (base.near is None and not base.anywhere) or base.memory is not None:
             continue
-        (node_id,) = near.near_nodes
-        prefix = near.name.split("/", 1)[0]
-        base = f"{prefix}/numa-{node_id}"
-        for memory in resources.values():
-            if memory.memory is None or memory.near is not None or memory.node_id != node_id:
-                continue
-            name = near.name + memory.name.removeprefix(base)
+        prefix = base.name.split("/", 1)[0]
+        by_suffix: dict[str, list[Resource]] = {}
+        for node_id in base.node_ids:
+            own = f"{prefix}/numa-{node_id}"
+            for memory in resources.values():
+                if memory.memory is None or memory.near is not None or memory.follows:
+                    continue
+                if memory.node_id == node_id and memory.name.startswith(own + "-"):
+                    by_suffix.setdefault(memory.name.removeprefix(own), []).append(memory)
+        for suffix, pools in by_suffix.items():
+            name = base.name + suffix
             try:
                 validate_extended_resource_name(name)
             except ValueError as exc:
-                log.warning("no memory resource for a near resource", resource=name,
-                            reason=str(exc))  # fmt: skip
+                log.warning("no memory resource for a resource over NUMA nodes",
+                            resource=name, reason=str(exc))  # fmt: skip
                 continue
             if name in resources or name in found:
-                log.warning("no memory resource for a near resource", resource=name,
+                log.warning("no memory resource for a resource over NUMA nodes", resource=name,
                             reason="the name is taken by another resource")  # fmt: skip
                 continue
+            parts = tuple(replace(pool, name=name) for pool in pools)
             found[name] = replace(
-                memory, name=name, near=near.near, near_nodes=near.near_nodes,
-                near_devices=near.near_devices,
-            )  # fmt: skip
+                parts[0],
+                name=name,
+                devices=tuple(device for part in parts for device in part.devices),
+                near=base.near,
+                near_nodes=tuple(part.node_id for part in parts),
+                near_devices=base.near_devices,
+                follows=base.name,
+                parts=parts if len(parts) > 1 else (),
+            )
     return found

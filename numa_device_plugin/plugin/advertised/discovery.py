@@ -197,6 +197,7 @@ def discover(config: Config, *, quiet: bool = False, devices: bool = True) -> Di
         memory_unit=config.memory_unit,
         reserved_memory=config.reserved_memory,
         near=[(entry.near, frozenset(entry.nodes)) for entry in near],
+        anywhere=config.serves_any,
     )
     resources = {  # each near resource knows which devices are on which of its nodes
         name: resource
@@ -206,7 +207,7 @@ def discover(config: Config, *, quiet: bool = False, devices: bool = True) -> Di
         )
         for name, resource in resources.items()
     }
-    if config.memory_unit is not None:  # the memory of a near resource's node
+    if config.memory_unit is not None:  # the memory of a near resource's (any's) nodes
         resources.update(near_memory(resources))
     if quiet:
         return Discovery(plans=plans, resources=resources, inventory=inventory, near=near,

@@ -168,9 +168,14 @@ def live_resource_devices(
     """The device list to advertise for ``resource`` now: :func:`live_memory_devices`
     for a memory resource, else :func:`live_devices` on each of its NUMA nodes in turn
     (one for ``numa-N``; every node a resource that follows a device covers), each
-    node's devices counted from that node's CPUs (``node_cpus(node_id)``)."""
+    node's devices counted from that node's CPUs (``node_cpus(node_id)``). A memory
+    resource over several NUMA nodes lists each part's in turn (:attr:`Resource.parts`)."""
     if resource.memory is not None:
-        return live_memory_devices(resource, view, allow_unaligned=allow_unaligned)
+        return tuple(
+            device
+            for part in resource.parts or (resource,)
+            for device in live_memory_devices(part, view, allow_unaligned=allow_unaligned)
+        )
     return tuple(
         device
         for node_id in resource.node_ids

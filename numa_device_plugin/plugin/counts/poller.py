@@ -33,6 +33,7 @@ from __future__ import annotations
 import asyncio
 import operator
 import time
+from collections.abc import Mapping
 
 import structlog
 
@@ -40,9 +41,10 @@ from numa_device_plugin.kubelet.podresources import PodResourcesClient, PodResou
 from numa_device_plugin.kubelet.view import KubeletView
 from numa_device_plugin.plugin.counts.planning import Planned, node_capacities, plan
 from numa_device_plugin.plugin.counts.schedule import ReadSchedule
+from numa_device_plugin.plugin.counts.spanning import Spanning
 from numa_device_plugin.plugin.model.figures import NodeCapacity
 from numa_device_plugin.plugin.model.recorder import Recorder
-from numa_device_plugin.plugin.model.resources import HEALTHY
+from numa_device_plugin.plugin.model.resources import HEALTHY, Resource
 from numa_device_plugin.plugin.serving.catalog import Catalog
 from numa_device_plugin.plugin.settings.config import Config
 
@@ -87,6 +89,7 @@ class CapacityPoller:
         self.schedule = ReadSchedule(config.pod_resources_interval)
         self._polls = 0
         self._foreign_warned: set[tuple[str, str]] = set()
+        self.spanning = Spanning(recorder)  # exposed nodes; Allocates not listed yet
 
     # -- what the kubelet showed ------------------------------------------------------------
 
@@ -131,20 +134,9 @@ class CapacityPoller:
         memory = [n for n in names if n in known]
         cpus = [n for n in names if n not in memory]
         if cpus and self.unaligned():
-            self.warn_unaligned(cpus)
+            warn_unaligned(cpus)
         if memory and self.memory_unaligned():
-            self.warn_memory(memory)
-
-    def warn_memory(self, resources: list[str]) -> None:
-        """Say why every device of the memory ``resources`` is Unhealthy and what to set."""
-        log.warning(
-            "the kubelet's Memory Manager is not Static (its pod resources API lists "
-            "no allocatable memory): memory cannot be aligned, so every memory device "
-            "is reported Unhealthy. Set memoryManagerPolicy: Static "
-            "(--memory-manager-policy=Static) with --reserved-memory (e.g. "
-            "0:memory=1Gi), or pass --allow-unaligned",
-            resources=resources,
-        )
+            warn_memory(memory)
 
     def _resources(self, *, memory: bool) -> list[str]:
         """The names of the memory resources (``memory``) or of the CPU ones, sorted."""
@@ -162,36 +154,44 @@ class CapacityPoller:
             and not self.config.allow_unaligned
         )
 
-    def warn_unaligned(self, resources: list[str]) -> None:
-        """Say why every device of ``resources`` is Unhealthy and what to set."""
-        log.warning(
-            "the kubelet's CPU manager is not static (its pod resources API lists no "
-            "allocatable CPUs): nothing can be aligned, so every device is reported "
-            "Unhealthy. Set cpuManagerPolicy: static (--cpu-manager-policy=static) and "
-            "topologyManagerPolicy: single-numa-node, or pass --allow-unaligned",
-            resources=resources,
-        )
-
     # -- feeding the servicers --------------------------------------------------------------
 
     def apply(self, view: KubeletView | None) -> None:
         """Advertise the device lists ``view`` calls for, on every servicer (on the
         event loop: after a rediscovery, for the new servicers)."""
-        resources = self.catalog.resources
-        self._publish(view, plan(self.config, self.catalog, view, resources))
+        self.spanning.read(view)
+        self._publish(view, self._plan(view, self.catalog.resources))
 
-    async def apply_off_loop(self, view: KubeletView | None) -> None:
+    async def apply_off_loop(self, view: KubeletView | None, read_at: float | None = None) -> None:
         """:meth:`apply`, its work (linear in the containers, for every resource) done
-        in a worker thread; only the new lists are handed to the servicers on the loop."""
+        in a worker thread; only the new lists are handed to the servicers on the loop.
+        ``read_at``: ``time.monotonic()`` when the read that gave ``view`` started."""
         resources = self.catalog.resources
-        planned = await asyncio.to_thread(plan, self.config, self.catalog, view, resources)
-        if self.catalog.resources is not resources:  # rediscovered meanwhile
-            planned = plan(self.config, self.catalog, view, self.catalog.resources)
+        self.spanning.read(view, read_at)
+        allocations = self.spanning.allocations
+        planned = await asyncio.to_thread(self._plan, view, resources)
+        if self.catalog.resources is not resources or self.spanning.allocations != allocations:
+            planned = self._plan(view, self.catalog.resources)  # rediscovered, or allocated
         self._publish(view, planned)
+
+    def allocated(self, resource: str, ids: frozenset[str]) -> None:
+        """Allocate answered ``ids`` of ``resource``: read soon (:data:`ALLOCATE_POLL_DELAY`)
+        and, when a resource spans NUMA nodes, count them at once (its exposed node
+        switches before that read)."""
+        self.schedule.request(ALLOCATE_POLL_DELAY)
+        if not self._applied or not any(r.spans for r in self.catalog.resources.values()):
+            return
+        self.spanning.allocated(resource, ids)
+        self._publish(self.view, self._plan(self.view, self.catalog.resources))
+
+    def _plan(self, view: KubeletView | None, resources: Mapping[str, Resource]) -> Planned:
+        spans = self.spanning
+        return plan(self.config, self.catalog, view, resources, spans.previous(), spans.allocations)
 
     def _publish(self, view: KubeletView | None, planned: Planned) -> None:
         self.view = view
         self._applied = True
+        self.spanning.note(planned.exposures)
         for name, (devices, foreign) in planned.lists.items():
             servicer = self.catalog.servicers[name]
             self._warn_foreign(name, foreign)
@@ -248,6 +248,7 @@ class CapacityPoller:
         timeout = min(self.config.pod_resources_interval, POLL_TIMEOUT)
         self._polls += 1
         allocatable = self.schedule.take_allocatable() or self._polls % ALLOCATABLE_EVERY == 0
+        started = time.monotonic()
         try:
             view: KubeletView | None = await self.client.view(timeout, allocatable=allocatable)
         except PodResourcesError as exc:
@@ -261,8 +262,10 @@ class CapacityPoller:
             self._reachable = True
             self._read_at = time.time()
             self.recorder.pod_resources(True, self._read_at)
-        if self._applied and (
-            view is self.view or await asyncio.to_thread(operator.eq, view, self.view)
+        if (
+            self._applied
+            and not self.spanning.allocations
+            and (view is self.view or await asyncio.to_thread(operator.eq, view, self.view))
         ):
             # Nothing changed since the last read: the usual case, kept cheap. An equal
             # answer in a new object (the kubelet lists from Go maps, in no fixed order)
@@ -270,12 +273,12 @@ class CapacityPoller:
             self.view = view
             return
         was_cpus, was_memory = self.unaligned(), self.memory_unaligned()
-        await self.apply_off_loop(view)
+        await self.apply_off_loop(view, started)
         if self.unaligned() and not was_cpus:
-            self.warn_unaligned(self._resources(memory=False))
+            warn_unaligned(self._resources(memory=False))
         memory = self._resources(memory=True)
         if memory and self.memory_unaligned() and not was_memory:
-            self.warn_memory(memory)
+            warn_memory(memory)
 
     def _unreachable(self, exc: PodResourcesError) -> None:
         if self._reachable is not False:
@@ -314,3 +317,26 @@ class CapacityPoller:
         """Cancel the pending timers and close the connection."""
         self.schedule.cancel()
         await self.client.close()
+
+
+def warn_memory(resources: list[str]) -> None:
+    """Say why every device of the memory ``resources`` is Unhealthy and what to set."""
+    log.warning(
+        "the kubelet's Memory Manager is not Static (its pod resources API lists "
+        "no allocatable memory): memory cannot be aligned, so every memory device "
+        "is reported Unhealthy. Set memoryManagerPolicy: Static "
+        "(--memory-manager-policy=Static) with --reserved-memory (e.g. "
+        "0:memory=1Gi), or pass --allow-unaligned",
+        resources=resources,
+    )
+
+
+def warn_unaligned(resources: list[str]) -> None:
+    """Say why every device of ``resources`` is Unhealthy and what to set."""
+    log.warning(
+        "the kubelet's CPU manager is not static (its pod resources API lists no "
+        "allocatable CPUs): nothing can be aligned, so every device is reported "
+        "Unhealthy. Set cpuManagerPolicy: static (--cpu-manager-policy=static) and "
+        "topologyManagerPolicy: single-numa-node, or pass --allow-unaligned",
+        resources=resources,
+    )

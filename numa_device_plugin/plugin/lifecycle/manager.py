@@ -34,7 +34,7 @@ from numa_device_plugin.ops.heap import release_free_memory
 from numa_device_plugin.ops.limits import FdLimitError, ensure_fds, fds_needed
 from numa_device_plugin.ops.wakeups import DEVICES_CHANGED, STREAM_LOST, Wakeups
 from numa_device_plugin.plugin.advertised.discovery import Discovery, discover
-from numa_device_plugin.plugin.counts.poller import ALLOCATE_POLL_DELAY, CapacityPoller
+from numa_device_plugin.plugin.counts.poller import CapacityPoller
 from numa_device_plugin.plugin.lifecycle.devicewatch import DeviceWatch, changed
 from numa_device_plugin.plugin.lifecycle.restarts import Restarts
 from numa_device_plugin.plugin.lifecycle.verdicts import readiness
@@ -167,7 +167,7 @@ class PluginManager:
         return NumaDevicePluginServicer(
             resource,
             on_stream_lost=self._stream_lost,
-            on_allocate=lambda _: self.poller.schedule.request(ALLOCATE_POLL_DELAY),
+            on_allocate=self.poller.allocated,
             recorder=self.recorder,
         )
 

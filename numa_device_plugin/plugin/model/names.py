@@ -56,6 +56,16 @@ def quoted(text: str) -> str:
     return f"{text[:60]!r}... ({len(text)} characters)"
 
 
+# The resource over every NUMA node with CPUs, ``<prefix>/any`` (and its memory
+# resources, ``any-memory``, ``any-hugepages-2mi``).
+ANY_NAME = "any"
+
+
+def any_name(prefix: str) -> str:
+    """``<prefix>/any``, e.g. ``numa-align/any``."""
+    return f"{prefix}/{ANY_NAME}"
+
+
 def resource_name(prefix: str, node_id: int) -> str:
     """``<prefix>/numa-<node_id>``, e.g. ``numa-align/numa-1``."""
     return f"{prefix}/numa-{node_id}"

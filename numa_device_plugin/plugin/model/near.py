@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from numa_device_plugin.plugin.model.names import (
+    ANY_NAME,
     DEFAULT_RESOURCE_PREFIX,
     quoted,
     validate_extended_resource_name,
@@ -69,11 +70,17 @@ _NUMA_NAME = re.compile(r"numa-[0-9]")
 
 def validate_near_name(prefix: str, name: str) -> str:
     """Return ``name`` when ``<prefix>/<name>`` is a valid extended resource name that
-    is not one of the NUMA-node names (``numa-<id>...``). Raises ValueError."""
+    is not one of the NUMA-node names (``numa-<id>...``) nor ``any`` and its memory
+    (``any-memory``, ``any-hugepages-...``).
+    Raises ValueError."""
     if "/" in name:
         raise ValueError(f"{quoted(name)}: give the name without the prefix ({prefix}/ is added)")
     if _NUMA_NAME.match(name):
         raise ValueError(f"{quoted(name)} would collide with the NUMA-node resources numa-<id>...")
+    if name in (ANY_NAME, f"{ANY_NAME}-memory") or name.startswith(f"{ANY_NAME}-hugepages-"):
+        raise ValueError(
+            f"{quoted(name)} would collide with the resource {ANY_NAME} (and its memory)"
+        )
     validate_extended_resource_name(f"{prefix}/{name}")
     return name
 

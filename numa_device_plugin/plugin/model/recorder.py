@@ -55,6 +55,10 @@ class Recorder(Protocol):
         kubelet reports per NUMA node and type (bytes; empty without the Memory
         Manager), and the bytes assigned per (NUMA node, type, holder)."""
 
+    def exposed(self, resource: str, node_id: int, switches: int) -> None:
+        """A resource over several NUMA nodes exposes ``node_id`` now, after ``switches``
+        changes of its exposed node since start."""
+
     def pod_resources(self, up: bool, last_read: float | None) -> None:
         """One read of the kubelet's pod resources API succeeded (``up``) or failed;
         ``last_read``: ``time.time()`` of the last good read (None: none since start)."""
@@ -82,6 +86,9 @@ class NullRecorder:
         pass
 
     def devices(self, resource: str, devices: Sequence[Device]) -> None:
+        pass
+
+    def exposed(self, resource: str, node_id: int, switches: int) -> None:
         pass
 
     def capacity(

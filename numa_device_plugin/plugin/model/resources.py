@@ -68,6 +68,14 @@ class Resource:
     container's :func:`~numa_device_plugin.plugin.model.near.near_env` variable; ``lost``: why
     its device is gone since it was served (it is kept, every device Unhealthy:
     :mod:`~numa_device_plugin.plugin.advertised.lost`), else None.
+
+    ``anywhere``: the resource over every advertised NUMA node (``numa-align/any``),
+    its nodes in ``near_nodes``. ``follows``: for a memory resource of a resource that
+    spans NUMA nodes (``numa-align/any-memory``, ``numa-align/data-disk-memory``), the
+    name of that resource: its free devices are offered on the NUMA node that resource
+    exposes (:mod:`~numa_device_plugin.plugin.counts.exposure`). ``parts``: for such a
+    memory resource over several NUMA nodes, one memory resource per node (same name,
+    that node's pool and device ids), whose devices it lists in node order.
     """
 
     name: str
@@ -78,6 +86,21 @@ class Resource:
     near_nodes: tuple[int, ...] = ()
     near_devices: tuple[tuple[int, tuple[str, ...]], ...] = ()
     lost: str | None = None
+    anywhere: bool = False
+    follows: str | None = None
+    parts: tuple[Resource, ...] = ()
+
+    @property
+    def spans(self) -> bool:
+        """True when its devices lie on more than one NUMA node: exactly one of them is
+        exposed at a time (:mod:`~numa_device_plugin.plugin.counts.exposure`)."""
+        return len(self.node_ids) > 1
+
+    @property
+    def node_own(self) -> bool:
+        """True for a NUMA node's own resources (``numa-N``, ``numa-N-memory``...), False
+        for those that follow a device, ``any`` and their memory."""
+        return self.near is None and not self.anywhere and self.follows is None
 
     @property
     def socket_name(self) -> str:

@@ -139,6 +139,10 @@ class DeferredRecorder(Generic[R]):
         if (real := self._now("devices", resource, devices)) is not None:
             real.devices(resource, devices)
 
+    def exposed(self, resource: str, node_id: int, switches: int) -> None:
+        if (real := self._now("exposed", resource, node_id, switches)) is not None:
+            real.exposed(resource, node_id, switches)
+
     def capacity(
         self,
         nodes: Sequence[NodeCapacity],

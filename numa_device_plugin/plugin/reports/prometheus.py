@@ -153,6 +153,20 @@ class PrometheusRecorder:
             ["numa_node", "memory_type", "holder"],
             registry=r,
         )
+        self.exposed_node = Gauge(
+            f"{prefix}_exposed_numa_node",
+            "The NUMA node whose free devices a resource over several NUMA nodes offers "
+            "now (numa-align/any, a device on several nodes): the one with the most room",
+            ["resource"],
+            registry=r,
+        )
+        self.exposure_switches = Counter(
+            f"{prefix}_exposed_numa_node_changes_total",
+            "Changes of a resource's exposed NUMA node",
+            ["resource"],
+            registry=r,
+        )
+        self._switches: dict[str, int] = {}
         self.pod_resources_up = Gauge(
             f"{prefix}_pod_resources_up",
             "1 when the last read of the kubelet's pod resources API answered, else 0",
@@ -228,6 +242,12 @@ class PrometheusRecorder:
         healthy = sum(1 for device in devices if device.health == HEALTHY)
         self.devices_gauge.labels(resource, HEALTHY).set(healthy)
         self.devices_gauge.labels(resource, UNHEALTHY).set(len(devices) - healthy)
+
+    def exposed(self, resource: str, node_id: int, switches: int) -> None:
+        self.exposed_node.labels(resource).set(node_id)
+        counted = self._switches.get(resource, 0)
+        self.exposure_switches.labels(resource).inc(max(0, switches - counted))
+        self._switches[resource] = max(counted, switches)
 
     def capacity(
         self,
@@ -324,6 +344,7 @@ def documented_families() -> list[Metric]:
     recorder.registered("numa-align/numa-0", True)
     recorder.kubelet_restart()
     recorder.devices("numa-align/numa-0", [Device("numa0-cpu0000", 0, 0)])
+    recorder.exposed("numa-align/any", 1, 1)
     capacity = NodeCapacity(0, "numa-align/numa-0", frozenset({0, 1}), frozenset({0}),
                             frozenset(), frozenset({"numa0-cpu0000"}), 2, 1, 0)  # fmt: skip
     recorder.capacity([capacity], {0: {"memory": 1 << 30}}, {(0, "memory", OURS): 1 << 28})

@@ -65,7 +65,7 @@ class NumaDevicePluginServicer(api_pb2_grpc.DevicePluginServicer):  # type: igno
         resource: Resource,
         *,
         on_stream_lost: Callable[[str], None] | None = None,
-        on_allocate: Callable[[str], None] | None = None,
+        on_allocate: Callable[[str, frozenset[str]], None] | None = None,
         recorder: Recorder | None = None,
     ) -> None:
         self.resource_name = resource.name
@@ -172,17 +172,19 @@ class NumaDevicePluginServicer(api_pb2_grpc.DevicePluginServicer):  # type: igno
             if not request.container_requests:
                 raise RequestError("Allocate request has no container requests")
             responses = []
+            given: set[str] = set()
             for position, container in enumerate(request.container_requests):
                 ids = list(container.devices_ids)
                 check_ids(self._by_id, ids, f"container request {position}")
                 responses.append(api_pb2.ContainerAllocateResponse(envs=self._envs(ids)))
+                given.update(ids)
         except RequestError as exc:
             self._recorder.allocated(self.resource_name, time.perf_counter() - started, False)
             await self._refuse(context, "Allocate", exc)
         self._recorder.allocated(self.resource_name, time.perf_counter() - started, True)
         log.debug("Allocate", resource=self.resource_name, containers=len(responses))
         if self._on_allocate is not None:
-            self._on_allocate(self.resource_name)
+            self._on_allocate(self.resource_name, frozenset(given))
         return api_pb2.AllocateResponse(container_responses=responses)
 
     async def GetPreferredAllocation(

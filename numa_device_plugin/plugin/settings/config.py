@@ -25,6 +25,8 @@ from numa_device_plugin.plugin.model.resources import (
 from numa_device_plugin.topology.memory import ReservedMemory
 
 DEFAULT_SOCKET_DIR = Path("/var/lib/kubelet/device-plugins")
+# --any-resource: numa-align/any in cpus mode (auto), always (on: refused with slots), never.
+ANY_RESOURCE_VALUES = ("auto", "on", "off")
 # Where kubelets of common distributions keep the device-plugin folder:
 # upstream (and RKE2, kubeadm, k3s), k0s, microk8s.
 KNOWN_SOCKET_DIRS: tuple[Path, ...] = (
@@ -101,6 +103,8 @@ class Config:
     advertised as ``<resource_prefix>/<name>`` on the selected device's NUMA nodes;
     ``mount_table``: the host's mountinfo, where ``path:`` selectors look paths up;
     ``device_interval``: seconds between re-reads of the devices (hotplug), 0: never.
+    ``any_resource``: ``auto`` (``<prefix>/any`` in ``cpus`` mode), ``on`` (refused
+    with slots: a slot count cannot tell the scheduler what fits) or ``off``.
 
     Raises ValueError from ``__post_init__`` for an invalid prefix, capacity,
     a non-positive duration, a near name that is invalid or given twice, or settings
@@ -125,8 +129,20 @@ class Config:
     near: tuple[Near, ...] = ()
     mount_table: Path = Path("/proc/1/mountinfo")
     device_interval: float = 60.0
+    any_resource: str = "auto"
 
     def __post_init__(self) -> None:
+        if self.any_resource not in ANY_RESOURCE_VALUES:
+            raise ValueError(
+                f"any resource must be one of {', '.join(ANY_RESOURCE_VALUES)}, "
+                f"got {self.any_resource!r}"
+            )
+        if self.any_resource == "on" and self.capacity != CPUS:
+            raise ValueError(
+                f"{self.resource_prefix}/any needs --capacity cpus: its device count must be "
+                "the free CPUs of the NUMA node with the most room, and a slot count cannot "
+                "tell the scheduler what fits (use --capacity cpus, or --any-resource off)"
+            )
         validate_resource_prefix(self.resource_prefix)
         check_near(self.resource_prefix, self.near)
         validate_capacity(self.capacity)
@@ -159,6 +175,12 @@ class Config:
         return self.capacity == CPUS
 
     @property
+    def serves_any(self) -> bool:
+        """True when ``<prefix>/any`` is advertised (``any_resource`` on, or auto in
+        ``cpus`` mode)."""
+        return self.any_resource == "on" or (self.any_resource == "auto" and self.cpus_mode)
+
+    @property
     def pod_resources_path(self) -> Path:
         """The pod resources API socket: as given, else beside the device-plugin folder."""
         return self.pod_resources_socket or podresources_socket(self.socket_dir)
@@ -185,6 +207,7 @@ _CONFIG_FIELDS = (
     "near",
     "mount_table",
     "device_interval",
+    "any_resource",
 )
 
 
