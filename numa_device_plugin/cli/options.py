@@ -23,13 +23,14 @@ from numa_device_plugin.ops.logs import LEVELS
 from numa_device_plugin.plugin.model.names import DEFAULT_RESOURCE_PREFIX, validate_resource_prefix
 from numa_device_plugin.plugin.model.near import merge_near, parse_near
 from numa_device_plugin.plugin.model.resources import DEFAULT_CAPACITY
-from numa_device_plugin.plugin.settings.config import ANY_RESOURCE_VALUES, config_default
+from numa_device_plugin.plugin.settings.config import config_default
 from numa_device_plugin.plugin.settings.config import config_from_params as config_from_params
 
 if TYPE_CHECKING:
     from numa_device_plugin.plugin.advertised.discovery import Discovery
     from numa_device_plugin.plugin.settings.config import Config
 from numa_device_plugin.plugin.settings.values import (
+    ANY_RESOURCE_VALUES,
     MIN_DEVICE_INTERVAL,
     MIN_INTERVAL,
     address,

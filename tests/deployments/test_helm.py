@@ -148,6 +148,11 @@ def test_every_rendering_passes_kubernetes_validate_strict(name: str, version: s
         (["--set-json", 'config.named={"a": {"memoryUnit": "1048575"}}'], "memoryUnit"),
         (["--set-json", 'config.near={"data-disk": "sn:S1"}'], "data-disk"),
         (["--set-json", 'config.near={"numa-1": "serial:S1"}'], "propertyName 'numa-1'"),
+        (["--set-json", 'config.near={"any": "serial:S1"}'], "propertyName 'any'"),
+        (["--set-json", 'config.near={"any-memory": "serial:S1"}'], "propertyName 'any-memory'"),
+        (["--set", "config.anyResource=yes"], "anyResource"),
+        (["--set", "config.anyResource=true"], "anyResource"),
+        (["--set-json", 'config.named={"a": {"anyResource": "ON"}}'], "anyResource"),
         (["--set-json", 'config.near={"d": 1}'], "near"),
         (["--set-json", 'config.named={"a": {"near": {"d": "block:"}}}'], "near"),
     ],
@@ -266,6 +271,10 @@ def test_the_schemas_selector_grammar_is_the_plugins(selector: str) -> None:
         (
             ["--set", "config.reservedMemory=0:memory=1Gi"],
             'config.reservedMemory "0:memory=1Gi" needs config.memoryUnit',
+        ),
+        (
+            ["--set", "config.anyResource=on"],
+            'config.anyResource "on" needs config.capacity "cpus" (it is 100)',
         ),
     ],
 )
@@ -428,6 +437,35 @@ def test_every_setting_reaches_the_plugin(monkeypatch: pytest.MonkeyPatch) -> No
     no_metrics = template(*RENDERINGS["no-metrics"])
     assert "NUMA_METRICS_ADDRESS" not in of_kind(no_metrics, "ConfigMap")["data"]
     assert all(d["kind"] != "Service" for d in no_metrics)
+
+
+@pytest.mark.parametrize(
+    ("args", "env", "serves_any"),
+    [
+        ([], None, False),  # auto, slots
+        (["--set", "config.capacity=cpus"], None, True),  # auto, cpus: the default
+        (["--set", "config.capacity=cpus", "--set", "config.anyResource=off"], "off", False),
+        (["--set", "config.capacity=cpus", "--set", "config.anyResource=on"], "on", True),
+    ],
+)
+def test_any_resource_reaches_the_plugin(
+    args: list[str], env: str | None, serves_any: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    documents = template(*args)
+    assert of_kind(documents, "ConfigMap")["data"].get("NUMA_ANY_RESOURCE") == env
+    config = options.config_from_params(serve_args(documents, monkeypatch))
+    assert config.serves_any is serves_any
+
+
+def test_any_resource_of_a_named_configuration_reaches_the_plugin(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    named = template("--set", "config.capacity=cpus", "--set-json",
+                     'config.named={"plain": {"anyResource": "off"}, "slots": {"capacity": 4}}')  # fmt: skip
+    text = of_kind(named, "ConfigMap", f"{RELEASE}-node-configs")["data"]["configs.yaml"]
+    params = serve_args(named, monkeypatch)
+    configs = parse_node_configs(Path("/etc/numa-device-plugin/configs.yaml"), text, params)
+    assert configs.configs == {"plain": {"any_resource": "off"}, "slots": {"capacity": 4}}
 
 
 def test_memory_settings_reach_the_plugin(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -22,11 +22,10 @@ from numa_device_plugin.plugin.model.resources import (
     Capacity,
     validate_capacity,
 )
+from numa_device_plugin.plugin.settings.values import ANY_RESOURCE_VALUES
 from numa_device_plugin.topology.memory import ReservedMemory
 
 DEFAULT_SOCKET_DIR = Path("/var/lib/kubelet/device-plugins")
-# --any-resource: numa-align/any in cpus mode (auto), always (on: refused with slots), never.
-ANY_RESOURCE_VALUES = ("auto", "on", "off")
 # Where kubelets of common distributions keep the device-plugin folder:
 # upstream (and RKE2, kubeadm, k3s), k0s, microk8s.
 KNOWN_SOCKET_DIRS: tuple[Path, ...] = (

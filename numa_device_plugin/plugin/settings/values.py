@@ -148,3 +148,15 @@ def existing_folder(text: str) -> Path:
         what = "is not a folder" if path.exists() else "does not exist"
         raise ValueError(f"{path} {what}")
     return path
+
+
+# --any-resource: numa-align/any in cpus mode (auto), always (on: refused with slots), never.
+ANY_RESOURCE_VALUES = ("auto", "on", "off")
+
+
+def any_resource(text: str) -> str:
+    """``--any-resource``: ``auto``, ``on`` or ``off``. Raises ValueError naming the
+    values."""
+    if text not in ANY_RESOURCE_VALUES:
+        raise ValueError(f"{text!r} is not one of {', '.join(ANY_RESOURCE_VALUES)}")
+    return text

@@ -84,6 +84,12 @@ NUMA_RESERVED_CPUS: {{ $c.reservedCpus | quote }}
 {{- if $c.allowUnaligned }}
 NUMA_ALLOW_UNALIGNED: "true"
 {{- end }}
+{{- if and (eq (toString $c.anyResource) "on") (ne (toString $c.capacity) "cpus") }}
+{{- fail (printf "config.anyResource \"on\" needs config.capacity \"cpus\" (it is %v): a slot count cannot tell the scheduler what fits on one NUMA node" $c.capacity) }}
+{{- end }}
+{{- if and $c.anyResource (ne (toString $c.anyResource) "auto") }}
+NUMA_ANY_RESOURCE: {{ $c.anyResource | quote }}
+{{- end }}
 {{- if $c.memoryUnit }}
 NUMA_MEMORY_UNIT: {{ $c.memoryUnit | quote }}
 {{- end }}
@@ -118,7 +124,7 @@ naming no configuration, or a configuration whose reservedCpus (its own or inher
 come without capacity "cpus". */}}
 {{- define "numa-device-plugin.nodeConfigs" -}}
 {{- $c := .Values.config -}}
-{{- $keys := dict "capacity" "capacity" "resourcePrefix" "resource-prefix" "podResourcesInterval" "pod-resources-interval" "reservedCpus" "reserved-cpus" "allowUnaligned" "allow-unaligned" "memoryUnit" "memory-unit" "reservedMemory" "reserved-memory" "near" "near" -}}
+{{- $keys := dict "capacity" "capacity" "resourcePrefix" "resource-prefix" "podResourcesInterval" "pod-resources-interval" "reservedCpus" "reserved-cpus" "allowUnaligned" "allow-unaligned" "anyResource" "any-resource" "memoryUnit" "memory-unit" "reservedMemory" "reserved-memory" "near" "near" -}}
 {{- $configs := dict -}}
 {{- range $name, $settings := $c.named -}}
 {{- $s := $settings | default dict -}}
