@@ -460,8 +460,8 @@ def test_any_resource_reaches_the_plugin(
 def test_any_resource_of_a_named_configuration_reaches_the_plugin(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    named = template("--set", "config.capacity=cpus", "--set-json",
-                     'config.named={"plain": {"anyResource": "off"}, "slots": {"capacity": 4}}')  # fmt: skip
+    configs_json = '{"plain": {"anyResource": "off"}, "slots": {"capacity": 4}}'
+    named = template("--set", "config.capacity=cpus", "--set-json", f"config.named={configs_json}")
     text = of_kind(named, "ConfigMap", f"{RELEASE}-node-configs")["data"]["configs.yaml"]
     params = serve_args(named, monkeypatch)
     configs = parse_node_configs(Path("/etc/numa-device-plugin/configs.yaml"), text, params)
