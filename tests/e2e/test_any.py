@@ -28,9 +28,9 @@ from tests.e2e.test_workers import (
     free_after,
     on,
     runs,
-    two,  # noqa: F401 - the module's fixture
     where,
 )
+from tests.e2e.test_workers import two as two
 
 pytestmark = pytest.mark.e2e
 ANY = "numa-align/any"
@@ -40,7 +40,7 @@ DISKS_SELECTOR = "pci-class:0100"
 
 
 @pytest.fixture
-def any_everywhere(two: Workers, cluster: ClusterConfig) -> Iterator[Workers]:  # noqa: F811
+def any_everywhere(two: Workers, cluster: ClusterConfig) -> Iterator[Workers]:
     """Every worker's plugin with ``--capacity cpus`` (numa-align/any on by default);
     restored afterwards."""
     saved = two.platform.plugin_settings()
@@ -95,15 +95,16 @@ def test_any_sends_no_pod_where_no_numa_node_fits_it_where_plain_cpu_requests_ar
     apps = client.AppsV1Api(platform.core.api_client)
     e0, e1 = cluster.exclusive_cpus(0), cluster.exclusive_cpus(1)
     size = 2
-    assert e0 >= 1 and e1 >= size, f"needs room on node 1 for {size} CPUs: {e0}, {e1}"
+    assert e1 >= size, f"needs room on node 1 for {size} CPUs: {e0}, {e1}"
     started = time.monotonic()
     for node in two.names:
         platform.eventually(lambda n=node: two.ours(n).get(ANY) == str(max(e0, e1)), 120,
                             f"{node}: {ANY}={max(e0, e1)}")  # fmt: skip
         for numa, resource, free in ((0, NUMA0, e0), (1, NUMA1, e1)):
             if free > 1:
-                runs(platform, namespace, on(platform, node, f"hold{numa}-{node[-1]}",
-                                             "sleep 3600", free - 1, resource, free - 1))  # fmt: skip
+                hold = on(platform, node, f"hold{numa}-{node[-1]}", "sleep 3600", free - 1,
+                          resource, free - 1)  # fmt: skip
+                runs(platform, namespace, hold)
         # Held: no device of any; free: 1 CPU on each node, so any offers 1.
         platform.eventually(lambda n=node: two.ours(n).get(ANY) == "1", 120, f"{node}: {ANY}=1")
     print(f"fragmented in {time.monotonic() - started:.0f} s: each NUMA node keeps 1 free CPU")
@@ -169,7 +170,7 @@ def test_any_sends_no_pod_where_no_numa_node_fits_it_where_plain_cpu_requests_ar
 
 
 @pytest.fixture
-def disks_everywhere(two: Workers, cluster: ClusterConfig) -> Iterator[Workers]:  # noqa: F811
+def disks_everywhere(two: Workers, cluster: ClusterConfig) -> Iterator[Workers]:
     """Every worker's plugin with ``--capacity cpus``, ``--memory-unit`` and a resource
     following the data disks of both NUMA nodes (``numa-align/disks``); restored
     afterwards."""
