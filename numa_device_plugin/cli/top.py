@@ -24,9 +24,11 @@ from numa_device_plugin.cluster.fit import (
     Amounts,
     NodeUse,
     explain,
+    exposed_nodes,
     format_quantity,
     near_resources,
     node_usage,
+    numa_free,
     numa_resources,
     pod_key,
     pod_requests,
@@ -149,7 +151,8 @@ def top_document(usage: list[NodeUse], prefix: str) -> dict[str, Any]:
     "resources": {name: {"capacity", "allocatable", "requested", "free"}}}], "near":
     {name: {...}}}]}``; the nodes with no ``<prefix>/numa-N`` resource are listed with
     no NUMA nodes; ``near``: the resources that follow a device (NUMA node not known
-    to the API server)."""
+    to the API server); ``exposed``: with ``<prefix>/any``, the NUMA node(s) whose free
+    CPUs it offers (:func:`~numa_device_plugin.cluster.fit.exposed_nodes`), else null."""
     nodes = []
     for use in usage:
         by_numa: dict[int, dict[str, Any]] = {}
@@ -162,6 +165,9 @@ def top_document(usage: list[NodeUse], prefix: str) -> dict[str, Any]:
                 "unschedulable": use.unschedulable,
                 "numa_nodes": [{"id": i, "resources": r} for i, r in sorted(by_numa.items())],
                 "near": {name: _figures(name, a) for name, a in near_resources(use, prefix)},
+                "exposed": exposed_nodes(use, f"{prefix}/any")
+                if f"{prefix}/any" in use.resources
+                else None,
             }
         )
     return {"nodes": nodes}
@@ -182,7 +188,8 @@ def render_top(document: dict[str, Any]) -> str:
             for numa in node["numa_nodes"]
             for resource, figures in numa["resources"].items()
         ]
-        listed += [("near", resource, figures) for resource, figures in node["near"].items()]
+        listed += [("any" if resource.endswith("/any") or "/any-" in resource else "near",
+                    resource, figures) for resource, figures in node["near"].items()]  # fmt: skip
         for numa_id, resource, figures in listed:
             rows.append(
                 (name, numa_id, resource,
@@ -193,8 +200,12 @@ def render_top(document: dict[str, Any]) -> str:
              for row in rows]  # fmt: skip
     if len(rows) == 1:
         lines = ["no node advertises a NUMA resource (is the plugin's DaemonSet running?)"]
-    if any(node["near"] for node in document["nodes"]):
+    if any(row[1] == "near" for row in rows):
         lines.append("NUMA near: a resource that follows a device, on that device's NUMA node")
+    for node in document["nodes"]:
+        if node.get("exposed") is not None:
+            shown = " or ".join(map(str, node["exposed"])) or "? (figures changing)"
+            lines.append(f"{node['name']}: any offers the free CPUs of NUMA node {shown}")
     if bare:
         lines.append(f"without NUMA resources: {', '.join(bare)}")
     if not_ready:
@@ -205,7 +216,8 @@ def render_top(document: dict[str, Any]) -> str:
 def explain_document(pod: dict[str, Any], usage: list[NodeUse]) -> dict[str, Any]:
     """``{"pod", "phase", "node", "asks": {resource: amount}, "scheduler",
     "nodes": [{"name", "fits", "lacks": [{"resource", "needs", "free", "short"}],
-    "notes"}]}``; ``node``: where it is bound (None while Pending)."""
+    "notes", "numa"}]}``; ``node``: where it is bound (None while Pending); ``numa``: for
+    a pod short of ``<prefix>/any``, what the node's NUMA nodes have free (else null)."""
     asks = {k: v for k, v in sorted(pod_requests(pod).items()) if v > 0}
     verdicts = explain(pod, usage)
     return {
@@ -228,10 +240,25 @@ def explain_document(pod: dict[str, Any], usage: list[NodeUse]) -> dict[str, Any
                     for s in v.shortfalls
                 ],
                 "notes": list(v.notes),
+                "numa": _numa_note(usage, v.node, v.shortfalls),
             }
             for v in verdicts
         ],
     }
+
+
+def _numa_note(usage: list[NodeUse], node: str, shortfalls: Any) -> str | None:
+    """For a pod short of ``<prefix>/any`` on ``node``: no NUMA node has the CPUs it
+    needs, and the most one has; else None."""
+    for lack in shortfalls:
+        use = next((u for u in usage if u.name == node), None)
+        frees = None if use is None else numa_free(use, lack.resource)
+        if frees:
+            most = max(free for _, free in frees)
+            where = ",".join(str(numa) for numa, free in frees if free == most)
+            return (f"no NUMA node of {len(frees)} has {_number('cpu', lack.needs)} free CPUs; "
+                    f"the most is {_number('cpu', most)} (NUMA node {where})")  # fmt: skip
+    return None
 
 
 def render_explain(document: dict[str, Any]) -> str:
@@ -254,7 +281,8 @@ def render_explain(document: dict[str, Any]) -> str:
             f"({lack['short']} short)"
             for lack in node["lacks"]
         ]
-        lines.append(f"{node['name']}: " + "; ".join(reasons + node["notes"]))
+        numa = [node["numa"]] if node.get("numa") else []
+        lines.append(f"{node['name']}: " + "; ".join(reasons + numa + node["notes"]))
     if not document["nodes"]:
         lines.append("the cluster has no nodes")
     return "\n".join(lines) + "\n"

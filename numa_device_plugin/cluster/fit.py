@@ -237,6 +237,33 @@ def near_resources(use: NodeUse, prefix: str) -> list[tuple[str, Amounts]]:
     )
 
 
+def numa_free(use: NodeUse, any_resource: str) -> list[tuple[int, Fraction]] | None:
+    """For ``<prefix>/any``: the free of each of the node's ``<prefix>/numa-N`` CPU
+    resources (in ``--capacity cpus`` mode the free exclusive CPUs of NUMA node N), by
+    N; None for another resource name."""
+    prefix, sep, last = any_resource.rpartition("/")
+    if not sep or last != "any":
+        return None
+    pattern = re.compile(rf"^{re.escape(prefix)}/numa-(\d+)$")
+    return sorted(
+        (int(match.group(1)), amounts.free)
+        for name, amounts in use.resources.items()
+        if (match := pattern.match(name))
+    )
+
+
+def exposed_nodes(use: NodeUse, any_resource: str) -> list[int]:
+    """The NUMA nodes ``<prefix>/any`` can be offering on this node, as the API server's
+    figures tell: those whose ``numa-N`` free equals any's free (the plugin offers the
+    free CPUs of one NUMA node; several here on a tie, none while the figures disagree,
+    e.g. within a node status period of a change)."""
+    amounts = use.resources.get(any_resource)
+    frees = numa_free(use, any_resource)
+    if amounts is None or not frees:
+        return []
+    return [numa for numa, free in frees if free == amounts.free]
+
+
 @dataclass(frozen=True)
 class Shortfall:
     """A resource a node lacks for a pod: the pod ``needs`` it, the node has ``free``."""

@@ -257,3 +257,31 @@ def test_top_lists_near_resources_per_node_and_explain_counts_them(
     assert [(n, r) for n, r, _ in numa_resources(node_usage(nodes, pods)[0], "numa-align")] == [
         (1, R1)
     ]
+
+
+ANY = "numa-align/any"
+
+
+def test_top_names_the_numa_node_any_offers_and_explain_says_what_no_numa_node_has(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Node a: NUMA node 0 keeps 2 free CPUs, node 1 keeps 3; any is held 1 and offers
+    node 1's 3. A pod asking any: 4 is short on a, and no NUMA node of a has 4."""
+    cpus = {"cpu": "8", "memory": "8Gi", "pods": "110"}
+    nodes = [node("a", {**cpus, "numa-align/numa-0": "2", R1: "3", ANY: "4"})]
+    held = pod("web", [container("c", {"cpu": "1", ANY: "1"})], node="a", namespace="shop")
+    waiting = pod("big", [container("c", {"cpu": "4", ANY: "4"})], namespace="shop")
+    waiting["status"]["phase"] = "Pending"
+    with cluster_api(tmp_path, nodes, [held, waiting]) as (_, kubeconfig):
+        code, out, err = run(["--kubeconfig", str(kubeconfig)], capsys)
+        assert (code, err) == (0, "")
+        _, as_json, _ = run(["--kubeconfig", str(kubeconfig), "--output", "json"], capsys)
+        _, explained, _ = run(["--kubeconfig", str(kubeconfig), "--explain", "shop/big"], capsys)
+    assert ["a", "any", ANY, "4", "4", "1", "3"] in [line.split() for line in out.splitlines()]
+    assert "NUMA near" not in out
+    assert "a: any offers the free CPUs of NUMA node 1" in out.splitlines()
+    assert json.loads(as_json)["nodes"][0]["exposed"] == [1]
+    assert explained.splitlines()[-1] == (
+        f"a: {ANY}: needs 4, free 3 (1 short); no NUMA node of 2 has 4 free CPUs; the most "
+        "is 3 (NUMA node 1)"
+    )

@@ -255,6 +255,7 @@ def test_debug_state_says_what_is_served_and_what_the_kubelet_said() -> None:
         "registered": True,
         "streams": 1,
         "kubelet_stream": True,
+        "exposed": None,
     }
     pod_resources = document["pod_resources"]
     assert pod_resources["age_seconds"] == 3.0
@@ -641,3 +642,30 @@ def test_debug_state_lists_each_disks_ids_from_the_last_discovery(tmp_path: Path
     json.dumps(document)
     for servicer in manager.catalog.servicers.values():
         servicer.close()
+
+
+def test_debug_state_says_which_numa_node_a_resource_over_several_exposes_and_why() -> None:
+    from numa_device_plugin.plugin.counts.exposure import Room, choose
+    from numa_device_plugin.topology.memory import MemoryPool
+
+    any_devices = served(R0, 0, [0, 2, 3]).devices + served(R1, 1, [4, 5, 6]).devices
+    anywhere = Resource("numa-align/any", 0, any_devices, near_nodes=(0, 1), anywhere=True)
+    pool = MemoryPool("memory", GiB, 4 * GiB, 4 * GiB)
+    memory = Resource("numa-align/any-memory", 0, (), memory=pool, near_nodes=(0, 1),
+                      follows="numa-align/any")  # fmt: skip
+    exposure = choose("numa-align/any", [Room(0, 1), Room(1, 3)], None)
+    document = debug_document(state(VIEW, served={
+        "numa-align/any": Served(anywhere, any_devices, True, 1, True),
+        "numa-align/any-memory": Served(memory, (), True, 1, True),
+    }, exposures={"numa-align/any": exposure}, switches={"numa-align/any": 2}))  # fmt: skip
+    json.dumps(document)
+    shown = document["resources"]["numa-align/any"]["exposed"]
+    assert shown == {
+        "node": 1,
+        "why": "most room: node 1 has 3 free CPUs (node 0: 1 free CPU)",
+        "rooms": {"0": {"cpus": 1, "memory": 0}, "1": {"cpus": 3, "memory": 0}},
+        "switches": 2,
+        "follows": None,
+    }
+    followed = document["resources"]["numa-align/any-memory"]["exposed"]
+    assert (followed["node"], followed["follows"]) == (1, "numa-align/any")

@@ -384,3 +384,31 @@ def test_status_flags_a_cpus_mode_holder_with_other_devices_than_cpus(tmp_path: 
     assert document["miscounted"] == 1
     text = render_table(document)
     assert "aligned, MISCOUNTED: 1 device(s) for 2 exclusive CPUs" in text
+
+
+def test_status_says_where_any_is_offered_and_where_the_rule_would_put_it(
+    tmp_path: Path,
+) -> None:
+    """The kubelet lists any's free devices on node 1 only (node 0's CPU 2 held by a pod
+    of any, CPU 0 by a foreign pod): offered there, the most room there."""
+    tree = machine(tmp_path)
+    config = config_from_params({"sysfs_root": tree.root, "capacity": "cpus"})
+    pods = pr_pb2.ListPodResourcesResponse()
+    pod = pods.pod_resources.add(name="web", namespace="shop")
+    pod.containers.add(name="app", cpu_ids=[1]).devices.add(
+        resource_name="numa-align/any", device_ids=["numa0-cpu0001"]
+    )
+    pods.pod_resources.add(name="db", namespace="ops").containers.add(name="db", cpu_ids=[0])
+    allocatable = pr_pb2.AllocatableResourcesResponse(cpu_ids=list(range(4)))
+    allocatable.devices.add(resource_name="numa-align/any",
+                            device_ids=["numa0-cpu0001", "numa1-cpu0002", "numa1-cpu0003"])  # fmt: skip
+    document = build_status(discover(config), config, pods, allocatable)
+    assert document["exposed"]["numa-align/any"] == {
+        "offered": [1],
+        "most_room": 1,
+        "why": "most room: node 1 has 2 free CPUs (node 0: 0 free CPUs)",
+    }
+    text = render_table(document)
+    assert (
+        "numa-align/any: the kubelet lists free devices on NUMA node(s) 1; the rule now: " in text
+    )

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from numa_device_plugin.kubelet.view import Holder, KubeletView
 from numa_device_plugin.plugin.advertised.discovery import NearPlan, near_document
+from numa_device_plugin.plugin.counts.exposure import Exposure
 from numa_device_plugin.plugin.model.resources import HEALTHY, Device, Resource
 from numa_device_plugin.plugin.settings.config import Config
 from numa_device_plugin.topology import sysfs
@@ -66,7 +67,9 @@ class PluginState:
     held; ``problems``: the readiness problems (empty: ready); ``inventory``: the PCI
     devices, disks and interfaces of the last discovery, with their NUMA nodes;
     ``near``: the plan of each resource that follows a device; ``details``: each
-    disk's, NIC's and accelerator's ids, from the last discovery.
+    disk's, NIC's and accelerator's ids, from the last discovery; ``exposures``: per
+    resource over several NUMA nodes, the node it exposes and why, and ``switches``, how
+    often that node changed (:mod:`~numa_device_plugin.plugin.counts.exposure`).
     """
 
     taken_at: float
@@ -84,6 +87,15 @@ class PluginState:
     inventory: Inventory = field(default_factory=Inventory)
     near: tuple[NearPlan, ...] = ()
     details: Mapping[str, list[dict[str, Any]]] | None = None
+    exposures: Mapping[str, Exposure] = field(default_factory=dict)
+    switches: Mapping[str, int] = field(default_factory=dict)
+
+    def exposure(self, resource: Resource) -> Exposure | None:
+        """The exposure ``resource`` follows: its own, or for a memory resource of a
+        resource over several NUMA nodes, that resource's; None for a resource on one."""
+        if not resource.spans:
+            return None
+        return self.exposures.get(resource.follows or resource.name)
 
     @property
     def pod_resources_age(self) -> float | None:
@@ -130,6 +142,8 @@ def take(
         pod_resources_on_change=poller.schedule.signalled(),
         lock=keeper.problem or f"held by this instance ({keeper.lock.path})",
         problems=tuple(problems),
+        exposures=dict(poller.spanning.exposures),
+        switches=dict(poller.spanning.switches),
     )
 
 
@@ -140,7 +154,8 @@ def debug_document(state: PluginState) -> dict[str, Any]:
     value} | null, "lock", "numa_nodes": [{"id", "cpus", "advertised", "reason",
     "devices": {"disks", "nics", "accelerators", "pci"}}], "resources": {name:
     {"numa_node", "numa_nodes", "near", "lost", "memory_type", "devices", "healthy",
-    "registered", "streams", "kubelet_stream"}}, "near": [{"resource", "selector",
+    "registered", "streams", "kubelet_stream", "exposed": {"node", "why", "rooms",
+    "switches", "follows"} | null}}, "near": [{"resource", "selector",
     "matched", "matched_count", "unlocated", "nodes", "reason"}], "inventory": {"disks",
     "nics", "accelerators", "mounts"} | null, "pod_resources":
     {"up", "read_at", "age_seconds", "period_seconds", "on_change", "holders", "others",
@@ -180,6 +195,7 @@ def debug_document(state: PluginState) -> dict[str, Any]:
                 "registered": served.registered,
                 "streams": served.streams,
                 "kubelet_stream": served.kubelet_stream,
+                "exposed": _exposed(state, served.resource),
             }
             for name, served in state.served.items()
         },
@@ -246,4 +262,17 @@ def config_document(config: Config) -> dict[str, Any]:
         "pod_resources_socket": str(config.pod_resources_path),
         "pod_resources_interval": config.pod_resources_interval,
         "near": [str(entry) for entry in config.near],
+    }
+
+
+def _exposed(state: PluginState, resource: Resource) -> dict[str, Any] | None:
+    """A resource's exposure as JSON: the node, why, the rooms compared, the changes
+    counted, and the resource it follows (a memory resource); None on one NUMA node."""
+    exposure = state.exposure(resource)
+    if exposure is None:
+        return None
+    return {
+        **exposure.as_dict(),
+        "switches": state.switches.get(exposure.resource, 0),
+        "follows": resource.follows if resource.memory is not None else None,
     }

@@ -27,6 +27,8 @@ from numa_device_plugin.kubelet.view import KubeletView, view_from
 from numa_device_plugin.ops.bounded import one_line
 from numa_device_plugin.plugin.advertised.discovery import Discovery
 from numa_device_plugin.plugin.counts.capacity import live_devices, misalignment, node_capacity
+from numa_device_plugin.plugin.counts.exposure import Room, choose
+from numa_device_plugin.plugin.counts.planning import free_cpus
 from numa_device_plugin.plugin.model.ids import device_index
 from numa_device_plugin.plugin.model.resources import CPUS, Resource
 from numa_device_plugin.plugin.settings.config import Config
@@ -46,7 +48,8 @@ def build_status(
     "allocated", "allocatable_cpus", "assigned_cpus": {"ours", "others"},
     "free_cpus", "memory": {type: bytes} | null, "holders": [{"namespace",
     "pod", "container", "devices", "cpus", "aligned", "problem"}], "near"}], "memory":
-    [:func:`memory_status`], "misaligned": int, "miscounted": int,
+    [:func:`memory_status`], "exposed": {resource: {"offered", "most_room", "why"}},
+    "misaligned": int, "miscounted": int,
     "cpu_manager_static": bool, "memory_manager_static": bool}``.
     A resource that follows a device has an entry per NUMA node it covers (``near``:
     its ``NAME=SELECTOR``; null for the others), each with its devices and holders there.
@@ -63,11 +66,17 @@ def build_status(
     nodes = []
     misaligned = miscounted = 0
     memory = []
+    exposed = {}
     for name, resource in discovery.resources.items():
+        if resource.spans and resource.memory is None:
+            exposed[name] = _exposed(config, discovery, view, resource, free_ids.get(name, []))
         if resource.memory is not None:
-            entry = memory_status(resource, view, free.get(name, 0))
-            miscounted += sum(1 for h in entry["holders"] if h["problem"] is not None)
-            memory.append(entry)
+            for part in resource.parts or (resource,):
+                on_part = sum(1 for i in free_ids.get(name, ()) if device_index(i, part.node_id)
+                              is not None)  # fmt: skip
+                entry = memory_status(part, view, on_part if resource.parts else free.get(name, 0))
+                miscounted += sum(1 for h in entry["holders"] if h["problem"] is not None)
+                memory.append(entry)
             continue
         for node_id in resource.node_ids:
             entry, bad, counted = _node_status(discovery, config, view, resource, node_id)
@@ -79,11 +88,37 @@ def build_status(
     return {
         "nodes": nodes,
         "memory": memory,
+        "exposed": exposed,
         "misaligned": misaligned,
         "miscounted": miscounted,
         "cpu_manager_static": view.cpu_manager_static,
         "memory_manager_static": bool(view.memory),
     }
+
+
+def _exposed(
+    config: Config, discovery: Discovery, view: KubeletView, resource: Resource, listed: list[str]
+) -> dict[str, Any]:
+    """A resource over several NUMA nodes: ``offered``, the nodes whose free devices the
+    kubelet lists as allocatable (one: the exposed node; its held devices aside), and the
+    node the rule gives the most room now (``most_room``, ``why``: what the plugin
+    exposes unless it keeps an equal node)."""
+    held = {i for holder in view.holders for i in holder.devices.get(resource.name, ())}
+    offered = sorted(
+        {node for i in listed if i not in held for node in resource.node_ids
+         if device_index(i, node) is not None}
+    )  # fmt: skip
+    rooms = [
+        Room(node, free_cpus(config, view, discovery_cpus(discovery, node)))
+        for node in resource.node_ids
+    ]
+    best = choose(resource.name, rooms, None)
+    return {"offered": offered, "most_room": best.node_id, "why": best.why}
+
+
+def discovery_cpus(discovery: Discovery, node_id: int) -> frozenset[int]:
+    """NUMA node ``node_id``'s usable CPUs in ``discovery``."""
+    return next(p.node.cpus for p in discovery.plans if p.node.id == node_id)
 
 
 def _node_status(
@@ -251,6 +286,12 @@ def render_table(document: dict[str, Any]) -> str:
                 f"  {_who(holder)}: "
                 f"{len(holder['devices'])} device(s), {format_quantity(holder['bytes'])}, {flag}"
             )
+    for name, exposed in document.get("exposed", {}).items():
+        offered = ",".join(map(str, exposed["offered"])) or "none"
+        lines.append(
+            f"{name}: the kubelet lists free devices on NUMA node(s) {offered}; "
+            f"the rule now: {exposed['why']}"
+        )
     lines.append(f"misaligned containers: {document['misaligned']}")
     if document["miscounted"]:
         lines.append(
