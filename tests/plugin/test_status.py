@@ -400,8 +400,8 @@ def test_status_says_where_any_is_offered_and_where_the_rule_would_put_it(
     )
     pods.pod_resources.add(name="db", namespace="ops").containers.add(name="db", cpu_ids=[0])
     allocatable = pr_pb2.AllocatableResourcesResponse(cpu_ids=list(range(4)))
-    allocatable.devices.add(resource_name="numa-align/any",
-                            device_ids=["numa0-cpu0001", "numa1-cpu0002", "numa1-cpu0003"])  # fmt: skip
+    listed = ["numa0-cpu0001", "numa1-cpu0002", "numa1-cpu0003"]
+    allocatable.devices.add(resource_name="numa-align/any", device_ids=listed)
     document = build_status(discover(config), config, pods, allocatable)
     assert document["exposed"]["numa-align/any"] == {
         "offered": [1],
