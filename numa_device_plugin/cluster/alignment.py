@@ -11,7 +11,10 @@ resource it holds:
   and whether it is still there (``resources[…].lost``: *device lost*);
 - the NUMA nodes of its exclusive CPUs (``numa_nodes[].cpus``) and memory blocks: each
   must be among the devices' nodes (*CPUs off the device's node*, *memory off …*); a
-  container without exclusive CPUs is not aligned by the Topology Manager at all.
+  container without exclusive CPUs is not aligned by the Topology Manager at all;
+- for ``<prefix>/any``, as many devices as exclusive CPUs (*misconfigured* otherwise:
+  any's count is the free CPUs of one NUMA node, so a pod asking fewer takes CPUs the
+  scheduler does not see taken).
 
 For each volume of the pod that is a local PersistentVolume (``spec.local.path``, or
 ``hostPath``) the disk under that path on the pod's node (the inventory's mount points,
@@ -30,6 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 ALIGNED = "aligned"
+MISCONFIGURED = "misconfigured"
 MISALIGNED = "misaligned"
 LOST = "device lost"
 UNKNOWN = "unknown"
@@ -58,9 +62,10 @@ class PodCheck:
     volumes: list[dict[str, Any]] = field(default_factory=list)
 
     def fault(self, verdict: str, why: str) -> None:
-        """Record a fault; a lost device outranks misalignment, which outranks unknown."""
+        """Record a fault; a lost device outranks misalignment, which outranks a
+        misconfigured request, which outranks unknown."""
         self.why.append(why)
-        rank = {ALIGNED: 0, UNKNOWN: 1, MISALIGNED: 2, LOST: 3}
+        rank = {ALIGNED: 0, UNKNOWN: 1, MISCONFIGURED: 2, MISALIGNED: 3, LOST: 4}
         if rank[verdict] > rank[self.verdict]:
             self.verdict = verdict
 
@@ -261,6 +266,10 @@ def check_pod(
         if not cpus:
             why = "no exclusive CPUs (Guaranteed QoS with integer CPUs, the static CPU manager)"
             check.fault(MISALIGNED, f"container {container}: {why}")
+        elif resource == f"{prefix}/any" and len(ids) != len(cpus):
+            why = (f"asks {resource}: {len(ids)} for {len(cpus)} exclusive CPUs (ask as "
+                   "many as its CPUs: any's count is the free CPUs of one NUMA node)")  # fmt: skip
+            check.fault(MISCONFIGURED, f"container {container}: {why}")
         cpu_nodes = _cpu_nodes(node_cpus, cpus)
         check.cpu_nodes = sorted(set(check.cpu_nodes) | cpu_nodes)
         devices_at = f"{resource}'s device(s) on {_list(nodes)}"

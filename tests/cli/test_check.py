@@ -475,3 +475,22 @@ def test_a_volume_on_a_filesystem_without_a_local_disk_is_unknown_never_the_root
     assert check.verdict == verdict, check.why
     if why is not None:
         assert any(why in line for line in check.why), check.why
+
+
+@pytest.mark.parametrize(
+    ("cpus", "ids", "verdict", "why"),
+    [
+        ("2-3", ["numa1-cpu0002", "numa1-cpu0003"], "aligned", []),
+        ("2-3", ["numa1-cpu0002"], "misconfigured",
+         ["container es: asks numa-align/any: 1 for 2 exclusive CPUs (ask as many as its CPUs: "
+          "any's count is the free CPUs of one NUMA node)"]),
+        ("1-2", ["numa0-cpu0001", "numa0-cpu0000"], "misaligned",
+         ["container es: CPUs on NUMA node(s) 0,1, numa-align/any's device(s) on 0"]),
+    ],
+)  # fmt: skip
+def test_a_pod_holding_any_is_checked_like_the_others_and_its_count_against_its_cpus(
+    cpus: str, ids: list[str], verdict: str, why: list[str]
+) -> None:
+    state = node_state([holder("web-0", cpus, "any", ids)])
+    check = check_pod(search_pod("web-0", "any"), state, [], "numa-align")
+    assert (check.verdict, check.why) == (verdict, why)
