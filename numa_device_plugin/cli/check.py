@@ -32,8 +32,8 @@ PER_PAGE = 500
     help="For every pod holding a numa-align/* resource (or those of -n, or POD): "
     "whether its exclusive CPUs, memory, device and local volumes are on one NUMA node. "
     "Prints a verdict per pod (aligned, misaligned, misconfigured, device lost, unknown) "
-    "and why; exits 1 when any pod is not aligned. Reads pods, PersistentVolumeClaims, PersistentVolumes "
-    "and each plugin pod's /debug/state through the API server's pod proxy.",
+    "and why; exits 1 when any pod is not aligned. Reads pods, PersistentVolumeClaims, "
+    "PersistentVolumes and each plugin pod's /debug/state through the API server's pod proxy.",
 )
 @click.argument("pod", required=False, envvar="NUMA_POD")
 @apireads.api_kubeconfig
