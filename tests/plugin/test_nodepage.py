@@ -669,3 +669,23 @@ def test_debug_state_says_which_numa_node_a_resource_over_several_exposes_and_wh
     }
     followed = document["resources"]["numa-align/any-memory"]["exposed"]
     assert (followed["node"], followed["follows"]) == (1, "numa-align/any")
+
+
+def test_the_node_page_says_which_numa_node_a_resource_over_several_offers() -> None:
+    from numa_device_plugin.plugin.counts.exposure import Room, choose
+    from numa_device_plugin.plugin.reports.nodepage import build_page, render_page
+
+    any_devices = served(R0, 0, [0, 2, 3]).devices + served(R1, 1, [4, 5, 6]).devices
+    anywhere = Resource("numa-align/any", 0, any_devices, near_nodes=(0, 1), anywhere=True)
+    exposure = choose("numa-align/any", [Room(0, 1), Room(1, 3)], None)
+    page = build_page(state(VIEW, served={
+        R0: served(R0, 0, [0, 2, 3]), "numa-align/any": Served(anywhere, any_devices, True, 1, True),
+    }, exposures={"numa-align/any": exposure}), node="n1")  # fmt: skip
+    body = render_page(page).decode()
+    row = body[body.index('<tr data-resource="numa-align/any">') :].split("</tr>")[0]
+    assert (
+        '<td>0,1; <span title="most room: node 1 has 3 free CPUs (node 0: 1 free CPU)">'
+        "offers 1</span></td>" in row
+    )
+    own = body[body.index(f'<tr data-resource="{R0}">') :].split("</tr>")[0]
+    assert "offers" not in own

@@ -73,7 +73,9 @@ class ResourceRow:
     """One advertised resource: its NUMA node(s) (``nodes``, a list such as ``0,1``
     for a resource that follows a device on two), device count, Healthy ones, held
     ones (by the pod resources API) and whether it is registered with the kubelet;
-    ``near``: the device it follows (``data-disk=serial:S1``), None for the others."""
+    ``near``: the device it follows (``data-disk=serial:S1``), None for the others;
+    ``exposed``: for a resource over several NUMA nodes, the node whose free devices it
+    offers, and ``why`` (None for the others)."""
 
     name: str
     node_id: int
@@ -83,6 +85,8 @@ class ResourceRow:
     registered: bool
     nodes: str = ""
     near: str | None = None
+    exposed: int | None = None
+    why: str | None = None
 
 
 @dataclass(frozen=True)
@@ -285,6 +289,7 @@ def _resources(state: PluginState) -> dict[int, tuple[ResourceRow, ...]]:
     for name, served in sorted(state.served.items()):
         nodes = ",".join(map(str, served.resource.node_ids))
         near = None if served.resource.near is None else str(served.resource.near)
+        exposure = state.exposure(served.resource)
         for node_id in served.resource.node_ids:
             rows.setdefault(node_id, []).append(
                 ResourceRow(
@@ -296,6 +301,8 @@ def _resources(state: PluginState) -> dict[int, tuple[ResourceRow, ...]]:
                     served.registered,
                     nodes,
                     near,
+                    None if exposure is None else exposure.node_id,
+                    None if exposure is None else exposure.why,
                 )
             )
     return {node_id: tuple(listed) for node_id, listed in rows.items()}

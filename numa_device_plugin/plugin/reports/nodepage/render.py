@@ -192,9 +192,12 @@ def _resource_table(page: NodePage) -> str:
             if r.name in seen:
                 continue  # a resource on several NUMA nodes: one row
             seen.add(r.name)
+            where = e(r.nodes or str(r.node_id))
+            if r.exposed is not None:  # over several NUMA nodes: one offers its free ones
+                where += f'; <span title="{e(r.why or "")}">offers {r.exposed}</span>'
             rows.append(
                 f'<tr data-resource="{e(r.name)}"><td>{e(r.name)}</td>'
-                f"<td>{e(r.nodes or str(r.node_id))}</td>"
+                f"<td>{where}</td>"
                 f"<td>{r.devices}</td><td>{r.healthy}</td><td>{r.held}</td>"
                 f"<td>{'yes' if r.registered else 'no'}</td></tr>"
             )
