@@ -678,9 +678,9 @@ def test_the_node_page_says_which_numa_node_a_resource_over_several_offers() -> 
     any_devices = served(R0, 0, [0, 2, 3]).devices + served(R1, 1, [4, 5, 6]).devices
     anywhere = Resource("numa-align/any", 0, any_devices, near_nodes=(0, 1), anywhere=True)
     exposure = choose("numa-align/any", [Room(0, 1), Room(1, 3)], None)
-    page = build_page(state(VIEW, served={
-        R0: served(R0, 0, [0, 2, 3]), "numa-align/any": Served(anywhere, any_devices, True, 1, True),
-    }, exposures={"numa-align/any": exposure}), node="n1")  # fmt: skip
+    both = {R0: served(R0, 0, [0, 2, 3]),
+            "numa-align/any": Served(anywhere, any_devices, True, 1, True)}  # fmt: skip
+    page = build_page(state(VIEW, served=both, exposures={"numa-align/any": exposure}), node="n1")
     body = render_page(page).decode()
     row = body[body.index('<tr data-resource="numa-align/any">') :].split("</tr>")[0]
     assert (
