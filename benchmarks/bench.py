@@ -34,6 +34,7 @@ from benchmarks.locality import locality
 from benchmarks.page import page
 from benchmarks.polling import polling
 from benchmarks.registration import reregistration, startup
+from benchmarks.switch import switch
 
 
 def node_counts(text: str) -> tuple[int, ...]:
@@ -75,6 +76,7 @@ def main(argv: list[str] | None = None) -> int:
             "scale",
             "page",
             "locality",
+            "switch",
         ),
     )
     parser.add_argument("--json", action="store_true", help="print the figures as JSON")
@@ -98,6 +100,10 @@ def main(argv: list[str] | None = None) -> int:
         default=MEMORY_NODES,
         help="scale: NUMA node counts with --memory-unit 1Gi (8,64; empty: none)",
     )
+    parser.add_argument(
+        "--switches", type=int, default=100,
+        help="switch: single Allocates per size (a tenth as many bursts)",
+    )  # fmt: skip
     parser.add_argument("--pci", type=int, default=1000, help="locality: PCI devices")
     parser.add_argument("--block", type=int, default=500, help="locality: disks among them")
     parser.add_argument("--mounts", type=int, default=200, help="locality: mounts in the table")
@@ -115,6 +121,9 @@ def main(argv: list[str] | None = None) -> int:
             for figure in await reregistration(nodes, args.restarts, floor)
         ]
 
+    async def run_switch() -> list[Figure]:
+        return [f for nodes in (2, 8) for f in await switch(nodes, args.switches, burst=8)]
+
     jobs: dict[str, Callable[[], Coroutine[Any, Any, list[Figure]]]] = {
         "reregistration": run_reregistration,
         "allocate": lambda: allocate(args.calls, args.concurrency),
@@ -124,6 +133,7 @@ def main(argv: list[str] | None = None) -> int:
         "scale": lambda: scale(args.nodes, args.memory_nodes),
         "page": lambda: page(args.nodes, args.runs * 7),
         "locality": lambda: locality(args.pci, args.block, args.runs * 7, args.mounts),
+        "switch": lambda: run_switch(),
     }
     selected = list(jobs) if args.which == "all" else [args.which]
     figures: list[Figure] = []
