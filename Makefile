@@ -5,7 +5,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 BIN    := $(VENV)/bin
 
-.PHONY: install run test coverage test-loaded test-e2e test-e2e-local kube-etcd helm kubectl prometheus promtool chromium iptables screenshots reference docs lint proto bench bench-peer bench-drift bench-fleet attack soak image image-name image-tag push release lock docker-build docker-push deploy undeploy clean
+.PHONY: install run test coverage test-loaded test-e2e test-e2e-local kube-etcd helm kubectl prometheus promtool chromium iptables screenshots reference docs lint proto bench bench-peer bench-drift bench-any bench-fleet attack soak image image-name image-tag push release lock docker-build docker-push deploy undeploy clean
 
 install: $(VENV)/.installed
 
@@ -156,6 +156,12 @@ bench-drift: install .bench-venv/.installed
 	$(PY) -m pip wheel --quiet --no-deps --no-build-isolation --wheel-dir .bench-venv/dist .
 	.bench-venv/bin/pip install --quiet --no-deps .bench-venv/dist/*.whl
 	touch $@
+
+## bench-any: the simulated cluster of numa-align/any, numa-N, plain cpu requests and
+## NodeResourceTopology side by side (TopologyAffinityErrors per 1,000 pods; ANY_ARGS,
+## e.g. --pods 20000 --lags 0 1 10 --json)
+bench-any: install
+	$(PY) -m benchmarks.anynode $(ANY_ARGS)
 
 ## bench-fleet: kubectl numa devices and check against a stand-in API server with 1,000
 ## plugin pods, one of them slow (FLEET_ARGS, e.g. --nodes 200 --latency 0); prints figures
