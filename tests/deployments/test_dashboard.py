@@ -34,7 +34,8 @@ NODE = "node-a"
 TARGET_LABELS = {"node": NODE, "namespace": "kube-system", "pod": "numa-device-plugin-x1"}
 GiB = 1 << 30
 R0, R1 = "numa-align/numa-0", "numa-align/numa-1"
-RESOURCES = [R0, f"{R0}-memory", R1, f"{R1}-memory"]
+# numa-0, numa-1 and, in cpus mode, any (each with its memory resource).
+RESOURCES = [R0, f"{R0}-memory", R1, f"{R1}-memory", "numa-align/any", "numa-align/any-memory"]
 
 
 def dashboard() -> dict[str, Any]:
