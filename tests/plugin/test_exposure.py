@@ -138,7 +138,8 @@ async def test_any_offers_the_free_cpus_of_the_node_with_the_most_room_only(
     async with serving(tree.root, tmp_path, list(range(nodes * 4))) as (kubelet, manager):
         names = [f"numa-align/numa-{n}" for n in range(nodes)] + [ANY]
         await wait_all_live(kubelet, names, timeout=20)
-        assert len(kubelet.devices(ANY)) == nodes * 4, "every CPU of every node is listed"
+        # Every CPU of every node is listed (the list arrives on the stream: waited for).
+        await kubelet.wait_until(lambda: len(kubelet.devices(ANY)) == nodes * 4)
         await kubelet.wait_until(lambda: exposed(kubelet) == {0})  # a tie: the lower id
         assert kubelet.allocatable(ANY) == 4
         # Every node but the last loses CPUs to pods that hold no device of ours:
@@ -266,6 +267,7 @@ async def test_a_device_list_message_has_one_topology_node_per_device(tmp_path: 
     tree = build_machine(tmp_path / "sys", nodes=3, cpus_per_node=2)
     async with serving(tree.root, tmp_path, list(range(6))) as (kubelet, _):
         await wait_all_live(kubelet, [ANY], timeout=20)
+        await kubelet.wait_until(lambda: len(kubelet.devices(ANY)) == 6)
         listed: list[api_pb2.Device] = list(kubelet.devices(ANY))
         assert [(d.ID, [n.ID for n in d.topology.nodes]) for d in listed] == [
             (cpu(n, c), [n]) for n in range(3) for c in (2 * n, 2 * n + 1)
