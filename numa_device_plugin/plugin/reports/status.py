@@ -129,7 +129,7 @@ def _node_status(
     misaligned and miscounted holders."""
     name = resource.name
     misaligned = miscounted = 0
-    node_cpus = next(p.node.cpus for p in discovery.plans if p.node.id == node_id)
+    node_cpus = discovery_cpus(discovery, node_id)
     devices = live_devices(
         config.capacity, node_id, node_cpus, name, resource.devices_on(node_id), view,
         reserved_cpus=config.reserved_cpus, allow_unaligned=True,
