@@ -46,7 +46,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
-from numa_device_plugin.topology import pci, sysfs
+from numa_device_plugin.topology import alphabet, pci, sysfs
 from numa_device_plugin.topology.locality import Inventory, Located
 from numa_device_plugin.topology.mounts import Mount, MountTable, escape, unescape
 from numa_device_plugin.topology.pci import PciDevice
@@ -126,14 +126,17 @@ def parse_selector(text: str) -> Selector:
         )
     value = value.strip(_ASCII_SPACE)  # U+00A0 and the like stay, and are refused
     limit = MAX_PATH if kind in PATH_KINDS else MAX_VALUE
-    if not value or len(value) > limit or not value.isprintable():
-        raise ValueError(f"{kind}: needs a value of 1 to {limit} printable characters")
+    if not value or len(value) > limit or not alphabet.graphic(value, " "):
+        raise ValueError(
+            f"{kind}: needs a value of 1 to {limit} printable characters (no control, "
+            "separator, invisible format, private-use or surrogate character)"
+        )
     if kind in PATH_KINDS:
         decoded = unescape(value)
         parts = [part for part in decoded.split("/") if part]
         if not decoded.startswith("/") or any(part in (".", "..") for part in parts):
             raise ValueError(f"{kind}:{value[:80]!r}: an absolute host path without . or ..")
-        if any(not (c.isprintable() or c in "\t\n") for c in decoded):
+        if not alphabet.graphic(decoded, " \t\n"):
             raise ValueError(f"{kind}:{value[:80]!r}: an escape decodes to a control character")
         value = "/" + "/".join(parts)
     elif kind in ("block", "net"):
