@@ -43,6 +43,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 from pathlib import Path
 
 from numa_device_plugin.topology import sysfs
@@ -80,6 +81,18 @@ class Inventory:
     def pci_device(self, address: str) -> PciDevice | None:
         """The PCI device at ``address``, or None."""
         return next((d for d in self.pci if d.address == address), None)
+
+    def blocks_named(self, names: tuple[str, ...]) -> list[Located]:
+        """The block devices whose kernel names are among ``names``, in :attr:`block`'s
+        order (an index made once: every ``path:`` selector of a look asks)."""
+        index = self._block_index
+        found = sorted(index[name] for name in set(names) if name in index)
+        return [device for _, device in found]
+
+    @cached_property
+    def _block_index(self) -> dict[str, tuple[int, Located]]:
+        """Each block device's kernel name -> (its place in :attr:`block`, it)."""
+        return {device.name: (position, device) for position, device in enumerate(self.block)}
 
 
 def read_inventory(sysfs_root: Path) -> Inventory:

@@ -32,17 +32,40 @@ class MountTree(Generic[Mount]):
     at each point."""
 
     def __init__(self, mounts: tuple[Mount, ...]) -> None:
-        self.children: dict[tuple[int, str], Mount] = {}
-        self.by_point: dict[str, list[Mount]] = {}
+        # children[parent ID][point]: no tuple key made per mount (a look at 65,536
+        # mounts spent a third of its time making and collecting them)
+        children: dict[int, dict[str, Mount]] = {}
+        first: dict[str, Mount] = {}
+        more: dict[str, list[Mount]] = {}
         ids = {mount.mount_id for mount in mounts}
-        roots = []
-        for mount in mounts:
-            self.by_point.setdefault(mount.mount_point, []).append(mount)
-            if mount.parent_id in ids and mount.parent_id != mount.mount_id:
-                self.children[(mount.parent_id, mount.mount_point)] = mount
-            elif mount.mount_point == "/":
-                roots.append(mount)
-        self.root = roots[-1] if roots else None
+        root = None
+        for mount in mounts:  # kept to locals: this loop is most of the index's time
+            point = mount.mount_point
+            if first.setdefault(point, mount) is not mount:
+                more.setdefault(point, []).append(mount)
+            parent = mount.parent_id
+            if parent in ids and parent != mount.mount_id:
+                under = children.get(parent)
+                if under is None:
+                    children[parent] = {point: mount}
+                else:
+                    under[point] = mount
+            elif point == "/":
+                root = mount  # the last listed
+        self.children = children
+        self._first = first
+        self._more = more
+        self.root: Mount | None = root
+
+    def child(self, parent: Mount, point: str) -> Mount | None:
+        """The mount at ``point`` whose parent is ``parent`` (the later of two)."""
+        under = self.children.get(parent.mount_id)
+        return None if under is None else under.get(point)
+
+    def at(self, point: str) -> list[Mount]:
+        """The mounts at ``point``, in the table's order."""
+        found = self._first.get(point)
+        return [] if found is None else [found, *self._more.get(point, ())]
 
     def top(self, mount: Mount, point: str) -> Mount:
         """The mount on top of the stack at ``point`` that ``mount`` is the bottom of."""
@@ -54,9 +77,7 @@ class MountTree(Generic[Mount]):
         of a visible mount's children (deeper points), those not below another of them
         (components compared in C, points in component order) are reached, each as the
         top of its stack; each mount is visited once, whatever loops a table has."""
-        by_parent: dict[int, list[Mount]] = {}
-        for (parent, _point), child in self.children.items():
-            by_parent.setdefault(parent, []).append(child)
+        by_parent = {parent: list(under.values()) for parent, under in self.children.items()}
         found: set[int] = set()
         if self.root is None:
             return found
@@ -92,10 +113,10 @@ def parts_of(point: str) -> tuple[str, ...]:
     return tuple(part for part in point.split("/") if part)
 
 
-def top_of(mount: Mount, point: str, children: dict[tuple[int, str], Mount]) -> Mount:
+def top_of(mount: Mount, point: str, children: dict[int, dict[str, Mount]]) -> Mount:
     """The mount on top of the stack at ``point`` that ``mount`` is the bottom of."""
     seen = {mount.mount_id}
-    while (above := children.get((mount.mount_id, point))) is not None:
+    while (above := children.get(mount.mount_id, {}).get(point)) is not None:
         if above.mount_id in seen:  # a loop in a hostile table
             break
         seen.add(above.mount_id)

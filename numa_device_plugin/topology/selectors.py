@@ -247,7 +247,7 @@ def _from_path(inventory: Inventory, selector: Selector, mounts: MountTable) -> 
         reason = f"{selector}: on {mount} ({device}), which is no block device: no locality"
         return Selection(frozenset(), count=1, unlocated=(f"{mount}: no block device",),
                          reason=reason)  # fmt: skip
-    return _from_located([d for d in inventory.block if d.name in mount.blocks], selector)
+    return _from_located(inventory.blocks_named(mount.blocks), selector)
 
 
 def _not_mounted_there(

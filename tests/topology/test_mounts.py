@@ -4,6 +4,7 @@ the block device each mount's major:minor names in sysfs; hostile tables."""
 from __future__ import annotations
 
 import os
+import random
 import re
 from pathlib import Path
 
@@ -13,6 +14,7 @@ from numa_device_plugin.topology.fake import DeviceTree
 from numa_device_plugin.topology.mounts import (
     Mount,
     MountTable,
+    parse_line,
     parse_mountinfo,
     read_mount_table,
     unescape,
@@ -246,3 +248,55 @@ def test_a_filesystem_without_a_block_device_is_on_no_disk_whatever_its_source(
     assert odd.reason is not None
     assert "which is no block device: no locality" in odd.reason
     assert select(inventory, parse_selector("path:/mnt/pool"), table).nodes == {1}
+
+
+def line_by_line(data: bytes) -> tuple[Mount, ...] | str:
+    """The reference for parse_mountinfo's whole-table path: parse_line on each line
+    that is not blank, or the error's text."""
+    mounts = []
+    for number, raw in enumerate(data.split(b"\n"), 1):
+        if raw.strip():
+            try:
+                mounts.append(parse_line(raw.decode("utf-8", "replace"), number))
+            except ValueError as exc:
+                return str(exc)
+    return tuple(mounts)
+
+
+FIELDS = ["1", "22", "0", "259:2", "8:1", "0:40", "/", "/a", "/a\\040b", "a", "", "-",
+          "rw", "shared:1", "master:3", "xfs", "/dev/x", "\\134", "é", "\xff", "\t", "\r",
+          "99999999999", "\u0661", "-x", "x-"]  # fmt: skip
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_the_whole_table_reading_gives_what_each_line_gives(seed: int) -> None:
+    """parse_mountinfo reads a usual table with one regular expression: on tables of
+    usual, odd and broken lines (fields shuffled, escapes, bytes that are not UTF-8,
+    blank lines, no last newline) it gives the same mounts, or the same error, as
+    parse_line on each line."""
+    chance = random.Random(seed)
+    odd = seed % 2  # half the tables only of usual lines: the whole-table path
+    lines = []
+    for _ in range(chance.randint(1, 30)):
+        if not odd or chance.random() < 0.6:  # a usual line; in odd tables, changed
+            fields = [str(chance.randint(1, 99)), str(chance.randint(1, 99)),
+                      f"{chance.randint(0, 300)}:{chance.randint(0, 9)}", "/",
+                      chance.choice(["/", "/mnt/a", "/mnt/a\\040b", "/x/é"]), "rw",
+                      *chance.sample(["shared:1", "master:2", "-x"], chance.randint(0, 2)),
+                      "-", chance.choice(["xfs", "tmpfs", "-"]),
+                      chance.choice(["/dev/x", "none", "a\\134b", "-"]), "rw"]  # fmt: skip
+            if odd and chance.random() < 0.3:
+                fields[chance.randrange(len(fields))] = chance.choice(FIELDS)
+            if odd and chance.random() < 0.2:
+                fields = fields[: chance.randint(6, len(fields))]
+        else:
+            fields = [chance.choice(FIELDS) for _ in range(chance.randint(0, 12))]
+        lines.append(" ".join(fields))
+    data = "\n".join(lines).encode("utf-8", "surrogateescape")
+    data = data.replace("\xff".encode(), b"\xff") + (b"\n" if chance.random() < 0.7 else b"")
+    expected = line_by_line(data)
+    if isinstance(expected, str):
+        with pytest.raises(ValueError, match=f"^{re.escape(expected)}$"):
+            parse_mountinfo(data)
+    else:
+        assert parse_mountinfo(data) == expected
