@@ -2,8 +2,9 @@
 ``--nodes`` plugin pods (default 1,000), each answering its ``/debug/state`` (four
 disks with mount points, two NICs, ten pods holding resources), one of them after
 ``--slow`` seconds (a pod that never answers in time). Each command runs as a process,
-as a user runs it; the figures are its wall time, its peak RSS (``wait4``'s
-``ru_maxrss``) and whether every other node was printed while the slow one was named.
+as a user runs it; the figures are its wall time, its own peak RSS (``VmHWM``, through
+:mod:`benchmarks.peak`: ``ru_maxrss`` carried the benchmark's own 512 MB) and whether
+every other node was printed while the slow one was named.
 
 Run: ``python -m benchmarks.fleet`` (or ``python -m benchmarks.bench fleet``).
 """
@@ -20,6 +21,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from benchmarks.peak import peak_mb, wrapped
 from numa_device_plugin.kubelet_standin.apiserver import json_api
 
 LABEL = {"app.kubernetes.io/name": "numa-device-plugin"}
@@ -112,9 +114,14 @@ def serve_fleet(
     return answer, plugins, states
 
 
-def run_command(argv: list[str], cwd: str | None = None) -> tuple[float, float, int, str, str]:
-    """(wall seconds, peak RSS MB, exit status, stdout, stderr) of a process run in
-    ``cwd`` (``-m`` looks there first)."""
+def run_command(argv: list[str], cwd: str) -> tuple[float, float, int, str, str]:
+    """(wall seconds, peak RSS MB, exit status, stdout, stderr) of ``python -m`` argv
+    (``[python..., "-m", module, args...]``) run as a process in ``cwd`` (``-m`` looks
+    there first); the peak is the command's own (:mod:`benchmarks.peak`)."""
+    split = argv.index("-m")
+    peak_file = Path(cwd) / "peak-kb"
+    peak_file.unlink(missing_ok=True)
+    argv = wrapped(argv[:split], peak_file, argv[split + 1], *argv[split + 2 :])
     started = time.perf_counter()
     process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                cwd=cwd)  # fmt: skip
@@ -127,12 +134,11 @@ def run_command(argv: list[str], cwd: str | None = None) -> tuple[float, float, 
                threading.Thread(target=lambda: err.append(stderr.read()))]  # fmt: skip
     for reader in readers:
         reader.start()
-    _, status, usage = os.wait4(process.pid, 0)
+    process.wait()
     for reader in readers:
         reader.join()
-    process.returncode = os.waitstatus_to_exitcode(status)
     seconds = time.perf_counter() - started
-    return seconds, usage.ru_maxrss / 1024, process.returncode, "".join(out), "".join(err)
+    return seconds, peak_mb(peak_file), process.returncode, "".join(out), "".join(err)
 
 
 def measure(

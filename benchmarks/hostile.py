@@ -26,6 +26,7 @@ from typing import Any
 
 from benchmarks.harness import held_port, machine_info, percentile
 from benchmarks.harness import http_get as get
+from benchmarks.peak import peak_mb, wrapped
 from numa_device_plugin.topology.fake import build_machine
 from tests.apiserver_stub import Raw, node_api
 from tests.nodeconfig.test_nodeconfig_hostile import BOMB
@@ -197,7 +198,6 @@ def top_against_endless_pages(folder: Path) -> dict[str, Any]:
     another page (``continue`` set): empty pages, then 4 MiB pages. Time, exit status,
     requests served and the child's peak RSS."""
     import json as json_module
-    import resource
     import subprocess
 
     from tests.apiserver_stub import kubeconfig_text
@@ -227,21 +227,20 @@ def top_against_endless_pages(folder: Path) -> dict[str, Any]:
         with raw_server(serve_page) as port:
             kubeconfig = folder / f"kubeconfig-{name}"
             kubeconfig.write_text(kubeconfig_text(f"http://127.0.0.1:{port}"))
-            before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+            peak_file = folder / f"peak-{name}"
             started = time.monotonic()
             done = subprocess.run(
-                [sys.executable, "-m", "numa_device_plugin", "top", "--kubeconfig",
-                 str(kubeconfig), "--timeout", timeout],
+                wrapped([sys.executable], peak_file, "numa_device_plugin", "top",
+                        "--kubeconfig", str(kubeconfig), "--timeout", timeout),
                 capture_output=True, text=True, check=False,
             )  # fmt: skip
             took = time.monotonic() - started
-            peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
         figures[name] = {
             "timeout_s": float(timeout),
             "seconds": took,
             "exit": done.returncode,
             "requests": len(served),
-            "peak_rss_mb": max(peak, before) / 1024,
+            "peak_rss_mb": peak_mb(peak_file),  # its own (benchmarks.peak)
             "stderr": done.stderr.strip()[-160:],
         }
     return figures

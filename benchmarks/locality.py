@@ -36,19 +36,24 @@ def device_machine(root: Path, pci: int, block: int) -> None:
 
 
 def _discover_rss(root: Path, *flags: str) -> tuple[float, float]:
-    """Wall seconds and peak RSS (MB) of one ``discover`` process on ``root``."""
-    import resource
+    """Wall seconds and peak RSS (MB, the process's own: :mod:`benchmarks.peak`) of one
+    ``discover`` process on ``root``."""
     import subprocess
+    import tempfile
 
-    started = time.perf_counter()
-    done = subprocess.run(
-        [sys.executable, "-m", "numa_device_plugin", "discover", "--sysfs-root", str(root),
-         "--output", "json", *flags],
-        capture_output=True, check=True,
-    )  # fmt: skip
-    seconds = time.perf_counter() - started
+    from benchmarks.peak import peak_mb, wrapped
+
+    with tempfile.TemporaryDirectory(prefix="ndp-peak-") as folder:
+        peak_file = Path(folder) / "peak-kb"
+        started = time.perf_counter()
+        done = subprocess.run(
+            wrapped([sys.executable], peak_file, "numa_device_plugin", "discover",
+                    "--sysfs-root", str(root), "--output", "json", *flags),
+            capture_output=True, check=True,
+        )  # fmt: skip
+        seconds = time.perf_counter() - started
+        peak = peak_mb(peak_file)
     assert json.loads(done.stdout)["nodes"], "discover found no NUMA node"
-    peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
     return seconds, peak
 
 

@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import socket
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -106,6 +108,24 @@ def test_the_pace_is_back_after_a_benchmark(capsys: pytest.CaptureFixture[str]) 
     """The soak test after a paced benchmark test (same worker) settles at full length."""
     assert bench.main(["reregistration", "--restarts", "1", "--json", "--pace", "0.1"]) == 0
     assert PACE == [1.0]
+
+
+def test_a_commands_peak_is_its_own_not_the_benchmarks(tmp_path: Path) -> None:
+    """A child forked from a process holding 192 MB: wait4's ru_maxrss carries the
+    parent's mark across exec (the fleet benchmark's 550 MB), the wrapper's VmHWM is
+    the command's own."""
+    from benchmarks.peak import peak_mb, wrapped
+
+    held = bytearray(192 << 20)
+    held[::4096] = b"x" * len(held[::4096])  # every page touched: resident
+    peak_file = tmp_path / "peak"
+    process = subprocess.Popen(wrapped([sys.executable], peak_file, "platform"),
+                               stdout=subprocess.DEVNULL)  # fmt: skip
+    _, status, usage = os.wait4(process.pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert usage.ru_maxrss / 1024 >= 192  # what the benchmark used to print
+    assert 0 < peak_mb(peak_file) < 64
+    del held
 
 
 def test_the_fleet_benchmark_names_its_slow_pod_and_prints_the_others(

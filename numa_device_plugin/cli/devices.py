@@ -71,9 +71,12 @@ def command(**params: Any) -> int:
               f"(namespace {params['namespace']}, selector {params['selector']})",
               file=sys.stderr)  # fmt: skip
         return 1
-    document = devices_document({node: ps.state for node, ps in fleet.states.items()})
-    if params["output"] == "json":
-        print(json.dumps(document, indent=2))
+    states = {node: ps.state for node, ps in fleet.states.items()}
+    fleet.states.clear()  # each answer freed once cleaned (devices_document empties states)
+    document = devices_document(states)
+    if params["output"] == "json":  # written as it is encoded: no whole text held
+        json.dump(document, sys.stdout, indent=2)
+        print()
     else:
         print(render_devices(document), end="")
     return 0
@@ -83,12 +86,14 @@ def devices_document(states: dict[str, dict[str, Any]]) -> dict[str, Any]:
     """``{"nodes": [{"name", "disks", "nics", "accelerators"}], "pool": {"near": {NAME:
     "path:…"}}, "named": {config: {"near": {NAME: SELECTOR}}}, "config_names": {config:
     node}, "left_out": [why…]}`` from each node's ``/debug/state`` (its ``inventory``),
-    every field of its type (:func:`~numa_device_plugin.cli.proposal.clean`); pure.
-    The proposal is :func:`~numa_device_plugin.cli.proposal.propose`'s."""
-    nodes = {node: clean(states[node].get("inventory")) for node in sorted(states)}
+    every field of its type (:func:`~numa_device_plugin.cli.proposal.clean`). ``states``
+    is emptied as each node is cleaned: a fleet's raw answers and their cleaned rows are
+    never all held at once. The proposal is
+    :func:`~numa_device_plugin.cli.proposal.propose`'s."""
     # A plugin serves a null inventory until it has read its devices (once registered):
     # not a node without disks. Named, and the proposal made from the others.
     unread = [node for node in sorted(states) if states[node].get("inventory") is None]
+    nodes = {node: clean(states.pop(node).get("inventory")) for node in sorted(states)}
     proposal = propose({node: found for node, found in nodes.items() if node not in unread})
     proposal["left_out"] = [
         *(f"{node}: its plugin has not read its devices yet (it reads them once "
