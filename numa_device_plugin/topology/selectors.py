@@ -238,7 +238,7 @@ def _from_path(inventory: Inventory, selector: Selector, mounts: MountTable) -> 
     mount = mounts.holding(path)
     if mount is None:
         return Selection(frozenset(), reason=f"{selector}: no mount holds it")
-    refused = _not_mounted_there(selector, mount, mounts.at(path))
+    refused = _not_mounted_there(selector, mount, mounts.at(path), mounts.holding("/"))
     if refused is not None:
         return Selection(frozenset(), count=1, unlocated=(f"{mount}: {refused[0]}",),
                          reason=f"{selector}: {refused[1]}")  # fmt: skip
@@ -251,13 +251,20 @@ def _from_path(inventory: Inventory, selector: Selector, mounts: MountTable) -> 
 
 
 def _not_mounted_there(
-    selector: Selector, mount: Mount, stacked: tuple[Mount, ...]
+    selector: Selector, mount: Mount, stacked: tuple[Mount, ...], root: Mount | None
 ) -> tuple[str, str] | None:
     """Why ``mount``, the one visible at the selector's path, is not taken: (short,
     full reason naming what to fix), or None when it is. ``path:`` takes only a mount
     at the path itself; ``path-below:`` a parent too, but never the root filesystem
-    unless the path is ``/``."""
+    (``root``, the mount visible at ``/``), nor a folder of it bound or mounted again
+    elsewhere (the same device), unless the path is ``/``."""
     path = selector.value
+    if root is not None and mount is not root and mount.device == root.device and path != "/":
+        return "the root filesystem bound there", (
+            f"{mount} is the root filesystem's ({root}) bound or mounted again there, which "
+            f"is never taken for a data disk; mount the data disk at {escape(path)}, or "
+            "select the root disk with path:/"
+        )
     if mount.mount_point == path:
         return None
     escaped = escape(path)

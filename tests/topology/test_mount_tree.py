@@ -50,6 +50,33 @@ def test_an_unmounted_data_disk_selects_nothing_never_the_root_disk(tmp_path: Pa
     assert selection.by_node == ()
 
 
+@pytest.mark.parametrize(
+    ("table", "selector"),
+    [
+        # a folder of the root filesystem bound at the data disk's mount point
+        (ROOT + "30 22 259:2 /srv/a /mnt/disks/a rw - ext4 /dev/nvme0n1p2 rw\n",
+         "path:/mnt/disks/a"),
+        # the root filesystem mounted again over /var/lib (a btrfs subvolume is the same)
+        (ROOT + "30 22 259:2 /var/lib /var/lib rw - ext4 /dev/nvme0n1p2 rw\n",
+         "path-below:/var/lib/elasticsearch"),
+    ],
+)  # fmt: skip
+def test_the_root_filesystem_bound_elsewhere_is_never_taken_for_a_data_disk(
+    tmp_path: Path, table: str, selector: str
+) -> None:
+    """A bind mount shows the filesystem it binds: a folder of the root filesystem bound
+    at /mnt/disks/a is the root disk, which path: takes only as path:/ (as when nothing
+    is mounted there)."""
+    selection = selected(tmp_path, table, selector)
+    assert selection.nodes == frozenset()
+    assert selection.reason is not None
+    assert "is the root filesystem's (ext4 /dev/nvme0n1p2 at /) bound or mounted again" in (
+        selection.reason
+    )
+    assert "select the root disk with path:/" in selection.reason
+    assert selected(tmp_path, table, "path:/").nodes == frozenset({0})
+
+
 def test_a_mount_hidden_by_a_later_mount_over_its_parent_is_not_chosen(tmp_path: Path) -> None:
     """/mnt/disks/a (nvme1n1p1, node 1) mounted first, then nvme0n1p3 over /mnt: a
     process sees /mnt's filesystem at /mnt/disks/a, and so does the selector."""
