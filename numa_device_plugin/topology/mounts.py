@@ -58,6 +58,8 @@ SOURCE_NAMES_DEVICES = frozenset({"btrfs", "bcachefs"})
 _OCTAL = re.compile(r"\\([0-7]{3})")
 _DEVICE = re.compile(r"(\d{1,10}):(\d{1,10})")
 _ID = re.compile(r"\d{1,10}")
+# A filesystem UUID as /dev/disk/by-uuid names it (btrfs: its fsid, fs/btrfs/<fsid>).
+_FSID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
 # A line of the usual shape, as parse_line reads it: IDs, major:minor, root, point,
 # options, optional fields up to the first "-" from the seventh field on, type, source
 # and the rest (parse_mountinfo's fast path over a whole table).
@@ -121,6 +123,14 @@ class MountTable:
             if child is not None:
                 current = tree.top(child, prefix)
         return current
+
+    def unheld(self) -> str:
+        """Why :meth:`holding` answers None: no root mount, or several."""
+        roots = self._tree.roots
+        if roots == 0:
+            return "the table has no root mount (a mount at / whose parent is not listed)"
+        return (f"the table has {roots} root mounts (at / with no parent listed): not a "
+                "table the kernel writes, and which holds a path is open")  # fmt: skip
 
     def at(self, path: str) -> tuple[Mount, ...]:
         """The mounts whose mount point is ``path``, visible or not."""
@@ -314,12 +324,21 @@ class _Devices:
     def _from_source(self, source: str) -> tuple[str, ...]:
         names: list[str] = []
         for one in source.split(":"):  # bcachefs lists its devices as /dev/a:/dev/b
+            if one.startswith("/dev/disk/by-uuid/"):  # a btrfs's UUID is its fsid
+                fsid = one.removeprefix("/dev/disk/by-uuid/")
+                found = self._btrfs_devices(fsid) if _FSID.fullmatch(fsid) else ()
+                names.extend(name for name in found if name not in names)
+                continue
             name = self._named(one)
             if name is not None and name not in names:
                 names.append(name)
-        for fs in self._btrfs_filesystems():
-            if any(name in fs for name in names):
-                names.extend(name for name in fs if name not in names)
+        # The other disks of the btrfs the source names: of the one filesystem that
+        # lists the source's own device(s). A device listed under two fsids (a stale
+        # scan of a disk formatted again) leaves it open which is mounted: only the
+        # source's own then, the same whatever order the fsids are listed in.
+        holding = [fs for fs in self._btrfs_filesystems() if any(name in fs for name in names)]
+        if len(holding) == 1:
+            names.extend(name for name in holding[0] if name not in names)
         return tuple(names)
 
     def _named(self, device: str) -> str | None:
@@ -354,15 +373,19 @@ class _Devices:
         """The devices of each btrfs filesystem (``fs/btrfs/<fsid>/devices/``)."""
         if self._btrfs is None:
             self._btrfs = []
-            folder = self.root / "fs" / "btrfs"
-            for fsid in _listed(folder):
-                names = tuple(
-                    name for name in _listed(folder / fsid / "devices")
-                    if sysfs.KERNEL_NAME.fullmatch(name)
-                )[:MAX_FS_DEVICES]  # fmt: skip
+            for fsid in _listed(self.root / "fs" / "btrfs"):
+                names = self._btrfs_devices(fsid)
                 if names:
                     self._btrfs.append(names)
         return self._btrfs
+
+    def _btrfs_devices(self, fsid: str) -> tuple[str, ...]:
+        """The kernel names in ``fs/btrfs/<fsid>/devices/`` (at most
+        :data:`MAX_FS_DEVICES`)."""
+        folder = self.root / "fs" / "btrfs" / fsid / "devices"
+        return tuple(
+            name for name in _listed(folder) if sysfs.KERNEL_NAME.fullmatch(name)
+        )[:MAX_FS_DEVICES]  # fmt: skip
 
 
 def _listed(folder: Path) -> list[str]:

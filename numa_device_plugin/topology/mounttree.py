@@ -39,6 +39,7 @@ class MountTree(Generic[Mount]):
         more: dict[str, list[Mount]] = {}
         ids = {mount.mount_id for mount in mounts}
         root = None
+        roots = 0
         for mount in mounts:  # kept to locals: this loop is most of the index's time
             point = mount.mount_point
             if first.setdefault(point, mount) is not mount:
@@ -51,11 +52,16 @@ class MountTree(Generic[Mount]):
                 else:
                     under[point] = mount
             elif point == "/":
-                root = mount  # the last listed
+                roots += 1
+                root = mount
         self.children = children
         self._first = first
         self._more = more
-        self.root: Mount | None = root
+        # Two roots (mounts at / whose parents are not listed) are no table the kernel
+        # writes (a mount over / has the one below as its parent): which holds a path
+        # is open, so none does (MountTable.unheld says why).
+        self.roots = roots
+        self.root: Mount | None = root if roots == 1 else None
 
     def child(self, parent: Mount, point: str) -> Mount | None:
         """The mount at ``point`` whose parent is ``parent`` (the later of two)."""

@@ -237,7 +237,7 @@ def _from_path(inventory: Inventory, selector: Selector, mounts: MountTable) -> 
     path = selector.value
     mount = mounts.holding(path)
     if mount is None:
-        return Selection(frozenset(), reason=f"{selector}: no mount holds it")
+        return Selection(frozenset(), reason=f"{selector}: no mount holds it: {mounts.unheld()}")
     refused = _not_mounted_there(selector, mount, mounts.at(path), mounts.holding("/"))
     if refused is not None:
         return Selection(frozenset(), count=1, unlocated=(f"{mount}: {refused[0]}",),
@@ -268,6 +268,12 @@ def _not_mounted_there(
     if mount.mount_point == path:
         return None
     escaped = escape(path)
+    if stacked and mount.mount_point == "/":  # not under the root at all: the IDs lie
+        return "not reachable from the root mount", (
+            f"{stacked[-1]} is listed but not reachable from the root mount (its parent IDs "
+            "loop or name no mount of the table): not a table the kernel writes; read "
+            "the mount table again"
+        )
     if stacked:
         hidden = (
             f"{stacked[-1]} is hidden by {mount} (mounted over a parent later); "

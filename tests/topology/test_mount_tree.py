@@ -148,6 +148,39 @@ def test_a_table_without_a_root_mount_or_with_loops_holds_nothing_or_the_root(
     assert (None if found is None else found.source) == expected
 
 
+def test_a_mount_whose_parents_loop_is_named_unreachable_not_hidden_by_root(
+    tmp_path: Path,
+) -> None:
+    """/mnt/disks/a's parent 31 and 31's parent 30 loop: nothing at the path hangs from
+    the root. The reason says so (it said "hidden by ... at /; unmount /")."""
+    table = (
+        ROOT + "30 31 259:6 / /mnt rw - ext4 /dev/nvme0n1p3 rw\n"
+        "31 30 259:6 / /mnt/disks rw - ext4 /dev/nvme0n1p3 rw\n"
+        "32 31 259:5 / /mnt/disks/a rw - xfs /dev/nvme1n1p1 rw\n"
+    )
+    selection = selected(tmp_path, table, "path:/mnt/disks/a")
+    assert selection.nodes == frozenset()
+    assert selection.reason is not None
+    assert "is listed but not reachable from the root mount" in selection.reason
+    assert "unmount /" not in selection.reason
+
+
+def test_a_table_of_two_root_mounts_holds_nothing_and_says_why(tmp_path: Path) -> None:
+    """Two mounts at / whose parents are not listed: the kernel writes one (a mount over
+    / has the one below as its parent). Which holds /mnt/disks/a is open (the second
+    root's, the later, used to win and every mount under the first was lost): none."""
+    table = (
+        ROOT + "30 22 259:5 / /mnt/disks/a rw - xfs /dev/nvme1n1p1 rw\n"
+        "40 2 259:6 / / rw - ext4 /dev/nvme0n1p3 rw\n"
+    )
+    selection = selected(tmp_path, table, "path:/mnt/disks/a")
+    assert selection.nodes == frozenset()
+    assert selection.reason == (
+        "path:/mnt/disks/a: no mount holds it: the table has 2 root mounts (at / with no "
+        "parent listed): not a table the kernel writes, and which holds a path is open"
+    )
+
+
 def test_a_root_mount_listed_as_its_own_parent_is_the_root_and_holds_its_children() -> None:
     """proc(5): the root of a mount namespace may name itself as its parent. It is the
     root, and the mounts below it are found through it."""
@@ -228,10 +261,13 @@ def test_a_table_of_blank_lines_costs_no_more_memory_than_its_bytes() -> None:
     assert peak < len(data) // 4, f"peak {peak} bytes for a {len(data)}-byte table"
 
 
+RAID1 = "0c6f1d2e-3a4b-4c5d-8e6f-7a8b9c0d1e2f"  # a btrfs's fsid, its UUID in /dev/disk/by-uuid
+
+
 def btrfs_tree(tmp_path: Path) -> None:
     root = tmp_path / "sys"
     sysfs_with_devices(root)
-    for fsid, names in (("0c6f-a", ["nvme1n1p1", "nvme0n1p1"]), ("77aa-b", ["nvme0n1p3"])):
+    for fsid, names in ((RAID1, ["nvme1n1p1", "nvme0n1p1"]), ("77aa-b", ["nvme0n1p3"])):
         folder = root / "fs" / "btrfs" / fsid / "devices"
         folder.mkdir(parents=True)
         for name in names:
@@ -250,6 +286,12 @@ def btrfs_tree(tmp_path: Path) -> None:
         ("/dev/nvme9n1", set(), []),  # no such disk
         ("/dev/../../etc/passwd", set(), []),  # no kernel name
         ("/dev/mapper/missing", set(), []),
+        # mounted by UUID: a btrfs's UUID is its fsid, fs/btrfs/<fsid>/devices lists it
+        (f"/dev/disk/by-uuid/{RAID1}", {0, 1}, ["nvme0n1p1", "nvme1n1p1"]),
+        ("/dev/disk/by-uuid/00000000-0000-4000-8000-000000000000", set(), []),
+        ("/dev/disk/by-uuid/../../../etc", set(), []),
+        # other /dev/disk links are udev's, not in sysfs: not followed, no block device
+        ("/dev/disk/by-label/data", set(), []),
     ],
 )
 def test_btrfs_on_an_anonymous_device_selects_the_disks_of_its_source_and_fs_btrfs(
@@ -263,6 +305,24 @@ def test_btrfs_on_an_anonymous_device_selects_the_disks_of_its_source_and_fs_btr
     if not nodes:
         assert selection.reason is not None
         assert "which is no block device" in selection.reason
+
+
+@pytest.mark.parametrize("stale", ["00aa-stale", "ffaa-stale"])  # listed before and after
+def test_a_device_listed_under_two_btrfs_fsids_gives_only_its_own_disk(
+    tmp_path: Path, stale: str
+) -> None:
+    """nvme1n1p1 under the raid1's fsid and under a stale one with nvme0n1p3: which is
+    mounted is open, so only the source's own device is taken, whatever the fsids' order
+    (it was the union of those listed before the other)."""
+    btrfs_tree(tmp_path)
+    folder = tmp_path / "sys" / "fs" / "btrfs" / stale / "devices"
+    folder.mkdir(parents=True)
+    for name in ("nvme1n1p1", "nvme0n1p3"):
+        os.symlink(os.path.relpath(tmp_path / "sys/class/block" / name, folder), folder / name)
+    table = ROOT + "30 22 0:45 / /mnt/disks/a rw - btrfs /dev/nvme1n1p1 rw\n"
+    selection = selected(tmp_path, table, "path:/mnt/disks/a")
+    assert selection.matched == ("nvme1n1p1",)
+    assert selection.nodes == frozenset({1})
 
 
 def test_a_filesystem_without_a_dev_source_on_an_anonymous_device_is_no_block_device(

@@ -294,7 +294,8 @@ def test_a_path_without_a_readable_mount_table_says_why(
     broken = select(inventory, parse_selector("path:/x"), MountTable(problem="malformed x"))
     assert broken.reason == "path:/x: the host's mount table: malformed x"
     assert select(inventory, parse_selector("path:/x"), MountTable()).reason == (
-        "path:/x: no mount holds it"
+        "path:/x: no mount holds it: the table has no root mount (a mount at / whose parent "
+        "is not listed)"
     )
 
 
