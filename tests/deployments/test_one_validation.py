@@ -81,6 +81,9 @@ CORPUS: list[tuple[str, dict[str, Any], bool]] = [
     ("path-below-relative", {"near": {"d": "path-below:var/lib"}}, False),
     ("path-long", {"near": {"d": "path:/" + "a" * 1023}}, True),
     ("path-too-long", {"near": {"d": "path:/" + "a" * 1024}}, False),
+    # the same 1,024 characters of path after the longer kind's name
+    ("path-below-long", {"near": {"d": "path-below:/" + "a" * 1023}}, True),
+    ("path-below-too-long", {"near": {"d": "path-below:/" + "a" * 1024}}, False),
     ("unknown-kind", {"near": {"d": "disk:sda"}}, False),
     ("all-of-8", {"near": {"d": [f"net:e{i}" for i in range(8)]}}, True),
     ("all-of-9", {"near": {"d": [f"net:e{i}" for i in range(9)]}}, False),
