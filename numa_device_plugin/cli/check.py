@@ -57,6 +57,8 @@ def command(**params: Any) -> int:
         ALIGNED,
         check_pod,
         claims,
+        host_paths,
+        not_running,
         pod_key,
         requests_prefix,
     )
@@ -65,27 +67,38 @@ def command(**params: Any) -> int:
     if params["pod"] and not params["namespace"]:
         raise click.UsageError("POD needs --pod-namespace (-n)")
 
-    def reads(api: Any) -> tuple[list[dict[str, Any]], dict[Any, str | None], Any]:
-        pods = [p for p in _pods(api, params) if requests_prefix(p, params["resource_prefix"])]
+    def reads(
+        api: Any,
+    ) -> tuple[list[dict[str, Any]], list[dict[str, Any]], dict[Any, str | None], Any]:
+        found = _pods(api, params)
+        pods = [p for p in found if _running(p) and requests_prefix(p, params["resource_prefix"])]
+        waiting = [p for p in found if not _running(p)]  # POD named, not running yet
         wanted = {(pod_key(p)[0], c) for p in pods for c in claims(p)}
         paths = _claim_paths(api, params["namespace"], wanted) if wanted else {}
-        plugins = plugin_pods(api, params["plugin_namespace"], params["selector"])
-        return pods, paths, read_fleet(api, params["plugin_namespace"], plugins, params["port"],
-                                       pod_seconds=params["pod_timeout"])  # fmt: skip
+        # only the plugins on the pods' nodes: one pod checked is one /debug/state read
+        nodes = {(p.get("spec") or {}).get("nodeName") for p in pods}
+        plugins = [(name, node) for name, node in
+                   plugin_pods(api, params["plugin_namespace"], params["selector"])
+                   if node in nodes]  # fmt: skip
+        return pods, waiting, paths, read_fleet(
+            api, params["plugin_namespace"], plugins, params["port"],
+            pod_seconds=params["pod_timeout"],
+        )  # fmt: skip
 
     found = apireads.read_within_deadline("check", params, reads)
     if found is None:
         return 1
-    pods, paths, fleet = found
+    pods, waiting, paths, fleet = found
     for problem in fleet.problems:
         print(f"numa-device-plugin check: {shown(problem)}", file=sys.stderr)
-    checks = []
+    checks = [not_running(pod) for pod in waiting]
     for pod in sorted(pods, key=pod_key):
         namespace = pod_key(pod)[0]
         node = (pod.get("spec") or {}).get("nodeName")
         state = fleet.states[node].state if node in fleet.states else None
         volumes = [(claim, paths.get((namespace, claim))) for claim in claims(pod)]
-        checks.append(check_pod(pod, state, volumes, params["resource_prefix"]))
+        checks.append(check_pod(pod, state, [*volumes, *host_paths(pod)],
+                                params["resource_prefix"]))  # fmt: skip
     if params["output"] == "json":
         print(json.dumps({"pods": [c.document() for c in checks],
                           "problems": fleet.problems}, indent=2))  # fmt: skip
@@ -94,19 +107,23 @@ def command(**params: Any) -> int:
     return 0 if all(c.verdict == ALIGNED for c in checks) else 1
 
 
+def _running(pod: dict[str, Any]) -> bool:
+    return (pod.get("status") or {}).get("phase") == "Running"
+
+
 def _pods(api: Any, params: dict[str, Any]) -> list[dict[str, Any]]:
-    """The running pods to check: POD, those of --namespace, or all."""
+    """The pods to check: POD (whatever its phase: one not running is said so), the
+    running pods of --namespace, or all running pods."""
     namespace = params["namespace"]
     if params["pod"]:
         path = (
             f"/api/v1/namespaces/{quote(namespace, safe='')}/pods/{quote(params['pod'], safe='')}"
         )
-        found = [api.get(path, "Pod")]
-    else:
-        scope = f"/namespaces/{quote(namespace, safe='')}" if namespace else ""
-        found = api.list(f"/api/v1{scope}/pods?limit={PER_PAGE}"
-                         "&fieldSelector=status.phase%3DRunning", "Pod")  # fmt: skip
-    return [p for p in found if (p.get("status") or {}).get("phase") == "Running"]
+        return [api.get(path, "Pod")]
+    scope = f"/namespaces/{quote(namespace, safe='')}" if namespace else ""
+    found = api.list(f"/api/v1{scope}/pods?limit={PER_PAGE}"
+                     "&fieldSelector=status.phase%3DRunning", "Pod")  # fmt: skip
+    return [p for p in found if _running(p)]
 
 
 def _claim_paths(

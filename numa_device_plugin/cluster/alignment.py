@@ -17,11 +17,12 @@ resource it holds:
   scheduler does not see taken).
 
 For each volume of the pod that is a local PersistentVolume (``spec.local.path``, or
-``hostPath``) the disk under that path on the pod's node (the inventory's mount points,
-the nearest one at or above the path) must be a device the held resource follows, or,
-for a NUMA node's own resource, on its node (*volume on another disk*). A pod whose node
-could not be read, or that the plugin lists no container of, is *unknown*: it is not
-shown to be aligned.
+``hostPath``), or the pod's own ``hostPath`` volume, the disk under that path on the
+pod's node (the inventory's mount points, the nearest one at or above the path) must be
+a device the held resource follows, or, for a NUMA node's own resource, on its node
+(*volume on another disk*). A pod whose node could not be read, or that the plugin
+lists no container of, is *unknown*: it is not shown to be aligned; so is a pod named
+on the command line that is not running.
 """
 
 from __future__ import annotations
@@ -156,11 +157,30 @@ def local_path(pv: Mapping[str, Any]) -> str | None:
     """A PersistentVolume's host path: ``spec.local.path``, else ``spec.hostPath.path``."""
     spec = _dict(pv.get("spec"))
     for kind in ("local", "hostPath"):
-        source = spec.get(kind)
-        path = source.get("path") if isinstance(source, dict) else None
-        if isinstance(path, str) and path.startswith("/"):
-            # normalised as the kernel resolves it: /mnt/disks/a/../b is /mnt/disks/b
-            return posixpath.normpath("/" + "/".join(part for part in path.split("/") if part))
+        found = _host_path(spec.get(kind))
+        if found is not None:
+            return found
+    return None
+
+
+def host_paths(pod: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """The pod's own ``hostPath`` volumes (not through a claim): (``<volume name>
+    (hostPath)``, the host path normalised), in the pod's order."""
+    found = []
+    for volume in _dicts(_dict(pod.get("spec")).get("volumes")):
+        path = _host_path(volume.get("hostPath"))
+        name = volume.get("name")
+        if path is not None and isinstance(name, str):
+            found.append((f"{name} (hostPath)", path))
+    return found
+
+
+def _host_path(source: object) -> str | None:
+    """``source``'s absolute ``path``, normalised as the kernel resolves it
+    (``/mnt/disks/a/../b`` is ``/mnt/disks/b``), or None."""
+    path = source.get("path") if isinstance(source, dict) else None
+    if isinstance(path, str) and path.startswith("/"):
+        return posixpath.normpath("/" + "/".join(part for part in path.split("/") if part))
     return None
 
 
@@ -218,6 +238,18 @@ def _node_cpus(state: Mapping[str, Any]) -> dict[int, set[int]]:
 
 def _cpu_nodes(node_cpus: Mapping[int, set[int]], cpus: set[int]) -> set[int]:
     return {node for node, on_node in node_cpus.items() if on_node & cpus}
+
+
+def not_running(pod: Mapping[str, Any]) -> PodCheck:
+    """The verdict of a pod named on the command line that is not running: unknown (it
+    has no CPUs or devices yet to check; a Pending pod may be waiting for the scheduler
+    or refused at admission, and ``kubectl describe`` says which)."""
+    namespace, name = pod_key(pod)
+    spec, status = _dict(pod.get("spec")), _dict(pod.get("status"))
+    check = PodCheck(f"{namespace}/{name}", _text(spec.get("nodeName")))
+    phase = _text(status.get("phase")) or "unknown"
+    check.fault(UNKNOWN, f"phase {phase}: not running, nothing placed to check yet")
+    return check
 
 
 def check_pod(

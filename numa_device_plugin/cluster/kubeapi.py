@@ -188,9 +188,7 @@ class KubeApi:
         """Release the client's connections."""
         self._client.close()  # type: ignore[no-untyped-call]
 
-    def _answer(
-        self, path: str, deadline: Deadline | None = None
-    ) -> tuple[int, str, bytearray]:
+    def _answer(self, path: str, deadline: Deadline | None = None) -> tuple[int, str, bytearray]:
         """Status, reason and body (at most :data:`MAX_ANSWER` bytes) of GET ``path``
         within ``deadline`` (default: the command's), connect included. Raises
         :class:`DeadlinePassed` when the deadline ends it, :class:`ApiError` for no

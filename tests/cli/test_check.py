@@ -494,3 +494,52 @@ def test_a_pod_holding_any_is_checked_like_the_others_and_its_count_against_its_
     state = node_state([holder("web-0", cpus, "any", ids)])
     check = check_pod(search_pod("web-0", "any"), state, [], "numa-align")
     assert (check.verdict, check.why) == (verdict, why)
+
+
+def test_a_pods_own_host_path_volume_is_checked_like_a_local_pv(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An inline hostPath volume on the other NUMA node's disk: misaligned, named by the
+    volume (it was not checked: aligned, exit 0)."""
+    inline = search_pod("inline-0", "data-a")
+    inline["spec"]["volumes"] = [{"name": "scratch", "hostPath": {"path": "/mnt/disks/b/x/"}}]
+    holders = [holder("inline-0", "3", "data-a", ["numa1-slot0001"], memory=1)]
+    code, out, _ = run(tmp_path, capsys, [inline], node_state(holders), "--output", "json")
+    (found,) = json.loads(out)["pods"]
+    assert code == 1
+    assert found["verdict"] == "misaligned"
+    assert found["volumes"][0]["claim"] == "scratch (hostPath)"
+    assert found["volumes"][0]["path"] == "/mnt/disks/b/x"
+    assert found["volumes"][0]["disk"] == "vdc"
+
+
+def test_a_named_pod_that_is_not_running_is_unknown_and_exits_1(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """check search-a-0 while it is Pending: it was "no running pod holds a numa-align
+    resource", exit 0, which read as a pass."""
+    pending = search_pod("search-a-0", "data-a", "data-a-0")
+    pending["status"]["phase"] = "Pending"
+    code, out, _ = run(tmp_path, capsys, [pending], node_state([]),
+                       "-n", "search", "search-a-0", "--output", "json")  # fmt: skip
+    (found,) = json.loads(out)["pods"]
+    assert code == 1
+    assert found["verdict"] == "unknown"
+    assert found["why"] == ["phase Pending: not running, nothing placed to check yet"]
+
+
+def test_checking_one_pod_reads_only_its_nodes_plugin(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Forty plugin pods, one pod checked: one /debug/state read (it was forty)."""
+    plugins = [plugin_pod(f"p-{n}", n) for n in ("a", *(f"n{i}" for i in range(39)))]
+    with cluster_api(tmp_path, [], [*plugins, *RECIPE]) as (api, config):
+        for plugin in plugins:
+            api.proxied[plugin["metadata"]["name"]] = node_state(RECIPE_HOLDERS)
+        api.claims = [claim("data-a-0", "pv-a"), claim("data-b-0", "pv-b")]
+        api.volumes = [local_pv("pv-a", "/mnt/disks/a"), local_pv("pv-b", "/mnt/disks/b")]
+        code = main(["check", "--kubeconfig", str(config), "-n", "search", "search-a-0"])
+        reads = [path for path in api.paths if path.endswith("/proxy/debug/state")]
+    capsys.readouterr()
+    assert code == 0
+    assert reads == ["/api/v1/namespaces/kube-system/pods/p-a:9201/proxy/debug/state"]
