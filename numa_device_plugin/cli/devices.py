@@ -128,6 +128,17 @@ def disk_size(size: object) -> str:
     return f"{value:.1f}".removesuffix(".0") + unit
 
 
+def listed(settings: dict[str, Any]) -> dict[str, Any]:
+    """``settings`` with its ``near`` map's selectors each in a list (``{ch: [path:/data]}``):
+    the values form that takes a second selector without a second key (YAML keeps only
+    the last of two, and helm says nothing)."""
+    near = settings.get("near")
+    if not isinstance(near, dict):
+        return settings
+    return {**settings, "near": {name: [s] if isinstance(s, str) else s
+                                 for name, s in near.items()}}  # fmt: skip
+
+
 def render_devices(document: dict[str, Any]) -> str:
     """The table (NODE, NUMA, KIND, NAME, ID, MODEL, SIZE, PCI, DRIVER, MOUNTPOINTS),
     then the pool configuration (``config.near``) and the per-node one
@@ -154,13 +165,19 @@ def render_devices(document: dict[str, Any]) -> str:
         + "\n"
         for row in rows
     )
+    if document["pool"] or document["named"]:
+        text += (
+            "\n# Each name's selectors are a list: a name written twice in YAML keeps only "
+            "the last\n# (helm says nothing); add a selector to the list instead (all must "
+            "agree).\n"
+        )
     if document["pool"]:
         text += (
             "\n# One configuration for every node: the disk mounted at each of these paths "
             "on all of them\n# (the align page's recipe; the chart mounts the host's mount "
             "table for path:).\n"
         )
-        text += yaml.safe_dump({"config": document["pool"]}, sort_keys=False)
+        text += yaml.safe_dump({"config": listed(document["pool"])}, sort_keys=False)
     if document["named"]:
         text += (
             "\n# Per node, a configuration of its devices (label each node "
@@ -169,7 +186,8 @@ def render_devices(document: dict[str, Any]) -> str:
         )
         for config, node in document["config_names"].items():
             text += f"# {shown(config)} is node {shown(node)} (its name is no label value)\n"
-        text += yaml.safe_dump({"config": {"named": document["named"]}}, sort_keys=False)
+        named = {config: listed(settings) for config, settings in document["named"].items()}
+        text += yaml.safe_dump({"config": {"named": named}}, sort_keys=False)
     for why in document["left_out"]:
         text += f"# left out: {shown(why)}\n"
     return text

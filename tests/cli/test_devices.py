@@ -63,17 +63,20 @@ def test_devices_reads_each_running_plugin_pod_through_the_proxy_and_prints_a_ma
     assert (code, err) == (0, "")
     assert "/api/v1/namespaces/kube-system/pods/p-a:9201/proxy/debug/state" in paths
     assert not any("p-c" in p or "other" in p for p in paths)  # not Running / not ours
-    table, _, named = out.partition("\n\n")
+    table, _, rest = out.partition("\n\n")
+    warning, _, named = rest.partition("\n\n")
+    assert "a name written twice in YAML keeps only the last" in warning
     rows = [line.split() for line in table.splitlines()]
     assert rows[0] == ["NODE", "NUMA", "KIND", "NAME", "ID", "MODEL", "SIZE", "PCI", "DRIVER",
                        "MOUNTPOINTS"]  # fmt: skip
     assert ["a", "1", "disk", "vda", "DISK-A", "QEMU", "16M", "0000:41:00.0", "-", "-"] in rows
     assert rows[2][:5] == ["a", "0", "disk", "vdb", "eui.vdb"]
     assert ["a", "1", "nic", "eth0", "-", "-", "-", "0000:81:00.0", "virtio_net", "-"] in rows
+    # each name's selectors a list: a second one is added there, never as a second key
     assert yaml.safe_load(named) == {"config": {"named": {
-        "a": {"near": {"disk-vda": "serial:DISK-A", "disk-vdb": "wwid:eui.vdb",
-                       "nic-eth0": "net:eth0"}},
-        "b": {"near": {"disk-vda": "serial:DISK-B"}},  # md0 spans two nodes: none
+        "a": {"near": {"disk-vda": ["serial:DISK-A"], "disk-vdb": ["wwid:eui.vdb"],
+                       "nic-eth0": ["net:eth0"]}},
+        "b": {"near": {"disk-vda": ["serial:DISK-B"]}},  # md0 spans two nodes: none
     }}}  # fmt: skip
 
 
@@ -262,7 +265,7 @@ def test_the_pool_configuration_names_the_mount_points_every_node_shares(
     assert "/mnt/disks/a" in out.splitlines()[2]  # the MOUNTPOINTS column
     pool = out[out.index("# One configuration for every node") :]
     assert yaml.safe_load(pool.partition("\n\n")[0]) == {"config": {"near": {
-        "mnt-disks-a": "path:/mnt/disks/a", "mnt-disks-b": "path:/mnt/disks/b",
+        "mnt-disks-a": ["path:/mnt/disks/a"], "mnt-disks-b": ["path:/mnt/disks/b"],
     }}}  # fmt: skip
 
 

@@ -216,3 +216,34 @@ def test_the_device_interval_reaches_the_plugin_zero_included(
     assert of_kind(documents, "ConfigMap")["data"].get("NUMA_DEVICE_INTERVAL") == rendered
     config = config_from_params(serve_args(documents, monkeypatch))
     assert config.device_interval == (60 if value is None else value)
+
+
+def test_the_devices_proposal_pasted_as_values_reaches_the_plugin_whole(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`kubectl numa devices`' YAML, pasted as the chart's values: each name's selectors
+    in a list (a second one goes there, not under a second key YAML would drop), and the
+    plugin given every one of them."""
+    from numa_device_plugin.cli.devices import render_devices
+
+    document = {
+        "nodes": [],
+        "pool": {"near": {"data-ch": "path:/data/ch", "data-kafka": "path:/data/kafka"}},
+        "named": {"n1": {"near": {"nic-ens1f0": "net:ens1f0"}}},
+        "config_names": {},
+        "left_out": [],
+    }
+    text = render_devices(document)
+    pool = yaml.safe_load(text[text.index("# One configuration") :].partition("\n\n")[0])
+    assert pool["config"]["near"]["data-ch"] == ["path:/data/ch"]
+    pool["config"]["near"]["data-ch"].append("net:ens1f0")  # the second selector, in the list
+    values = tmp_path / "values.yaml"
+    values.write_text(yaml.safe_dump(pool))
+    rendered = run_helm("template", RELEASE, str(CHART), "--namespace", "kube-system",
+                        "--values", str(values))  # fmt: skip
+    assert rendered.returncode == 0, rendered.stderr
+    documents = [d for d in yaml.safe_load_all(rendered.stdout) if d]
+    config = config_from_params(serve_args(documents, monkeypatch))
+    assert {n.name: [str(s) for s in n.selectors] for n in config.near} == {
+        "data-ch": ["path:/data/ch", "net:ens1f0"], "data-kafka": ["path:/data/kafka"],
+    }  # fmt: skip
