@@ -347,12 +347,15 @@ def test_a_named_configuration_change_rolls_the_pods() -> None:
 
 def serve_args(documents: list[dict[str, Any]], monkeypatch: pytest.MonkeyPatch) -> Any:
     """The rendered DaemonSet's command line and ConfigMap, parsed by the CLI as the
-    image runs them (a bad value exits 2 here)."""
+    image runs them (a bad value exits 2 here); the host's /sys mounted at /host/sys is
+    this machine's /sys."""
     for variable in {p.envvar for p in serve.command.params if isinstance(p.envvar, str)}:
         monkeypatch.delenv(variable, raising=False)
     for key, value in of_kind(documents, "ConfigMap")["data"].items():
         monkeypatch.setenv(key, value)
-    with serve.command.make_context("serve", list(container(documents)["args"])) as ctx:
+    args = [a.replace("--sysfs-root=/host/sys", "--sysfs-root=/sys")
+            for a in container(documents)["args"]]  # fmt: skip
+    with serve.command.make_context("serve", args) as ctx:
         return ctx.params
 
 

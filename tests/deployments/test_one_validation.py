@@ -195,6 +195,41 @@ def test_a_path_selector_mounts_the_hosts_mount_table_unless_refused(
     assert ("path: /proc/1/mountinfo" in rendered.stdout) == mounted
 
 
+@pytest.mark.parametrize(
+    ("values", "host_sys"),
+    [
+        ({}, False),
+        ({"config": {"near": {"d": "path:/mnt/disks/a"}}}, False),
+        ({"config": {"near": {"kafka": "net:ens1f0"}}}, True),
+        ({"config": {"near": {"osd": ["path:/var/lib/ceph", "net:ens1"]}}}, True),
+        ({"config": {"named": {"a": {"near": {"nic": "net:ib0"}}}}}, True),
+        ({"host": {"sysfs": True}}, True),
+        ({"host": {"sysfs": False}, "config": {"near": {"d": "serial:S1"}}}, False),
+    ],
+)
+def test_a_net_selector_reads_the_hosts_sysfs_unless_refused(
+    values: dict[str, Any], host_sys: bool
+) -> None:
+    """net: against the container's /sys saw only the pod's own interfaces: never
+    advertised, every pod Pending. The chart mounts the host's /sys when a selector
+    needs it, as it does the mount table for path:."""
+    args = [f"--set-json={key}={json.dumps(value)}" for key, value in values.items()]
+    rendered = run_helm("template", RELEASE, str(CHART), *args)
+    assert rendered.returncode == 0, rendered.stderr
+    assert ("--sysfs-root=/host/sys" in rendered.stdout) == host_sys
+    assert ("--sysfs-root=/sys" in rendered.stdout) == (not host_sys)
+    assert ("mountPath: /host/sys" in rendered.stdout) == host_sys
+
+
+def test_a_net_selector_with_the_hosts_sysfs_turned_off_fails_naming_both() -> None:
+    rendered = run_helm("template", RELEASE, str(CHART), "--set", "host.sysfs=false",
+                        "--set-json", 'config.near={"kafka": "net:ens1f0"}')  # fmt: skip
+    assert rendered.returncode != 0
+    assert "host.sysfs is false, but config.near.kafka selects a network interface" in (
+        rendered.stderr
+    )
+
+
 def test_a_path_selector_with_the_mount_table_turned_off_fails_naming_both() -> None:
     rendered = run_helm(
         "template", RELEASE, str(CHART), "--set", "host.mountTable=false",

@@ -171,31 +171,55 @@ come without capacity "cpus". */}}
 {{- end -}}
 {{- end -}}
 
-{{/* True (non-empty) when the pods read the host's mount table: host.mountTable true, or
-null and some near selector (config.near, config.named.*.near) names a host path
-(path:, path-below:). Fails for host.mountTable false with such a selector: the plugin
-would read the container's own table and advertise none of them. */}}
-{{- define "numa-device-plugin.mountTable" -}}
-{{- $paths := list -}}
-{{- $maps := list (list "config.near" .Values.config.near) -}}
-{{- range $name, $settings := .Values.config.named -}}
+{{/* Where the first near selector (config.near, config.named.*.near) of a kind is
+("config.near.NAME"), empty when none is. Takes (list ROOT PREFIX): PREFIX "path" for
+path: and path-below:, "net:" for net:. */}}
+{{- define "numa-device-plugin.selectorWith" -}}
+{{- $root := index . 0 -}}
+{{- $prefix := index . 1 -}}
+{{- $found := list -}}
+{{- $maps := list (list "config.near" $root.Values.config.near) -}}
+{{- range $name, $settings := $root.Values.config.named -}}
 {{- $maps = append $maps (list (printf "config.named.%s.near" $name) (get ($settings | default dict) "near")) -}}
 {{- end -}}
 {{- range $maps -}}
 {{- $where := index . 0 -}}
 {{- range $name, $given := (index . 1 | default dict) -}}
 {{- range (kindIs "slice" $given | ternary $given (list $given)) -}}
-{{- if hasPrefix "path" (toString .) -}}
-{{- $paths = append $paths (printf "%s.%s" $where $name) -}}
+{{- if hasPrefix $prefix (toString .) -}}
+{{- $found = append $found (printf "%s.%s" $where $name) -}}
 {{- end -}}
 {{- end -}}
 {{- end -}}
 {{- end -}}
+{{- with $found }}{{ first . }}{{ end -}}
+{{- end -}}
+
+{{/* True (non-empty) when the pods read the host's mount table: host.mountTable true, or
+null and some near selector names a host path (path:, path-below:). Fails for
+host.mountTable false with such a selector: the plugin would read the container's own
+table and advertise none of them. */}}
+{{- define "numa-device-plugin.mountTable" -}}
+{{- $path := include "numa-device-plugin.selectorWith" (list . "path") -}}
 {{- $set := .Values.host.mountTable -}}
 {{- if kindIs "invalid" $set -}}
-{{- if $paths -}}true{{- end -}}
+{{- if $path -}}true{{- end -}}
 {{- else if $set -}}true
-{{- else if $paths -}}
-{{- fail (printf "host.mountTable is false, but %s selects by host path: the plugin would read the container's own mount table and advertise nothing for it (leave host.mountTable unset or true)" (first $paths)) -}}
+{{- else if $path -}}
+{{- fail (printf "host.mountTable is false, but %s selects by host path: the plugin would read the container's own mount table and advertise nothing for it (leave host.mountTable unset or true)" $path) -}}
+{{- end -}}
+{{- end -}}
+
+{{/* True (non-empty) when the pods read the host's /sys: host.sysfs true, or null and
+some near selector names a network interface (net:): the container's own sysfs lists
+only the pod's interfaces. Fails for host.sysfs false with such a selector. */}}
+{{- define "numa-device-plugin.sysfs" -}}
+{{- $net := include "numa-device-plugin.selectorWith" (list . "net:") -}}
+{{- $set := .Values.host.sysfs -}}
+{{- if kindIs "invalid" $set -}}
+{{- if $net -}}true{{- end -}}
+{{- else if $set -}}true
+{{- else if $net -}}
+{{- fail (printf "host.sysfs is false, but %s selects a network interface: the container's /sys lists only the pod's own interfaces, so the plugin would advertise nothing for it (leave host.sysfs unset or true)" $net) -}}
 {{- end -}}
 {{- end -}}
