@@ -279,7 +279,8 @@ def test_folder_overlays_change_only_the_folders(name: str) -> None:
             volume.get("hostPath", {}).pop("path", None)
         for mount in spec["containers"][0]["volumeMounts"]:
             mount.pop("mountPath")
-        spec["containers"][0]["args"].pop(0)
+        spec["containers"][0]["env"] = [e for e in spec["containers"][0]["env"]
+                                        if e["name"] != "NUMA_SOCKET_DIR"]  # fmt: skip
     assert overlay == base
 
 
@@ -328,7 +329,9 @@ def test_probes_use_a_fixed_health_listener_independent_of_the_configmap(
     args = _serve_args(monkeypatch)
     ports = {port["name"]: port["containerPort"] for port in container()["ports"]}
     assert ports["metrics"] == parse_address(args.metrics_address)[1]
-    assert "--health-address=:9202" in container()["args"], "not from the ConfigMap"
+    assert {"name": "NUMA_HEALTH_ADDRESS", "value": ":9202"} in container()["env"], (
+        "not from the ConfigMap"
+    )
     assert ports["health"] == parse_address(args.health_address)[1] == 9202
     assert container()["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "health"}
     assert container()["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "health"}
@@ -749,10 +752,12 @@ def test_the_documented_digest_overlay_pins_the_image_by_digest(tmp_path: Path) 
 def test_the_host_views_component_gives_the_plugin_the_hosts_mount_table_and_sys() -> None:
     """path: and net: in the kustomize base need the host's mount table and /sys, as the
     chart's host.mountTable and host.sysfs give them: the same mounts and flags."""
-    args = container("components/host-views")["args"]
-    assert "--sysfs-root=/host/sys" in args
-    assert "--sysfs-root=/sys" not in args
-    assert "--mount-table=/host/proc/1/mountinfo" in args
+    variables = {e["name"]: e["value"] for e in container("components/host-views")["env"]}
+    assert variables["NUMA_SYSFS_ROOT"] == "/host/sys"
+    assert variables["NUMA_MOUNT_TABLE"] == "/host/proc/1/mountinfo"
+    assert [e["name"] for e in container("components/host-views")["env"]].count(
+        "NUMA_SYSFS_ROOT"
+    ) == 1
     mounts = {m["name"]: m for m in container("components/host-views")["volumeMounts"]}
     assert mounts["host-sys"] == {"name": "host-sys", "mountPath": "/host/sys", "readOnly": True}
     assert mounts["host-mounts"] == {
@@ -764,4 +769,4 @@ def test_the_host_views_component_gives_the_plugin_the_hosts_mount_table_and_sys
     spec = pod_spec("components/host-views")
     base = pod_spec("base")
     assert len(spec["volumes"]) == len(base["volumes"]) + 2
-    assert "--mount-table=/host/proc/1/mountinfo" not in container("base")["args"]
+    assert "NUMA_MOUNT_TABLE" not in {e["name"] for e in container("base")["env"]}

@@ -346,17 +346,22 @@ def test_a_named_configuration_change_rolls_the_pods() -> None:
 
 
 def serve_args(documents: list[dict[str, Any]], monkeypatch: pytest.MonkeyPatch) -> Any:
-    """The rendered DaemonSet's command line and ConfigMap, parsed by the CLI as the
-    image runs them (a bad value exits 2 here); the host's /sys mounted at /host/sys is
-    this machine's /sys."""
+    """The rendered DaemonSet's command line, ConfigMap and variables, parsed by the CLI
+    as the image runs them (a bad value exits 2 here); the host's /sys mounted at
+    /host/sys is this machine's /sys."""
     for variable in {p.envvar for p in serve.command.params if isinstance(p.envvar, str)}:
         monkeypatch.delenv(variable, raising=False)
     for key, value in of_kind(documents, "ConfigMap")["data"].items():
         monkeypatch.setenv(key, value)
-    args = [a.replace("--sysfs-root=/host/sys", "--sysfs-root=/sys")
-            for a in container(documents)["args"]]  # fmt: skip
-    with serve.command.make_context("serve", args) as ctx:
+    for key, value in env_of(documents).items():  # beats the ConfigMap, as in a pod
+        monkeypatch.setenv(key, "/sys" if value == "/host/sys" else value)
+    with serve.command.make_context("serve", list(container(documents).get("args", []))) as ctx:
         return ctx.params
+
+
+def env_of(documents: list[dict[str, Any]]) -> dict[str, str]:
+    """The plugin container's own variables with a value (``env``, not ``envFrom``)."""
+    return {e["name"]: e["value"] for e in container(documents).get("env", []) if "value" in e}
 
 
 def test_the_host_views_mount_read_only_and_reach_the_plugins_flags(
@@ -373,12 +378,9 @@ def test_the_host_views_mount_read_only_and_reach_the_plugins_flags(
     assert mounts["host-sys"] == {"name": "host-sys", "mountPath": "/host/sys", "readOnly": True}
     assert mounts["host-mounts"]["mountPath"] == "/host/proc/1/mountinfo"
     assert mounts["host-mounts"]["readOnly"] is True
-    args = container(documents)["args"]
-    assert "--sysfs-root=/host/sys" in args  # a folder only inside the pod: not parsed here
-    assert "--mount-table=/host/proc/1/mountinfo" in args
-    documents[[d["kind"] for d in documents].index("DaemonSet")]["spec"]["template"]["spec"][
-        "containers"
-    ][0]["args"] = [a for a in args if not a.startswith("--sysfs-root")]
+    variables = env_of(documents)  # variables: every subcommand in the pod reads them
+    assert variables["NUMA_SYSFS_ROOT"] == "/host/sys"
+    assert variables["NUMA_MOUNT_TABLE"] == "/host/proc/1/mountinfo"
     assert serve_args(documents, monkeypatch)["mount_table"] == Path("/host/proc/1/mountinfo")
     default = template()
     assert not {"host-sys", "host-mounts"} & {v["name"] for v in of_kind(default, "DaemonSet")[

@@ -19,7 +19,14 @@ from numa_device_plugin.cli import serve
 from numa_device_plugin.nodeconfig.configs import NodeConfigError, parse_node_configs
 from numa_device_plugin.plugin.settings.config import config_from_params
 from numa_device_plugin.topology import alphabet
-from tests.deployments.test_helm import CHART, RELEASE, of_kind, run_helm, serve_args
+from tests.deployments.test_helm import (
+    CHART,
+    RELEASE,
+    env_of,
+    of_kind,
+    run_helm,
+    serve_args,
+)
 
 LONG_NAME = "n" * 63
 
@@ -191,7 +198,8 @@ def test_a_path_selector_mounts_the_hosts_mount_table_unless_refused(
     args = [f"--set-json={key}={json.dumps(value)}" for key, value in values.items()]
     rendered = run_helm("template", RELEASE, str(CHART), *args)
     assert rendered.returncode == 0, rendered.stderr
-    assert ("--mount-table=/host/proc/1/mountinfo" in rendered.stdout) == mounted
+    variables = env_of([d for d in yaml.safe_load_all(rendered.stdout) if d])
+    assert (variables.get("NUMA_MOUNT_TABLE") == "/host/proc/1/mountinfo") == mounted
     assert ("path: /proc/1/mountinfo" in rendered.stdout) == mounted
 
 
@@ -216,8 +224,8 @@ def test_a_net_selector_reads_the_hosts_sysfs_unless_refused(
     args = [f"--set-json={key}={json.dumps(value)}" for key, value in values.items()]
     rendered = run_helm("template", RELEASE, str(CHART), *args)
     assert rendered.returncode == 0, rendered.stderr
-    assert ("--sysfs-root=/host/sys" in rendered.stdout) == host_sys
-    assert ("--sysfs-root=/sys" in rendered.stdout) == (not host_sys)
+    variables = env_of([d for d in yaml.safe_load_all(rendered.stdout) if d])
+    assert variables["NUMA_SYSFS_ROOT"] == ("/host/sys" if host_sys else "/sys")
     assert ("mountPath: /host/sys" in rendered.stdout) == host_sys
 
 

@@ -101,9 +101,10 @@ def fleet(two: Workers) -> Iterator[Fleet]:  # noqa: F811 (the fixture two)
         "hot": "serial:HOTPLUG-*",
     }
     saved = platform.plugin_settings()
+    # host.sysfs and host.mountTable left unset: the chart mounts the host's /sys for the
+    # net: selectors and its mount table for the path: ones by itself
     platform.helm_upgrade(
         "--reuse-values", "--set-json", f"config.near={json.dumps(near)}",
-        "--set", "host.sysfs=true", "--set", "host.mountTable=true",
         "--set-json", "config.deviceInterval=5",
     )  # fmt: skip
     two.rolled_out()
@@ -214,6 +215,27 @@ def test_a_net_selector_in_the_daemonset_finds_the_hosts_nic_on_numa_node_1(
     print(describe("nic", pair.a, seen))
     assert_on(seen, "1")
     assert seen["near_env"] == {"NUMA_NEAR_NIC": fleet.nic}
+
+
+def test_discover_in_the_plugins_pod_sees_what_serve_advertises(fleet: Fleet) -> None:
+    """kubectl exec ... -- numa-device-plugin discover reads the settings serve reads
+    (the container's variables): the same NUMA nodes for every near resource, path:
+    and net: included, as /debug/state. With the settings as serve's flags, discover
+    read the container's own /sys and mount table and found none of them."""
+    pair, platform = fleet.two, fleet.two.platform
+    for node in pair.names:
+        pod = pair.plugin_pod(node)
+        assert pod is not None
+        found = json.loads(platform.kubectl(
+            "-n", NAMESPACE, "exec", pod.metadata.name, "-c", "numa-device-plugin", "--",
+            "numa-device-plugin", "discover", "--output", "json",
+        ))  # fmt: skip
+        discovered = {e["resource"]: e["nodes"] for e in found["near"]}
+        served = {e["resource"]: e["nodes"] for e in fleet.debug_state(node)["near"]}
+        print(f"{node}: discover {discovered}; /debug/state {served}")
+        assert discovered == served
+        for name in ("disk-a", "disk-b", "nic"):
+            assert discovered[f"{PREFIX}/{name}"], f"{node}: {name} found by discover"
 
 
 def test_an_all_of_resource_is_advertised_only_where_its_disk_and_nic_agree(
