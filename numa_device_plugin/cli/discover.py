@@ -32,10 +32,17 @@ from numa_device_plugin.topology.memory import format_quantity
     options.output,
     options.quiet_log_level,
 )
+@click.option(
+    "--check",
+    is_flag=True,
+    help="exit 1 when a --near resource would not be advertised on this node, naming "
+    "each on stderr with why (a pre-flight a rollout can be gated on)",
+)
 @click.pass_context
 def command(ctx: click.Context, /, **params: Any) -> int:
-    """0 after printing; a malformed sysfs file raises SysfsError (exit 1 from main);
-    a near name the prefix makes invalid exits 2 with usage."""
+    """0 after printing; with ``--check``, 1 when some ``--near`` resource would not be
+    advertised (each named on stderr); a malformed sysfs file raises SysfsError (exit 1
+    from main); a near name the prefix makes invalid exits 2 with usage."""
     configure_logging(params["log_level"], "text")
     try:
         config = Config(
@@ -52,7 +59,13 @@ def command(ctx: click.Context, /, **params: Any) -> int:
         raise click.UsageError(str(exc), ctx) from None
     document = discovery_json(options.discover_or_usage(ctx, config), config.sysfs_root)
     click.echo(json.dumps(document, indent=2) if params["output"] == "json" else table(document))
-    return 0
+    if not params["check"]:
+        return 0
+    missing = [entry for entry in document["near"] if not entry["nodes"]]
+    for entry in missing:
+        click.echo(f"numa-device-plugin discover: {shown(entry['resource'])} would not be "
+                   f"advertised: {shown(entry['reason'] or 'no NUMA node')}", err=True)  # fmt: skip
+    return 1 if missing else 0
 
 
 def discovery_json(discovery: Discovery, root: Path | None = None) -> dict[str, Any]:

@@ -314,3 +314,18 @@ def test_the_interval_defaults_to_5_seconds() -> None:
     """Mutation: another default for the interval."""
     assert serve_params([])["pod_resources_interval"] == 5.0
     assert Config().pod_resources_interval == 5.0
+
+
+def test_numa_near_joined_by_commas_exits_2_naming_the_separator(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], served: list[object]
+) -> None:
+    """NUMA_NEAR is space-separated: "ch=path:/data/ch,kafka=net:ens1f0" made the path
+    /data/ch,kafka=net:ens1f0 (nothing mounted there: never advertised, no word why)."""
+    monkeypatch.setenv("NUMA_NEAR", "clickhouse=path:/data/ch,kafka=net:ens1f0")
+    code, _, err = run_main(["serve"], capsys)
+    assert code == 2
+    assert "a second entry follows a comma ('kafka=net:')" in err
+    assert "NUMA_NEAR separates entries with spaces" in err
+    assert served == []
+    monkeypatch.setenv("NUMA_NEAR", "clickhouse=path:/data/ch kafka=net:ens1f0")
+    assert run_main(["serve"], capsys)[0] == 0

@@ -195,6 +195,35 @@ def test_discover_lists_each_nodes_devices_and_the_near_resources(
     assert "numa-align/nic" not in document["devices"]
 
 
+def test_discover_check_exits_1_naming_each_resource_that_would_not_be_advertised(
+    two_nodes: SysfsTree, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A pre-flight to gate a rollout on: --check exits 1 when a --near resource would
+    not be advertised here (discover alone exits 0 whatever it matched), each named."""
+    from numa_device_plugin.topology.fake import DeviceTree
+
+    devices = DeviceTree(two_nodes.root)
+    devices.pci("0000:41:00.0", 1, "0x010802")
+    devices.disk("nvme0n1", "0000:41:00.0", serial="S0")
+    args = ["discover", "--sysfs-root", str(two_nodes.root), "--near", "d=serial:S0"]
+    assert run_main([*args, "--check"], capsys)[0] == 0
+    code, _, err = run_main([*args, "--near", "x=serial:NOPE", "--near", "y=net:eth9"], capsys)
+    assert code == 0
+    code, out, err = run_main(
+        [*args, "--near", "x=serial:NOPE", "--near", "y=net:eth9", "--check", "--output",
+         "json"], capsys,
+    )  # fmt: skip
+    assert code == 1
+    assert json.loads(out)["near"][0]["nodes"] == [1]  # printed as without --check
+    named = [line for line in err.splitlines() if "would not be advertised" in line]
+    assert named == [
+        "numa-device-plugin discover: numa-align/x would not be advertised: serial:NOPE: no "
+        "disk with that serial matches on this node",
+        "numa-device-plugin discover: numa-align/y would not be advertised: net:eth9: no "
+        "network interface matches on this node",
+    ]
+
+
 @pytest.mark.parametrize(
     ("near", "why"),
     [

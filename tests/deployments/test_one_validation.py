@@ -92,6 +92,11 @@ CORPUS: list[tuple[str, dict[str, Any], bool]] = [
     ("path-below-long", {"near": {"d": "path-below:/" + "a" * 1023}}, True),
     ("path-below-too-long", {"near": {"d": "path-below:/" + "a" * 1024}}, False),
     ("unknown-kind", {"near": {"d": "disk:sda"}}, False),
+    # NUMA_NEAR is space-separated: a comma made one path of two entries
+    ("comma-joined-entries", {"near": {"ch": "path:/data/ch,kafka=net:ens1f0"}}, False),
+    ("comma-joined-in-a-list", {"near": {"ch": ["net:a", "serial:S1,k=wwid:x"]}}, False),
+    ("path-comma", {"near": {"d": "path:/data/a,b"}}, True),
+    ("path-escaped-comma-and-equals", {"near": {"d": "path:/data/a\\054k=net:x"}}, True),
     ("all-of-8", {"near": {"d": [f"net:e{i}" for i in range(8)]}}, True),
     ("all-of-9", {"near": {"d": [f"net:e{i}" for i in range(9)]}}, False),
     ("near-64", {"near": {f"d{i}": "net:x" for i in range(64)}}, True),

@@ -94,9 +94,23 @@ def parse_near(text: str) -> Near:
     if not sep or not name:
         raise ValueError(f"{quoted(text)} is not NAME=SELECTOR (e.g. data-disk=serial:S3EV)")
     validate_near_name(DEFAULT_RESOURCE_PREFIX, name)
+    joined = _JOINED.search(selector)
+    if joined is not None:
+        raise ValueError(
+            f"{quoted(text)}: a second entry follows a comma ({quoted(joined[0][1:])}): "
+            "NUMA_NEAR separates entries with spaces (or give --near again); a comma in a "
+            "path is written \\054"
+        )
     from numa_device_plugin.topology.selectors import parse_selector
 
     return Near(name, parse_selector(selector))
+
+
+# A second NAME=KIND: entry joined to a selector by a comma (NUMA_NEAR is space-separated:
+# "ch=path:/data/ch,kafka=net:ens1f0" made one path of both).
+_JOINED = re.compile(
+    r",[A-Za-z0-9][-A-Za-z0-9_.]*=(?:block|serial|wwid|net|pci|pci-id|pci-class|path|path-below):"
+)
 
 
 # Resources that follow a device, at most: each is a gRPC server, a socket and a
