@@ -62,14 +62,22 @@ def cli() -> None:
     """The command group; each command is a module of this package."""
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of ``numa-device-plugin``: the command's exit status; 2 for bad usage
-    (usage and the error on stderr); 1 when sysfs is malformed (the message names the
-    file and its content) or a folder cannot be used (OSError)."""
+# The program's name in usage lines and messages: ``kubectl numa`` when kubectl runs the
+# kubectl plugin (:func:`main`'s ``prog``).
+PROG = "numa-device-plugin"
+
+
+def main(argv: Sequence[str] | None = None, prog: str = "numa-device-plugin") -> int:
+    """Entry point of ``numa-device-plugin`` (``prog``: the name usage lines and
+    messages give it, ``kubectl numa`` under kubectl): the command's exit status; 2 for
+    bad usage (usage and the error on stderr); 1 when sysfs is malformed (the message
+    names the file and its content) or a folder cannot be used (OSError)."""
+    global PROG
+    PROG = prog
     try:
         result = cli.main(
             args=list(sys.argv[1:] if argv is None else argv),
-            prog_name="numa-device-plugin",
+            prog_name=prog,
             standalone_mode=False,
         )
     except click.ClickException as exc:
@@ -80,6 +88,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (sysfs.SysfsError, OSError) as exc:
         # SysfsError: discovery failed (the message names the file and content);
         # OSError: e.g. the device-plugin folder cannot be created or watched.
-        print(f"numa-device-plugin: {exc}", file=sys.stderr)
+        print(f"{prog}: {exc}", file=sys.stderr)
         return 1
     return result if isinstance(result, int) else 0

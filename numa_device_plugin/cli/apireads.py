@@ -97,5 +97,16 @@ def read_within_deadline(
         why += f": {slow}" if slow else ""
     except (ApiError, ValueError) as exc:
         why = shown(exc)
-    print(f"numa-device-plugin {command}: {why}", file=sys.stderr)
+    print(f"{speaker(command)}: {why}", file=sys.stderr)
     return None
+
+
+def speaker(command: str) -> str:
+    """How ``command``'s messages name the program: ``numa-device-plugin check``, or
+    under kubectl (``kubectl-numa``) ``kubectl numa check`` and, for ``top``, which is
+    ``kubectl numa`` itself, ``kubectl numa``."""
+    from numa_device_plugin import cli
+
+    if cli.PROG != "numa-device-plugin" and command == "top":
+        return cli.PROG
+    return f"{cli.PROG} {command}"

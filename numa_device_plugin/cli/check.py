@@ -90,7 +90,7 @@ def command(**params: Any) -> int:
         return 1
     pods, waiting, paths, fleet = found
     for problem in fleet.problems:
-        print(f"numa-device-plugin check: {shown(problem)}", file=sys.stderr)
+        print(f"{apireads.speaker('check')}: {shown(problem)}", file=sys.stderr)
     checks = [not_running(pod) for pod in waiting]
     for pod in sorted(pods, key=pod_key):
         namespace = pod_key(pod)[0]

@@ -30,20 +30,24 @@ from numa_device_plugin.cli.proposal import clean, propose
     "devices",
     help="List every node's disks (with mount points), NICs and accelerators with their "
     "NUMA nodes, read from each plugin pod's /debug/state through the API server's pod "
-    "proxy (needs list pods and get pods/proxy in --namespace), then a pool configuration "
+    "proxy (needs list pods and get pods/proxy in --plugin-namespace), then a pool "
+    "configuration "
     "(path: selectors for the mount points every node shares) and a config.named map of "
     "per-node near: selectors to paste into the chart's values. Runs the kubeconfig's "
     "exec credential plugin, as kubectl does.",
 )
 @apireads.api_kubeconfig
 @click.option(
-    "--namespace",
+    "--plugin-namespace",
+    "namespace",
     default="kube-system",
     show_default=True,
-    envvar="NUMA_NAMESPACE",
+    envvar="NUMA_PLUGIN_NAMESPACE",
     show_envvar=True,
-    help="the plugin's namespace",
+    help="the plugin's namespace (as in check)",
 )
+@click.option("--namespace", "-n", "workloads", hidden=True, default=None,
+              help="refused: devices reads no workload namespace")  # fmt: skip
 @apireads.plugin_selector
 @apireads.plugin_port
 @apireads.plugin_pod_timeout
@@ -54,20 +58,26 @@ def command(**params: Any) -> int:
     pods cannot be listed or none could be read."""
     from numa_device_plugin.cluster.fleet import plugin_pods, read_fleet
 
+    if params.pop("workloads") is not None:
+        raise click.UsageError(
+            "-n/--namespace is kubectl's namespace of workloads, which devices does not "
+            "read; the plugin's namespace is --plugin-namespace (as in check)"
+        )
+
     fleet = apireads.read_within_deadline("devices", params, lambda api: read_fleet(
         api, params["namespace"], plugin_pods(api, params["namespace"], params["selector"]),
         params["port"], pod_seconds=params["pod_timeout"]))  # fmt: skip
     if fleet is None:
         return 1
     for problem in fleet.problems:
-        print(f"numa-device-plugin devices: {shown(problem)}", file=sys.stderr)
+        print(f"{apireads.speaker('devices')}: {shown(problem)}", file=sys.stderr)
     for node, names in sorted(fleet.doubled.items()):
-        print(f"numa-device-plugin devices: node {shown(node)} has {len(names)} plugin pods "
+        print(f"{apireads.speaker('devices')}: node {shown(node)} has {len(names)} plugin pods "
               f"({shown(', '.join(names))}); shown: "
               f"{shown(fleet.states[node].pod) if node in fleet.states else 'none'}",
               file=sys.stderr)  # fmt: skip
     if not fleet.states:
-        print(f"numa-device-plugin devices: no running plugin pod could be read "
+        print(f"{apireads.speaker('devices')}: no running plugin pod could be read "
               f"(namespace {params['namespace']}, selector {params['selector']})",
               file=sys.stderr)  # fmt: skip
         return 1

@@ -35,6 +35,8 @@ from numa_device_plugin.topology.memory import format_quantity
 @click.option(
     "--check",
     is_flag=True,
+    envvar="NUMA_CHECK",
+    show_envvar=True,
     help="exit 1 when a --near resource would not be advertised on this node, naming "
     "each on stderr with why (a pre-flight a rollout can be gated on)",
 )

@@ -94,7 +94,7 @@ def command(ctx: click.Context, /, **params: Any) -> int:
             document = explain_document(pod, usage)
             text = render_explain(document)
     except (AttributeError, TypeError) as exc:  # a field of the wrong JSON type
-        print(f"numa-device-plugin top: the API server's objects are not usable: {exc}",
+        print(f"{apireads.speaker('top')}: the API server's objects are not usable: {exc}",
               file=sys.stderr)  # fmt: skip
         return 1
     if params["output"] == "json":
@@ -111,11 +111,15 @@ def kubectl_main() -> int:
     from numa_device_plugin.cli import main
 
     args = sys.argv[1:]
-    if args[:1] in (["devices"], ["check"]):
-        return main(args)
+    if args[:1] in (["devices"], ["check"], ["top"]):
+        return main(args, prog=KUBECTL)
     if args[:1] in (["--help"], ["-h"], ["help"]):
         print(KUBECTL_HELP)
-    return main(["top", *args])
+    return main(["top", *args], prog=KUBECTL)
+
+
+# The program's name in usage and messages when kubectl runs it (kubectl numa check ...).
+KUBECTL = "kubectl numa"
 
 
 KUBECTL_HELP = """kubectl numa: the numa-align resources of a cluster.

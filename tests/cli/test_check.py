@@ -247,11 +247,54 @@ def test_kubectl_numa_help_names_top_devices_and_check(
     assert kubectl_main() == 0
     out = capsys.readouterr().out
     for line in ("kubectl numa devices [OPTIONS]", "kubectl numa check [POD] [OPTIONS]",
-                 "Usage: numa-device-plugin top"):  # fmt: skip
+                 "Usage: kubectl numa top"):  # fmt: skip
         assert line in out
     monkeypatch.setattr("sys.argv", ["kubectl-numa", "check", "--help"])
     assert kubectl_main() == 0
-    assert "Usage: numa-device-plugin check" in capsys.readouterr().out
+    assert "Usage: kubectl numa check" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("argv", "said"),
+    [
+        (["check", "pod-x"], "Usage: kubectl numa check"),  # POD needs -n
+        (["devices", "-n", "search"], "Usage: kubectl numa devices"),
+        (["--no-such-flag"], "Usage: kubectl numa top"),
+    ],
+)
+def test_under_kubectl_usage_and_errors_say_kubectl_numa(
+    argv: list[str], said: str, monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str], tmp_path: Path,
+) -> None:  # fmt: skip
+    """kubectl runs kubectl-numa for `kubectl numa ...`: its usage lines and messages
+    name that, not numa-device-plugin (which the user never typed)."""
+    from numa_device_plugin.cli.top import kubectl_main
+
+    monkeypatch.setattr("sys.argv", ["kubectl-numa", *argv])
+    assert kubectl_main() == 2
+    err = capsys.readouterr().err
+    assert said in err
+    assert "numa-device-plugin" not in err
+    monkeypatch.delenv("KUBECONFIG", raising=False)
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.setattr("sys.argv", ["kubectl-numa", "check"])
+    assert kubectl_main() == 1
+    assert capsys.readouterr().err.startswith("kubectl numa check: ")
+    assert main(["check"]) == 1  # and the plain command is itself again
+    assert capsys.readouterr().err.startswith("numa-device-plugin check: ")
+
+
+def test_devices_takes_the_plugin_namespace_as_check_does(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """-n is kubectl's namespace of workloads: devices, which reads none, refuses it
+    and names --plugin-namespace, the option check has (devices' was --namespace)."""
+    assert main(["devices", "--namespace", "kube-system"]) == 2
+    assert "the plugin's namespace is --plugin-namespace (as in check)" in (capsys.readouterr().err)
+    for command in ("devices", "check"):
+        assert main([command, "--help"]) == 0
+        assert "--plugin-namespace" in capsys.readouterr().out
 
 
 def test_without_a_kubeconfig_it_says_so(

@@ -149,8 +149,8 @@ def test_kubectl_numa_devices_runs_devices_and_anything_else_runs_top(
 ) -> None:
     from numa_device_plugin.cli.top import kubectl_main
 
-    for argv, usage in ((["devices", "--help"], "Usage: numa-device-plugin devices"),
-                        (["--help"], "Usage: numa-device-plugin top")):  # fmt: skip
+    for argv, usage in ((["devices", "--help"], "Usage: kubectl numa devices"),
+                        (["--help"], "Usage: kubectl numa top")):  # fmt: skip
         monkeypatch.setattr("sys.argv", ["kubectl-numa", *argv])
         assert kubectl_main() == 0
         assert usage in capsys.readouterr().out
