@@ -13,6 +13,7 @@ from numa_device_plugin.cli import options
 from numa_device_plugin.cli.escaped import shown
 from numa_device_plugin.ops.logs import configure_logging
 from numa_device_plugin.plugin.advertised.discovery import Discovery, near_document
+from numa_device_plugin.plugin.model.near import near_env
 from numa_device_plugin.plugin.settings.config import Config
 from numa_device_plugin.topology import sysfs
 from numa_device_plugin.topology.bynode import NO_DEVICES, devices_by_node, unlocated_pci
@@ -181,9 +182,16 @@ def table(document: dict[str, Any]) -> str:
         if entry["reason"] is None:
             nodes = ",".join(map(str, entry["nodes"]))
             more = entry["matched_count"] - len(entry["matched"])
+            told = sorted({name for names in entry["by_node"].values() for name in names})
+            variable = near_env(entry["resource"].rpartition("/")[2])
+            # a partition or a path's mount is matched; the pod is told its disk
+            tells = (f"; {variable}={shown(','.join(told))} in the pod"
+                     if told and told != sorted(entry["matched"]) else "")  # fmt: skip
             lines.append(
                 f"near {entry['resource']} ({shown(entry['selector'])}): NUMA node(s) {nodes}, "
-                f"from {shown(', '.join(entry['matched']))}" + (f" and {more} more" if more else "")
+                f"from {shown(', '.join(entry['matched']))}"
+                + (f" and {more} more" if more else "")
+                + tells
             )
         else:
             lines.append(f"near {entry['resource']}: not advertised: {shown(entry['reason'])}")

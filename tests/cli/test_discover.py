@@ -338,3 +338,25 @@ def test_discovers_inventory_says_none_for_a_device_without_locality(
     assert code == 0
     assert "  disk nvme0n1: NUMA node(s) none; serial S1" in out
     assert "  NIC ens1f0: NUMA node(s) none; PCI 0000:17:00.0" in out
+
+
+def test_discover_names_the_partition_matched_and_the_disk_the_pod_is_told(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """path: matches the mounted partition; Allocate tells the pod its disk. discover
+    said only "from nvme1n1p1" while NUMA_NEAR_DATA said nvme1n1: it says both."""
+    from tests.topology.test_mounts import sysfs_with_devices
+
+    root = tmp_path / "sys"
+    tree = SysfsTree(root)
+    tree.node(0, "0-1")
+    tree.node(1, "2-3")
+    sysfs_with_devices(root)
+    table = tmp_path / "mountinfo"
+    table.write_text("22 1 259:2 / / rw - ext4 /dev/nvme0n1p2 rw\n"
+                     "30 22 259:5 / /mnt/disks/a rw - xfs /dev/nvme1n1p1 rw\n")  # fmt: skip
+    code, out, _ = run_main(["discover", "--sysfs-root", str(root), "--mount-table", str(table),
+                             "--near", "data=path:/mnt/disks/a"], capsys)  # fmt: skip
+    assert code == 0
+    assert ("near numa-align/data (path:/mnt/disks/a): NUMA node(s) 1, from nvme1n1p1; "
+            "NUMA_NEAR_DATA=nvme1n1 in the pod") in out  # fmt: skip

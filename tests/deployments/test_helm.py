@@ -251,8 +251,8 @@ def test_the_schemas_selector_grammar_is_the_plugins(selector: str) -> None:
     [
         (["--set", "config.default=a"], "config.default needs config.named"),
         (
-            ["--set-json", 'config.named={"a": {}}', "--set", "config.default=b"],
-            'config.default "b" names no configuration',
+            ["--set-json", 'config.named={"z": {}, "a": {}}', "--set", "config.default=b"],
+            'config.default "b" names no configuration in config.named (it has a, z)',
         ),
         (
             # reservedCpus inherited from the settings above, capacity made slots here

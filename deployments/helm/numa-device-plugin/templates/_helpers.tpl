@@ -143,7 +143,7 @@ come without capacity "cpus". */}}
 {{- $file := dict "configs" $configs -}}
 {{- with $c.default -}}
 {{- if not (hasKey $c.named .) -}}
-{{- fail (printf "config.default %q names no configuration in config.named" .) -}}
+{{- fail (printf "config.default %q names no configuration in config.named (it has %s)" . (keys $c.named | sortAlpha | join ", ")) -}}
 {{- end -}}
 {{- $_ := set $file "default" . -}}
 {{- end -}}
