@@ -240,8 +240,12 @@ def test_the_release_wheel_installs_kubectl_numa(tmp_path: Path) -> None:
         names = archive.namelist()
         entry_points = next(n for n in names if n.endswith(".dist-info/entry_points.txt"))
         text = archive.read(entry_points).decode()
+        metadata = archive.read(next(n for n in names if n.endswith(".dist-info/METADATA")))
     assert "kubectl-numa = numa_device_plugin.cli.top:kubectl_main" in text
     assert "numa_device_plugin/cli/check.py" in names
+    # the SPDX expression (PEP 639): the table form setuptools warns of until 2027-02-18
+    assert b"\nLicense-Expression: Apache-2.0\n" in metadata
+    assert b"\nLicense-File: LICENSE\n" in metadata
 
 
 def test_the_tag_names_the_commit_that_was_built_not_a_later_head(
