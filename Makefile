@@ -248,6 +248,7 @@ release: export NDP_RELEASE_BUILD_FLAGS = $(BUILD_FLAGS)
 release: export NDP_RELEASE_PUSH_FLAGS = $(PUSH_FLAGS)
 release: install helm
 	@test "$(origin VERSION)" = "command line" || { echo "make release needs VERSION=X.Y.Z" >&2; exit 2; }
+	@case "$(origin REGISTRY)" in "command line"|environment) ;; *) echo "make release needs REGISTRY=HOST[:PORT] (the image and the chart are pushed there; $(REGISTRY) is only the development default)" >&2; exit 2;; esac
 	@test -n "$$NDP_RELEASE_TOOL" || { echo "no image builder: install docker, podman or buildah, or set CONTAINER_TOOL" >&2; exit 2; }
 	$(PY) deployments/release.py --registry "$$NDP_RELEASE_REGISTRY" \
 	    --tool "$$NDP_RELEASE_TOOL" --platforms "$$NDP_RELEASE_PLATFORMS" \

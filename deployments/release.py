@@ -155,9 +155,15 @@ def build_and_push_image(
             base = sorted(set(bases.values()))
             if len(base) > 1:
                 raise ReleaseError("docker buildx takes one base image for all platforms")
-            run(["docker", "buildx", "build", "--platform", ",".join(platforms), *args,
-                 *(["--build-arg", f"PYTHON_IMAGE={base[0]}"] if base else []), *build_flags,
-                 "--metadata-file", str(digest_file), "--push", "-t", image, "."])  # fmt: skip
+            try:
+                run(["docker", "buildx", "build", "--platform", ",".join(platforms), *args,
+                     *(["--build-arg", f"PYTHON_IMAGE={base[0]}"] if base else []),
+                     *build_flags, "--metadata-file", str(digest_file), "--push", "-t",
+                     image, "."])  # fmt: skip
+            except subprocess.CalledProcessError as exc:
+                raise ReleaseError(
+                    _build_failed("docker buildx", ",".join(platforms), exc.returncode)
+                ) from None
             digest = str(json.loads(digest_file.read_text())["containerd.image.digest"])
         else:  # buildah, podman: a manifest list built platform by platform
             for stale in (["manifest", "rm", image], ["rmi", "--force", image]):
@@ -165,15 +171,29 @@ def build_and_push_image(
             run([tool, "manifest", "create", image], stdout=subprocess.DEVNULL)
             for platform in platforms:
                 own = bases.get(platform)
-                run([tool, "build", "--platform", platform, "--manifest", image, *args,
-                     *(["--build-arg", f"PYTHON_IMAGE={own}"] if own else []),
-                     *build_flags, "."])  # fmt: skip
+                try:
+                    run([tool, "build", "--platform", platform, "--manifest", image, *args,
+                         *(["--build-arg", f"PYTHON_IMAGE={own}"] if own else []),
+                         *build_flags, "."])  # fmt: skip
+                except subprocess.CalledProcessError as exc:
+                    raise ReleaseError(_build_failed(tool, platform, exc.returncode)) from None
             run([tool, "manifest", "push", "--all", *push_flags, "--digestfile",
                  str(digest_file), image, f"docker://{image}"])  # fmt: skip
             digest = digest_file.read_text().strip()
     if not DIGEST.fullmatch(digest):
         raise ReleaseError(f"the push reported {digest!r}, not a sha256 digest")
     return digest
+
+
+def _build_failed(tool: str, platform: str, code: int) -> str:
+    """What to say when an image build failed: the step, and the usual cause offline
+    (the base image cannot be pulled) with its fix."""
+    return (
+        f"{tool} build for {platform} exited {code} (its output is above). Offline, or "
+        "where the base image cannot be pulled, give one per platform that is here: "
+        "RELEASE_FLAGS='--base linux/amd64=IMAGE --base linux/arm64=IMAGE' (buildah: "
+        "BUILD_FLAGS=--pull=never)"
+    )
 
 
 def chart_for(folder: Path, repository: str, digest: str) -> None:
@@ -323,7 +343,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             run(["git", "tag", "--annotate", "--cleanup=whitespace", f"v{version}",
                  "--message", message, revision])  # fmt: skip
     except (subprocess.CalledProcessError, ReleaseError, OSError) as exc:
-        print(f"make release: {exc}; nothing was tagged", file=sys.stderr)
+        # nothing released: no file of it left to publish by mistake (a wheel without
+        # its SHA256SUMS was)
+        shutil.rmtree(dist, ignore_errors=True)
+        print(f"make release: {exc}; nothing was tagged, {dist.relative_to(REPO)}/ removed",
+              file=sys.stderr)  # fmt: skip
         return 1
     print(f"released {NAME} {version}")
     print(f"image:   {image}@{digest} ({', '.join(platforms)})")

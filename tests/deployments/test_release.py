@@ -150,12 +150,14 @@ def fake_tools(
     push_fails: bool = False,
     digest: str = DIGEST,
     helm_push: str = "",
+    build_fails: bool = False,
 ) -> tuple[str, Path]:
     """A ``buildah`` (first on PATH) that logs its arguments and writes DIGEST to
     --digestfile, and a helm that is the real one except ``push`` (which prints what helm
     prints); the helm's path and the file their calls are logged in."""
     calls = folder / "calls.log"
     stand_in(folder / "buildah", f"""echo "buildah $*" >> {calls}
+{'if [ "$1" = build ]; then echo "Error: pulling python: no route" >&2; exit 125; fi' if build_fails else ""}
 if [ "$1 $2" = "manifest push" ]; then
   {"exit 1" if push_fails else ""}
   while [ $# -gt 0 ]; do
@@ -315,6 +317,39 @@ def test_tagged_builds_the_pushed_tags_commit_and_refuses_another(
     git(folder, "commit", "-q", "--allow-empty", "-m", "later")
     with pytest.raises(release.ReleaseError, match="does not name this commit"):
         release.check("0.2.0", tagged=True)
+
+
+def test_an_image_build_that_fails_offline_names_the_base_flags_and_leaves_no_files(
+    project: tuple[ModuleType, Path],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Without network buildah cannot pull the base: it was a raw "Command [...] returned
+    non-zero exit status 125" and a wheel left in dist/vX.Y.Z without SHA256SUMS."""
+    release, folder = project
+    fake_helm, _ = fake_tools(tmp_path, monkeypatch, build_fails=True)
+    code = release.main(["0.2.0", "--registry", "r.test", "--tool", "buildah", "--helm", fake_helm])
+    err = capsys.readouterr().err
+    assert code == 1
+    assert "buildah build for linux/amd64 exited 125" in err
+    assert "RELEASE_FLAGS='--base linux/amd64=IMAGE --base linux/arm64=IMAGE'" in err
+    assert "Command '[" not in err
+    assert "nothing was tagged, dist/v0.2.0/ removed" in err
+    assert not (folder / "dist" / "v0.2.0").exists()
+    assert git(folder, "tag", "-l") == ""
+
+
+def test_make_release_needs_an_explicit_registry() -> None:
+    """The development default (registry.local:5000) is never a release's silently."""
+    env = {k: v for k, v in os.environ.items() if k != "REGISTRY"}
+    result = subprocess.run(
+        ["make", "-s", "-C", str(REPO), "release", "VERSION=9.9.9", "CONTAINER_TOOL=buildah"],
+        capture_output=True, text=True, timeout=120, env=env,
+    )  # fmt: skip
+    assert result.returncode != 0
+    assert "make release needs REGISTRY=HOST[:PORT]" in result.stderr
+    assert "registry.local:5000 is only the development default" in result.stderr
 
 
 def test_make_release_needs_an_explicit_version() -> None:
