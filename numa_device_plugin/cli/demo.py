@@ -16,7 +16,7 @@ from typing import Any
 
 import click
 
-from numa_device_plugin.cli import options
+from numa_device_plugin.cli import hostviews, options
 from numa_device_plugin.kubelet_standin import KubeletStandIn
 from numa_device_plugin.nodeconfig.supervisor import ConfigSupervisor, Selector
 from numa_device_plugin.ops.logs import configure_logging
@@ -48,6 +48,7 @@ from numa_device_plugin.topology.numa import NumaNode
     options.demo_metrics_address,
     options.config_file,
     options.node_label,
+    options.device_interval,
 )
 @click.pass_context
 def command(ctx: click.Context, /, **params: Any) -> int:
@@ -60,6 +61,7 @@ def command(ctx: click.Context, /, **params: Any) -> int:
         raise click.BadParameter(
             "only applies with --config-file", ctx, param=options.param(ctx, "node_label")
         )
+    hostviews.own_mount_table(ctx, params)
     try:
         return asyncio.run(_demo(ctx, params))
     except ListenerError as exc:
@@ -110,7 +112,14 @@ async def _demo(ctx: click.Context, params: dict[str, Any]) -> int:
                 recorder = PrometheusRecorder()
             runner: PluginManager | ConfigSupervisor
             if select is None:
-                runner = PluginManager(config, discover_fn=lambda _: discovery, recorder=recorder)
+                # the first look is the one made above; later ones read the tree again
+                # (--device-interval: a disk unmounted or moved shows without a cluster)
+                looks = iter([discovery])
+
+                def look(again: Config) -> Discovery:
+                    return next(looks, None) or discover(again)
+
+                runner = PluginManager(config, discover_fn=look, recorder=recorder)
             else:
                 runner = ConfigSupervisor(
                     select, lambda chosen: PluginManager(chosen, recorder=recorder), 60.0
@@ -279,6 +288,8 @@ def status_argv(config: Config) -> list[str]:
     for near in config.near:
         for flag in near.flags():
             argv += ["--near", flag]
+    if config.near:  # the table its path: selectors read, the same as the demo's
+        argv += ["--mount-table", str(config.mount_table)]
     return argv
 
 

@@ -9,7 +9,7 @@ from typing import Any
 
 import click
 
-from numa_device_plugin.cli import options
+from numa_device_plugin.cli import hostviews, options
 from numa_device_plugin.cli.escaped import shown
 from numa_device_plugin.ops.logs import configure_logging
 from numa_device_plugin.plugin.advertised.discovery import Discovery, near_document
@@ -47,6 +47,7 @@ def command(ctx: click.Context, /, **params: Any) -> int:
     advertised (each named on stderr); a malformed sysfs file raises SysfsError (exit 1
     from main); a near name the prefix makes invalid exits 2 with usage."""
     configure_logging(params["log_level"], "text")
+    hostviews.own_mount_table(ctx, params)
     try:
         config = Config(
             sysfs_root=params["sysfs_root"],

@@ -13,7 +13,7 @@ from typing import Any
 
 import click
 
-from numa_device_plugin.cli import options
+from numa_device_plugin.cli import hostviews, options
 from numa_device_plugin.ops.logs import configure_logging
 
 
@@ -53,6 +53,7 @@ def command(ctx: click.Context, /, **params: Any) -> int:
     from numa_device_plugin.plugin.reports.status import build_status, render_table
 
     configure_logging(params["log_level"], "text")
+    hostviews.own_mount_table(ctx, params)
     try:
         config = options.config_from_params(params)
     except ValueError as exc:

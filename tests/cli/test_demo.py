@@ -119,3 +119,64 @@ def test_demo_with_malformed_sysfs_exits_1(
     code, _, err = run_main(["demo", "--sysfs-root", str(two_nodes.root)], capsys)
     assert code == 1
     assert "node/online" in err
+
+
+def test_the_status_command_the_demo_prints_reads_its_mount_table(tmp_path: Path) -> None:
+    """Run as printed, status left out --mount-table: its path: rows vanished and the
+    warning named the real machine's root disk."""
+    from numa_device_plugin.cli.demo import status_argv
+    from numa_device_plugin.plugin.model.near import parse_near
+    from numa_device_plugin.plugin.settings.config import Config
+
+    table = tmp_path / "host" / "proc" / "1" / "mountinfo"
+    config = Config(sysfs_root=tmp_path / "host" / "sys", socket_dir=tmp_path / "dp",
+                    near=(parse_near("data=path:/mnt/disks/a"),), mount_table=table)  # fmt: skip
+    argv = status_argv(config)
+    assert argv[argv.index("--mount-table") + 1] == str(table)
+    assert argv[argv.index("--sysfs-root") + 1] == str(tmp_path / "host" / "sys")
+
+
+def _fake_host(tmp_path: Path) -> SysfsTree:
+    """A fake host: HOST/sys (two NUMA nodes, nvme1n1p1 on node 1) and, when asked,
+    HOST/proc/1/mountinfo beside it."""
+    from tests.topology.test_mounts import sysfs_with_devices
+
+    tree = SysfsTree(tmp_path / "host" / "sys")
+    tree.node(0, "0-1")
+    tree.node(1, "2-3")
+    sysfs_with_devices(tree.root)
+    return tree
+
+
+def test_a_sysfs_tree_without_its_mount_table_is_refused_for_path_selectors(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--sysfs-root with the machine's own mount table mixed this machine's mounts with
+    another tree's disks (a wrong disk or none, silently)."""
+    tree = _fake_host(tmp_path)
+    args = ["discover", "--sysfs-root", str(tree.root), "--near", "data=path:/mnt/disks/a"]
+    code, _, err = run_main(args, capsys)
+    assert code == 2
+    assert "is not this machine's /sys, but the mount table is (/proc/1/mountinfo)" in err
+    assert "Give that tree's table with --mount-table" in err
+    assert run_main(["discover", "--sysfs-root", str(tree.root)], capsys)[0] == 0  # no path:
+
+
+def test_a_sysfs_tree_with_its_own_mount_table_beside_it_reads_that_one(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    tree = _fake_host(tmp_path)
+    table = tmp_path / "host" / "proc" / "1" / "mountinfo"
+    table.parent.mkdir(parents=True)
+    table.write_text("22 1 259:2 / / rw - ext4 /dev/nvme0n1p2 rw\n"
+                     "30 22 259:5 / /mnt/disks/a rw - xfs /dev/nvme1n1p1 rw\n")  # fmt: skip
+    args = ["discover", "--sysfs-root", str(tree.root), "--near", "data=path:/mnt/disks/a"]
+    code, out, _ = run_main(args, capsys)
+    assert code == 0
+    assert "near numa-align/data (path:/mnt/disks/a): NUMA node(s) 1, from nvme1n1p1" in out
+    # demo reads the same table, and takes --device-interval (a device lost or moved
+    # shows without a cluster)
+    code, out, _ = run_main(["demo", "--sysfs-root", str(tree.root), "--capacity", "2",
+                             "--device-interval", "1", *args[3:]], capsys)  # fmt: skip
+    assert code == 0
+    assert "numa-align/data: 2 devices (2 Healthy), TopologyInfo NUMA node(s) [1]" in out
