@@ -81,7 +81,18 @@ def missing_tools(helm: Path | None) -> list[str]:
                      "containernetworking-plugins)")  # fmt: skip
     if helm is None:
         lines.append("helm: not on PATH nor in .venv/bin (make helm)")
+    elif under_private_tmp(helm):
+        lines.append(f"helm at {helm.resolve()}: the tests run with a /tmp of their own and "
+                     "cannot reach it there; put helm outside /tmp (make helm puts it into "
+                     ".venv/bin)")  # fmt: skip
     return lines
+
+
+def under_private_tmp(path: Path) -> bool:
+    """Whether ``path`` (resolved) is under /tmp, which the tests' mount namespace
+    replaces with a private one (a tool found there installs the chart, then every test
+    failed with FileNotFoundError)."""
+    return Path("/tmp") in path.resolve().parents
 
 
 # --- pure renderers ------------------------------------------------------------------------

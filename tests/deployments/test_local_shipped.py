@@ -5,8 +5,10 @@ without. ``make test-e2e-local PLUGIN=…`` runs them for real."""
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
+import tempfile
 import tomllib
 from pathlib import Path
 from typing import Any
@@ -164,6 +166,27 @@ def test_image_modes_name_each_missing_tool(monkeypatch: pytest.MonkeyPatch) -> 
         assert f"{program}: not on PATH (Debian package {package})" in lines
     assert any("containernetworking-plugins" in line for line in lines)
     assert any(line.startswith("helm:") for line in lines)
+
+
+def test_a_helm_under_tmp_is_refused_at_preflight_naming_it() -> None:
+    """The tests run with a /tmp of their own: a helm found under the host's /tmp
+    installed the chart, then every test failed with FileNotFoundError."""
+    held = Path(tempfile.mkdtemp(prefix="ndp-helm-", dir="/tmp"))
+    try:
+        helm = held / "helm"
+        helm.write_text("#!/bin/sh\n")
+        helm.chmod(0o755)
+        lines = shipped.missing_tools(helm)
+        assert f"helm at {helm.resolve()}: the tests run with a /tmp of their own" in "\n".join(
+            lines
+        )
+        outside = Path("/usr/local/bin/helm")  # judged by its path: it need not exist
+        assert not shipped.under_private_tmp(outside)
+        assert shipped.missing_tools(outside) == [
+            line for line in lines if not line.startswith("helm at")
+        ]
+    finally:
+        shutil.rmtree(held)
 
 
 def test_make_passes_plugin_and_release_to_the_harness() -> None:
