@@ -132,13 +132,28 @@ TIERS = (
 )  # fmt: skip
 
 
+# The tiers that need the real machines' snapshots beside the checkout: (folder, the
+# tests). A clone of the repository alone has no ../shared; its tests skip, and say so.
+DATA_TIERS = (
+    (SNAPSHOTS, "the real machines' sysfs snapshots (tests/topology/test_topology.py, "
+     "tests/cli/test_discover.py, tests/plugin/test_nodepage.py, the docs' tour)"),
+    (PCI_SNAPSHOTS, "the sysfs roots with PCI devices, disks and NICs "
+     "(tests/topology/test_locality.py, test_details.py)"),
+)  # fmt: skip
+
+
 def missing_tiers() -> list[str]:
-    """One line per tier whose tool is on neither PATH nor ``.venv/bin``: what skips."""
+    """One line per tier whose tool is on neither PATH nor ``.venv/bin``, or whose data
+    folder (``../shared``) is absent: what skips."""
     lines = []
     for tool, tests, how in TIERS:
         if shutil.which(tool) or os.access(REPO / ".venv" / "bin" / tool, os.X_OK):
             continue
         lines.append(f"{tool} is absent: {tests} will skip ({how})")
+    for folder, tests in DATA_TIERS:
+        if not folder.is_dir():
+            lines.append(f"{folder} is absent: {tests} will skip (the project's shared "
+                         "data beside the checkout; never copied into it)")  # fmt: skip
     return lines
 
 

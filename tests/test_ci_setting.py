@@ -71,3 +71,18 @@ def test_ci_runs_the_suite_on_the_oldest_python_it_allows(tmp_path: Path) -> Non
 def test_with_no_python_that_qualifies_it_says_python3(tmp_path: Path) -> None:
     fake_python(tmp_path, "python3", (3, 9, 0))
     assert oldest(tmp_path, tmp_path / "nothing") == "python3"
+
+
+def test_the_banner_names_a_missing_shared_folder_with_its_tests(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A fresh clone without ../shared skipped 31 tests while the banner named only
+    Chromium: every data tier that will skip is named, with its tests."""
+    from tests import conftest
+
+    absent = tmp_path / "shared" / "fixtures" / "sysfs"
+    monkeypatch.setattr(conftest, "DATA_TIERS", ((absent, "the snapshots' tests"),))
+    lines = conftest.missing_tiers()
+    assert f"{absent} is absent: the snapshots' tests will skip" in "\n".join(lines)
+    monkeypatch.setattr(conftest, "DATA_TIERS", ((tmp_path, "present"),))
+    assert not [line for line in conftest.missing_tiers() if str(tmp_path) in line]
