@@ -136,7 +136,7 @@ TIERS = (
 # tests). A clone of the repository alone has no ../shared; its tests skip, and say so.
 DATA_TIERS = (
     (SNAPSHOTS, "the real machines' sysfs snapshots (tests/topology/test_topology.py, "
-     "tests/cli/test_discover.py, tests/plugin/test_nodepage.py, the docs' tour)"),
+     "tests/cli/test_discover.py, tests/plugin/test_nodepage.py)"),
     (PCI_SNAPSHOTS, "the sysfs roots with PCI devices, disks and NICs "
      "(tests/topology/test_locality.py, test_details.py)"),
 )  # fmt: skip

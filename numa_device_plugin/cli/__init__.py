@@ -1,6 +1,6 @@
 """The ``numa-device-plugin`` command line: ``serve``, ``discover``, ``demo``, ``status``,
-``health``, ``top``, ``devices`` and ``check``, one module each; the options they share
-are in :mod:`.options`.
+``health``, ``top``, ``devices``, ``check`` and ``fake-host``, one module each; the
+options they share are in :mod:`.options`.
 
 A command's module is imported only when that command runs (or ``--help`` lists it), so
 ``serve`` never loads the kubelet stand-in (``demo``), the status report or anything
@@ -32,6 +32,7 @@ COMMANDS = {
     "top": "numa_device_plugin.cli.top",
     "devices": "numa_device_plugin.cli.devices",
     "check": "numa_device_plugin.cli.check",
+    "fake-host": "numa_device_plugin.cli.fakehost",
 }
 
 

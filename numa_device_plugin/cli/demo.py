@@ -166,7 +166,9 @@ async def _demo(ctx: click.Context, params: dict[str, Any]) -> int:
                     device = kubelet.devices(name)[0].ID
                     response = await kubelet.allocate(name, [device])
                     envs = dict(response.container_responses[0].envs)
-                    print(f"Allocate({name}, [{device}]) -> envs {json.dumps(envs)}")
+                    print(
+                        f"Allocate({name}, [{device}]) -> envs {json.dumps(envs, sort_keys=True)}"
+                    )
                 if params["keep"]:
                     port = listeners[0].port if listeners else None
                     await _keep_serving(kubelet, manager.config, discovery, serving, port)

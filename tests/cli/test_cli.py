@@ -102,6 +102,7 @@ COMMAND_FLAGS = {
     ],
     "demo": [
         ("--sysfs-root", "NUMA_SYSFS_ROOT"),
+        ("--device-interval", "NUMA_DEVICE_INTERVAL"),
         ("--resource-prefix", "NUMA_RESOURCE_PREFIX"),
         ("--capacity", "NUMA_CAPACITY"),
         ("--include-cpuless-nodes", "NUMA_INCLUDE_CPULESS_NODES"),
