@@ -157,17 +157,39 @@ come without capacity "cpus". */}}
 {{- end -}}
 {{- end -}}
 
-{{/* Fails when two names of one near map would set the same NUMA_NEAR_<NAME> variable
-(data-a and data_a), as the plugin refuses them at start. Takes (list WHERE MAP). */}}
+{{/* Fails, in the plugin's words, for what the schema leaves to the templates (its
+'not' said only "'not' failed" at an empty location): a name of a NUMA node's or any's
+resources, two names that would set the same NUMA_NEAR_<NAME> variable (data-a and
+data_a), and a selector with . or .. in its path (a \057 is a slash, a \056 a dot), an
+escape to a control character, or a second NAME=KIND: entry after a comma. Takes (list
+WHERE MAP). */}}
 {{- define "numa-device-plugin.checkNear" -}}
 {{- $where := index . 0 -}}
 {{- $seen := dict -}}
-{{- range $name, $_ := (index . 1 | default dict) -}}
+{{- range $name, $given := (index . 1 | default dict) -}}
+{{- if regexMatch `^numa-[0-9]` $name -}}
+{{- fail (printf "%s: %q would collide with the NUMA-node resources numa-<id>: name it otherwise" $where $name) -}}
+{{- end -}}
+{{- if regexMatch `^(any|any-memory|any-hugepages-.*)$` $name -}}
+{{- fail (printf "%s: %q would collide with the resource any (and its memory): name it otherwise" $where $name) -}}
+{{- end -}}
 {{- $variable := printf "NUMA_NEAR_%s" (regexReplaceAll "[^A-Z0-9]" (upper $name) "_") -}}
 {{- if hasKey $seen $variable -}}
 {{- fail (printf "%s: near resources %q and %q would both set %s in their containers: rename one" $where (get $seen $variable) $name $variable) -}}
 {{- end -}}
 {{- $_ := set $seen $variable $name -}}
+{{- range (kindIs "slice" $given | ternary $given (list $given)) -}}
+{{- $selector := toString . -}}
+{{- if regexMatch `^path(-below)?:(.*(/|\\057))?([.]|\\056)([.]|\\056)?((/|\\057).*)?$` $selector -}}
+{{- fail (printf "%s.%s: %q: an absolute host path without . or .. (\\057 is a slash, \\056 a dot)" $where $name $selector) -}}
+{{- end -}}
+{{- if regexMatch `^path(-below)?:.*\\(00[0-7]|01[03-7]|0[23][0-7]|177|2[0-3][0-7]|240|255)` $selector -}}
+{{- fail (printf "%s.%s: %q: an escape decodes to a control character" $where $name $selector) -}}
+{{- end -}}
+{{- with regexFind `,[A-Za-z0-9][-A-Za-z0-9_.]*=(block|serial|wwid|net|pci|pci-id|pci-class|path|path-below):` $selector -}}
+{{- fail (printf "%s.%s: %q: a second entry follows a comma (%q): give each name its own key, several selectors a list" $where $name $selector (trimPrefix "," .)) -}}
+{{- end -}}
+{{- end -}}
 {{- end -}}
 {{- end -}}
 
