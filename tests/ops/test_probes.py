@@ -172,14 +172,16 @@ async def test_the_shipped_daemonsets_probes_pass(
     def moved(text: str) -> str:
         for number, port in local.items():
             text = text.replace(f":{number}", f"127.0.0.1:{port}")
-        return text.replace("/var/lib/kubelet/device-plugins", str(sock_dir)).replace(
-            "=/sys", f"={two_nodes.root}"
-        )
+        text = text.replace("/var/lib/kubelet/device-plugins", str(sock_dir))
+        if text == "/sys":
+            return str(two_nodes.root)
+        return text.replace("=/sys", f"={two_nodes.root}")
 
     env = {key: moved(value) for key, value in by_kind("ConfigMap")["data"].items()}
-    env.update({item["name"]: item["value"] for item in spec.get("env", [])})
+    # the container's own variables (its fixed settings: socket folder, sysfs, probes)
+    env.update({item["name"]: moved(item["value"]) for item in spec.get("env", [])})
     env["NUMA_LOG_FORMAT"] = "json"  # the test reads the log
-    args = [moved(arg) for arg in spec["args"]]
+    args = [moved(arg) for arg in spec.get("args", [])]
     for variable in [v for v in os.environ if v.startswith("NUMA_")]:
         monkeypatch.delenv(variable)
     async with (
