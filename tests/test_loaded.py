@@ -29,6 +29,15 @@ def test_failed_files_are_read_per_module(tmp_path: Path) -> None:
     }
 
 
+def test_a_file_that_ran_no_test_failed_its_round(tmp_path: Path) -> None:
+    """A misspelt file ("no tests ran", a collection error) counted as a round passed:
+    3/3 for a file that does not exist."""
+    report = tmp_path / "r.xml"
+    report.write_text(REPORT)
+    files = ["tests/ops/test_probes.py", "tests/cluster/test_nothing_here.py"]
+    assert failed_files(report, files) == {"tests/cluster/test_nothing_here.py"}
+
+
 def test_every_load_sensitive_file_exists() -> None:
     for file in LOAD_SENSITIVE:
         assert (REPO / file).is_file(), file
