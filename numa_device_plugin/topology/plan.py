@@ -61,15 +61,21 @@ def _why_unusable(node: NumaNode) -> str | None:
 
 
 def topology_warnings(plans: tuple[NodePlan, ...]) -> list[str]:
-    """Operator warnings for a plan: more advertised NUMA nodes than the Topology
-    Manager accepts by default, and CPUs that sysfs puts in two NUMA nodes."""
+    """Operator warnings for a plan: more NUMA nodes than the Topology Manager accepts
+    by default (with the kubelet setting the machine needs), and CPUs that sysfs puts
+    in two NUMA nodes."""
     warnings: list[str] = []
-    advertised = [plan for plan in plans if plan.advertised]
-    if len(advertised) > TOPOLOGY_MANAGER_MAX_NUMA_NODES:
+    # The kubelet counts every NUMA node the machine has (cadvisor's topology: memory-only
+    # nodes too), not those advertised: with a policy other than none it refuses to start
+    # on more than 8 (pkg/kubelet/cm/topologymanager/topology_manager.go).
+    if len(plans) > TOPOLOGY_MANAGER_MAX_NUMA_NODES:
         warnings.append(
-            f"{len(advertised)} NUMA nodes are advertised; the kubelet's Topology Manager "
-            f"refuses more than {TOPOLOGY_MANAGER_MAX_NUMA_NODES} unless its policy option "
-            "max-allowable-numa-nodes is set (Kubernetes 1.31+)"
+            f"this machine has {len(plans)} NUMA nodes: the kubelet's Topology Manager "
+            f"refuses more than {TOPOLOGY_MANAGER_MAX_NUMA_NODES} (the kubelet does not start "
+            "with a policy other than none) unless its configuration has "
+            f'topologyManagerPolicyOptions: {{max-allowable-numa-nodes: "{len(plans)}"}} '
+            "(Kubernetes 1.31 and later, GA in 1.35; https://kubernetes.io/docs/tasks/"
+            "administer-cluster/topology-manager/#policy-option-max-allowable-numa-nodes)"
         )
     warnings.extend(_overlap_warnings([plan.node for plan in plans]))
     return warnings

@@ -375,7 +375,23 @@ def test_warning_over_eight_numa_nodes(sysfs_tree: SysfsTree) -> None:
         sysfs_tree.node(node, str(node))
     warnings = topology_warnings(plan_nodes(read_topology(sysfs_tree.root)))
     assert len(warnings) == 1
-    assert "max-allowable-numa-nodes" in warnings[0]
+    assert "this machine has 9 NUMA nodes" in warnings[0]
+    assert 'topologyManagerPolicyOptions: {max-allowable-numa-nodes: "9"}' in warnings[0]
+    assert "#policy-option-max-allowable-numa-nodes" in warnings[0]
+
+
+def test_memory_only_nodes_count_toward_the_kubelets_limit(sysfs_tree: SysfsTree) -> None:
+    """8 NUMA nodes with CPUs and one of memory alone: the kubelet counts 9 (cadvisor's
+    topology) and refuses to start; the warning counted the 8 advertised and said
+    nothing."""
+    sysfs_tree.cpus(8, online="0-7")
+    for node in range(8):
+        sysfs_tree.node(node, str(node))
+    sysfs_tree.node(8, "")
+    plans = plan_nodes(read_topology(sysfs_tree.root))
+    assert sum(plan.advertised for plan in plans) == 8
+    (warning,) = topology_warnings(plans)
+    assert "this machine has 9 NUMA nodes" in warning
 
 
 def test_no_warning_at_eight_numa_nodes(sysfs_tree: SysfsTree) -> None:
