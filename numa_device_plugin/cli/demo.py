@@ -41,6 +41,7 @@ from numa_device_plugin.topology.numa import NumaNode
     options.include_cpuless_nodes,
     options.memory_unit_option,
     options.any_resource,
+    options.socket_resources,
     options.near_option,
     options.log_level,
     options.log_format,
@@ -282,6 +283,8 @@ def status_argv(config: Config) -> list[str]:
         argv += ["--memory-unit", format_quantity(config.memory_unit)]
     if config.any_resource != "auto":
         argv += ["--any-resource", config.any_resource]
+    if config.socket_resources != "auto":
+        argv += ["--socket-resources", config.socket_resources]
     if config.reserved_memory:
         entries = ";".join(
             f"{node}:{kind}={format_quantity(size)}" for node, kind, size in config.reserved_memory

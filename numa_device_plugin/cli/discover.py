@@ -19,6 +19,7 @@ from numa_device_plugin.topology import sysfs
 from numa_device_plugin.topology.bynode import NO_DEVICES, devices_by_node, unlocated_pci
 from numa_device_plugin.topology.details import details
 from numa_device_plugin.topology.memory import format_quantity
+from numa_device_plugin.topology.nearest import nearest_nodes
 
 
 @click.command("discover", help="Print the NUMA nodes and the resources that would be advertised.")
@@ -29,6 +30,7 @@ from numa_device_plugin.topology.memory import format_quantity
     options.include_cpuless_nodes,
     options.memory_unit_option,
     options.any_resource,
+    options.socket_resources,
     options.near_option,
     options.output,
     options.quiet_log_level,
@@ -58,6 +60,7 @@ def command(ctx: click.Context, /, **params: Any) -> int:
             near=params["near"],
             mount_table=params["mount_table"],
             any_resource=params["any_resource"],
+            socket_resources=params["socket_resources"],
         )
     except ValueError as exc:
         raise click.UsageError(str(exc), ctx) from None
@@ -84,13 +87,17 @@ def discovery_json(discovery: Discovery, root: Path | None = None) -> dict[str, 
     ``unlocated_pci``: PCI devices whose ``numa_node`` is -1. ``memory_bytes`` and
     ``distances`` are null where their sysfs file was malformed; ``hugepages``: page
     size (``2Mi``) -> pages, per sysfs; ``devices`` of a node: its disks, NICs and
-    accelerators (``address class``) and its PCI device count. With ``root`` (the sysfs
+    accelerators (``address class``) and its PCI device count; ``nearest`` of a node
+    that is not advertised: where a device on it goes (:class:`~numa_device_plugin.
+    topology.nearest.Nearest`'s document; null for an advertised node); ``sockets``:
+    the physical packages of its CPUs. With ``root`` (the sysfs
     root read), ``inventory``: what a selector needs (:func:`~numa_device_plugin.
     topology.details.details`: each disk's serial, wwid, model, size and PCI address,
     each NIC's PCI address and driver, each accelerator's class and ids)."""
     nodes = []
     inventory = discovery.inventory
     found = devices_by_node(inventory)
+    nearest = nearest_nodes(discovery.plans)
     for plan in sorted(discovery.plans, key=lambda plan: plan.node.id):
         node = plan.node
         here = found.get(node.id, NO_DEVICES)
@@ -106,6 +113,8 @@ def discovery_json(discovery: Discovery, root: Path | None = None) -> dict[str, 
                 "advertised": plan.advertised,
                 "reason": plan.reason,
                 "devices": here.document(),
+                "sockets": sorted(node.sockets),
+                "nearest": nearest[node.id].document() if node.id in nearest else None,
             }
         )
     return {
@@ -173,7 +182,11 @@ def table(document: dict[str, Any]) -> str:
             for key, label in (("disks", "disks"), ("nics", "NICs"), ("accelerators", "accel"))
             if found[key]
         ]
-        lines.append(f"  {node['id']}: " + ("; ".join(parts) or "-") + f" ({found['pci']} PCI)")
+        follows = node.get("nearest")
+        goes = (f"; a resource near them follows NUMA node(s) {','.join(map(str, follows['to']))}"
+                if follows and follows["to"] and (found["pci"] or parts) else "")  # fmt: skip
+        lines.append(f"  {node['id']}: " + ("; ".join(parts) or "-") + f" ({found['pci']} PCI)"
+                     + goes)  # fmt: skip
     if document["unlocated_pci"]:
         lines.append(
             f"  no NUMA locality (numa_node -1): {document['unlocated_pci']} PCI device(s)"
@@ -193,6 +206,7 @@ def table(document: dict[str, Any]) -> str:
                 f"from {shown(', '.join(entry['matched']))}"
                 + (f" and {more} more" if more else "")
                 + tells
+                + "".join(f"; {shown(line)}" for line in entry.get("followed", ()))
             )
         else:
             lines.append(f"near {entry['resource']}: not advertised: {shown(entry['reason'])}")

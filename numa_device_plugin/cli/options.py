@@ -365,6 +365,16 @@ any_resource = _option(
     config_default("any_resource"),
     "auto|on|off",
 )
+socket_resources = _option(
+    "--socket-resources",
+    "advertise <prefix>/socket-S for each socket holding more than one NUMA node with "
+    "CPUs (AMD NPS2/NPS4, Intel SNC), whose devices are the free CPUs of its node with "
+    "the most room, as for <prefix>/any: auto (with --capacity cpus), on (needs "
+    "--capacity cpus) or off",
+    click.Choice(ANY_RESOURCE_VALUES),
+    config_default("socket_resources"),
+    "auto|on|off",
+)
 reserved_memory_option = _option(
     "--reserved-memory",
     "with --memory-unit: the kubelet's --reserved-memory (0:memory=1Gi;1:memory=2Gi), "

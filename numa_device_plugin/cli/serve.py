@@ -73,6 +73,7 @@ class Runner(Protocol):
     options.allow_unaligned,
     options.memory_unit_option,
     options.any_resource,
+    options.socket_resources,
     options.reserved_memory_option,
     options.near_option,
     options.config_file,

@@ -32,6 +32,7 @@ from numa_device_plugin.ops.logs import configure_logging
     options.include_cpuless_nodes,
     options.memory_unit_option,
     options.any_resource,
+    options.socket_resources,
     options.reserved_memory_option,
     options.near_option,
     options.output,

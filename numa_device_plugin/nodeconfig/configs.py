@@ -152,6 +152,7 @@ def _settings() -> dict[str, tuple[str, Callable[[Any], Any]]]:
         "pod-resources-interval": ("pod_resources_interval", _text(values.interval)),
         "allow-unaligned": ("allow_unaligned", _switch),
         "any-resource": ("any_resource", _text(values.any_resource)),
+        "socket-resources": ("socket_resources", _text(values.any_resource)),
         "include-cpuless-nodes": ("include_cpuless_nodes", _switch),
         "memory-unit": ("memory_unit", _text(values.memory_unit)),
         "reserved-memory": ("reserved_memory", _text(values.reserved_memory)),

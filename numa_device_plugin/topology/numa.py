@@ -63,7 +63,10 @@ class NumaNode:
     ``all_cpus``: every CPU sysfs lists for it, online or not; ``missing_folder``:
     the node is listed online but has no ``nodeN`` folder; ``hugepages``: its
     hugepage pools, (page size in bytes, pages) sorted by size, from
-    ``nodeN/hugepages/hugepages-<kB>kB/nr_hugepages`` (pools with 0 pages included).
+    ``nodeN/hugepages/hugepages-<kB>kB/nr_hugepages`` (pools with 0 pages included);
+    ``sockets``: the physical packages its usable CPUs sit in, from
+    ``cpu/cpuN/topology/physical_package_id`` (none where the kernel gives -1 or no
+    file; two for a node spanning sockets, as AMD's NPS0 makes).
     """
 
     id: int
@@ -73,6 +76,7 @@ class NumaNode:
     all_cpus: frozenset[int] = frozenset()
     missing_folder: bool = False
     hugepages: tuple[tuple[int, int], ...] = ()
+    sockets: frozenset[int] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -202,6 +206,18 @@ class _OnlineCpus:
             cpus = cpus & self.listed
         return frozenset(cpu for cpu in sorted(cpus) if self._own_flag(cpu) is not False)
 
+    def packages(self, cpus: frozenset[int], warnings: list[str]) -> frozenset[int]:
+        """The physical packages (sockets) of ``cpus``, from each one's
+        ``topology/physical_package_id``: -1 or no file adds none; a malformed one adds
+        none, with a warning naming it."""
+        found = set()
+        for cpu in cpus:
+            package = _informative(self._cpu_dir / f"cpu{cpu}" / "topology" / "physical_package_id",
+                                   _parse_package, warnings)  # fmt: skip
+            if package is not None and package >= 0:
+                found.add(package)
+        return frozenset(found)
+
     def _own_flag(self, cpu: int) -> bool | None:
         if cpu not in self._flags:
             self._flags[cpu] = self._read_flag(cpu)
@@ -272,13 +288,15 @@ def _read_node(
     if not folder.is_dir():
         return NumaNode(id=node_id, cpus=frozenset(), missing_folder=True)
     all_cpus = _node_cpus(folder)
+    cpus = online.filter(all_cpus)
     return NumaNode(
         id=node_id,
-        cpus=online.filter(all_cpus),
+        cpus=cpus,
         memory_bytes=_informative(folder / "meminfo", sysfs.parse_meminfo_total, warnings),
         distances=_distances(folder / "distance", node_ids, possible, warnings),
         all_cpus=all_cpus,
         hugepages=_hugepages(folder / "hugepages", warnings),
+        sockets=online.packages(cpus, warnings),
     )
 
 
@@ -303,3 +321,17 @@ def _hugepages(folder: Path, warnings: list[str]) -> tuple[tuple[int, int], ...]
 
 
 _HUGEPAGES_DIR = re.compile(r"hugepages-([1-9][0-9]*)kB")
+
+
+# physical_package_id: -1 where the architecture gives none; the kernel's package ids
+# are ints, far below this bound in practice.
+_MAX_PACKAGE = 65535
+
+
+def _parse_package(text: str) -> int:
+    """``physical_package_id``: -1 (unknown) or 0..65535. Raises ValueError otherwise."""
+    if text == "-1":
+        return -1
+    if not text.isascii() or not text.isdigit() or int(text) > _MAX_PACKAGE:
+        raise ValueError(f"expected -1 or a package id up to {_MAX_PACKAGE}")
+    return int(text)

@@ -41,6 +41,7 @@ NOT_EMPTY = [
     "NUMA_ALLOW_UNALIGNED",
     "NUMA_MEMORY_UNIT",
     "NUMA_ANY_RESOURCE",
+    "NUMA_SOCKET_RESOURCES",
     "NUMA_RESERVED_MEMORY",
     "NUMA_MOUNT_TABLE",
     "NUMA_NEAR",
@@ -170,8 +171,14 @@ def test_the_polling_interval_has_a_floor(
         (["--any-resource", "on"], {}, "numa-align/any needs --capacity cpus"),
         (["--any-resource", "on", "--capacity", "4"], {}, "a slot count cannot tell"),
         ([], {"NUMA_ANY_RESOURCE": "on"}, "numa-align/any needs --capacity cpus"),
+        (["--socket-resources", "yes"], {},
+         "Invalid value for '--socket-resources': 'yes' is not one of"),
+        ([], {"NUMA_SOCKET_RESOURCES": "1"}, "'1' is not one of 'auto', 'on', 'off'"),
+        (["--socket-resources", "on"], {}, "numa-align/socket-<id> needs --capacity cpus"),
+        ([], {"NUMA_SOCKET_RESOURCES": "on", "NUMA_CAPACITY": "8"},
+         "or --socket-resources off"),
     ],
-)
+)  # fmt: skip
 def test_a_bad_any_resource_value_or_any_with_slots_exits_2_saying_why(
     argv: list[str],
     env: dict[str, str],
@@ -203,6 +210,21 @@ def test_any_is_served_in_cpus_mode_unless_turned_off(
 ) -> None:
     config = config_from_params(serve_params(argv))
     assert (config.any_resource, config.serves_any) == (any_resource, serves_any)
+
+
+@pytest.mark.parametrize(
+    ("argv", "serves_sockets"),
+    [
+        ([], False),
+        (["--capacity", "cpus"], True),
+        (["--capacity", "cpus", "--socket-resources", "off"], False),
+        (["--capacity", "cpus", "--any-resource", "off"], True),  # each its own switch
+    ],
+)
+def test_socket_resources_are_served_in_cpus_mode_unless_turned_off(
+    argv: list[str], serves_sockets: bool
+) -> None:
+    assert config_from_params(serve_params(argv)).serves_sockets is serves_sockets
 
 
 @pytest.mark.parametrize("kind", ["missing", "a file"])

@@ -39,6 +39,8 @@ def test_discover_json_shape(
                 "advertised": True,
                 "reason": None,
                 "devices": {"disks": [], "nics": [], "accelerators": [], "pci": 0},
+                "sockets": [],
+                "nearest": None,
             },
             {
                 "id": 1,
@@ -49,6 +51,8 @@ def test_discover_json_shape(
                 "advertised": True,
                 "reason": None,
                 "devices": {"disks": [], "nics": [], "accelerators": [], "pci": 0},
+                "sockets": [],
+                "nearest": None,
             },
         ],
         "resources": NAMES,

@@ -47,7 +47,14 @@ def plans(*advertised: int) -> tuple[NodePlan, ...]:
         # Only the advertised ones among the selection's (mutant: all of them).
         ("d=block:md0", (0, 2), (0,), None),
         # None advertised: nothing, and why (mutant: no reason).
-        ("d=serial:S1", (0, 2), (), "serial:S1: on NUMA node(s) 1, none of which is advertised"),
+        # On a node without CPUs and no distance row: it follows none, and says so.
+        (
+            "d=serial:S1",
+            (0, 2),
+            (),
+            "serial:S1: nvme1n1 is on memory-only node 1; its distance row (node1/distance) is "
+            "unknown",
+        ),
         ("d=serial:NONE", (0, 1, 2), (), "serial:NONE: no disk with that serial matches"),
     ],
 )
@@ -92,7 +99,8 @@ def test_a_near_resource_is_named_with_the_configured_prefix(root: Path) -> None
         (["serial:S1", "net:nope"], (0, 1, 2), (), "net:nope: no network interface matches"),
         # Common to both, but not advertised.
         (["serial:S1", "net:ib0"], (0, 2), (),
-         "serial:S1 & net:ib0: on NUMA node(s) 1, none of which is advertised"),
+         "serial:S1: nvme1n1 is on memory-only node 1; its distance row (node1/distance) is "
+         "unknown"),
     ],
 )  # fmt: skip
 def test_several_selectors_for_one_name_go_where_all_of_them_agree(

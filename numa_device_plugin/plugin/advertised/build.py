@@ -13,6 +13,7 @@ from numa_device_plugin.plugin.model.names import (
     DEFAULT_RESOURCE_PREFIX,
     any_name,
     resource_name,
+    socket_resource_name,
     validate_resource_prefix,
 )
 from numa_device_plugin.plugin.model.near import Near
@@ -115,6 +116,45 @@ def any_resource(prefix: str, node_resources: Iterable[Resource]) -> Resource | 
     )
 
 
+def node_sockets(plans: Iterable[NodePlan]) -> dict[int, int]:
+    """Each advertised NUMA node's socket (physical package), for those whose usable
+    CPUs all sit in one (:attr:`~numa_device_plugin.topology.numa.NumaNode.sockets`): a
+    node spanning sockets (AMD's NPS0) or of unknown socket is absent."""
+    return {
+        plan.node.id: next(iter(plan.node.sockets))
+        for plan in plans
+        if plan.advertised and len(plan.node.sockets) == 1
+    }
+
+
+def socket_resources(
+    prefix: str, plans: Iterable[NodePlan], node_resources: Iterable[Resource]
+) -> list[Resource]:
+    """``<prefix>/socket-S`` for each socket S holding more than one advertised NUMA node
+    with devices (AMD NPS2/NPS4, Intel SNC-2/3/4): over those nodes' ``numa-N``
+    resources (``node_resources``), their devices and ids, as :func:`any_resource` is
+    over all; in socket order. A node spanning sockets joins none
+    (:func:`node_sockets`)."""
+    sockets = node_sockets(plans)
+    by_socket: dict[int, list[Resource]] = {}
+    for resource in sorted(node_resources, key=lambda r: r.node_id):
+        if resource.devices and resource.node_id in sockets:
+            by_socket.setdefault(sockets[resource.node_id], []).append(resource)
+    found = []
+    for socket, chosen in sorted(by_socket.items()):
+        if len(chosen) < 2:
+            continue
+        found.append(Resource(
+            name=socket_resource_name(prefix, socket),
+            node_id=chosen[0].node_id,
+            devices=tuple(device for resource in chosen for device in resource.devices),
+            near_nodes=tuple(resource.node_id for resource in chosen),
+            socket=socket,
+            sockets=tuple((resource.node_id, socket) for resource in chosen),
+        ))  # fmt: skip
+    return found
+
+
 def build_resources(
     plans: Iterable[NodePlan],
     *,
@@ -125,12 +165,15 @@ def build_resources(
     reserved_memory: ReservedMemory = (),
     near: Iterable[tuple[Near, frozenset[int]]] = (),
     anywhere: bool = False,
+    sockets: bool = False,
 ) -> Mapping[str, Resource]:
     """One resource per advertised NUMA node, keyed by resource name, in NUMA id order,
     and with ``memory_unit`` (bytes) its memory resources after it; then, per ``near``
     entry (a :class:`~numa_device_plugin.plugin.model.near.Near` and the NUMA nodes its device
     sits on), its resource on those of the nodes that are advertised (none: no resource);
-    with ``anywhere`` (``cpus`` mode), ``<prefix>/any`` (:func:`any_resource`) last.
+    with ``anywhere`` (``cpus`` mode), ``<prefix>/any`` (:func:`any_resource`); with
+    ``sockets``, ``<prefix>/socket-S`` per socket of several NUMA nodes
+    (:func:`socket_resources`) last.
 
     In ``cpus`` mode a node's devices are its usable CPUs minus ``reserved_cpus``
     (the starting point; the kubelet's pod resources API refines it live).
@@ -166,9 +209,12 @@ def build_resources(
         if covered:
             resource = near_resource(prefix, entry, covered, capacity, reserved_cpus)
             resources[resource.name] = resource
+    own = [r for r in resources.values() if r.memory is None and r.node_own]
     if anywhere:
-        own = [r for r in resources.values() if r.memory is None and r.node_own]
         found = any_resource(prefix, own)
         if found is not None:
+            resources[found.name] = found
+    if sockets:
+        for found in socket_resources(prefix, plans_seen, own):
             resources[found.name] = found
     return resources

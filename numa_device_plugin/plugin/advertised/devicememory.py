@@ -24,7 +24,8 @@ log = structlog.get_logger(__name__)
 
 def near_memory(resources: Mapping[str, Resource]) -> dict[str, Resource]:
     """The memory resources of each resource of ``resources`` that follows a device or
-    is ``any``: for each memory type its NUMA nodes have (``<prefix>/numa-N-memory``,
+    is ``any`` or ``socket-S``: for each memory type its NUMA nodes have
+    (``<prefix>/numa-N-memory``,
     ``<prefix>/numa-N-hugepages-2mi``), ``<name>-memory`` (…``-hugepages-2mi``) with the
     same pools and device ids, so each is counted live as its node's (the Memory
     Manager's allocatable minus assigned there, :func:`~numa_device_plugin.plugin.counts.
@@ -34,7 +35,8 @@ def near_memory(resources: Mapping[str, Resource]) -> dict[str, Resource]:
     Returns the new resources only, in the order found."""
     found: dict[str, Resource] = {}
     for base in resources.values():
-        if (base.near is None and not base.anywhere) or base.memory is not None:
+        spanning = base.anywhere or base.socket is not None
+        if (base.near is None and not spanning) or base.memory is not None:
             continue
         prefix = base.name.split("/", 1)[0]
         by_suffix: dict[str, list[Resource]] = {}
@@ -58,6 +60,7 @@ def near_memory(resources: Mapping[str, Resource]) -> dict[str, Resource]:
                             reason="the name is taken by another resource")  # fmt: skip
                 continue
             parts = tuple(replace(pool, name=name) for pool in pools)
+            nodes = {part.node_id for part in parts}
             found[name] = replace(
                 parts[0],
                 name=name,
@@ -67,5 +70,6 @@ def near_memory(resources: Mapping[str, Resource]) -> dict[str, Resource]:
                 near_devices=base.near_devices,
                 follows=base.name,
                 parts=parts if len(parts) > 1 else (),
+                sockets=tuple(pair for pair in base.sockets if pair[0] in nodes),
             )
     return found

@@ -47,13 +47,17 @@ class NearPlan:
     ``resource`` (``<prefix>/<name>``), ``selection`` (what the selector matched, and
     their NUMA nodes), ``nodes`` (the advertised ones among them, sorted: where its
     devices lie) and ``reason`` (why nothing is advertised; None when ``nodes`` is
-    not empty)."""
+    not empty); ``followed``: per matched device on a NUMA node without CPUs, the line
+    saying which node(s) it follows (:mod:`~numa_device_plugin.topology.nearest`);
+    ``sockets``: with ``scope:socket``, (NUMA node, socket) of each of ``nodes``."""
 
     near: Near
     resource: str
     selection: Selection
     nodes: tuple[int, ...]
     reason: str | None
+    followed: tuple[str, ...] = ()
+    sockets: tuple[tuple[int, int], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -81,12 +85,13 @@ def near_document(entry: NearPlan) -> dict[str, object]:
     (``NUMA_NEAR_<NAME>``), keys as text (JSON)."""
     return {
         "resource": entry.resource,
-        "selector": " & ".join(map(str, entry.near.selectors)),
+        "selector": " & ".join(entry.near.terms),
         "matched": list(entry.selection.matched),
         "matched_count": entry.selection.count,
         "unlocated": list(entry.selection.unlocated),
         "nodes": list(entry.nodes),
         "by_node": {str(node): list(names) for node, names in entry.selection.by_node},
+        "followed": list(entry.followed),
         "reason": entry.reason,
     }
 
@@ -99,27 +104,66 @@ def plan_near(
 ) -> tuple[NearPlan, ...]:
     """Each ``config.near`` entry's selection in ``inventory`` (``path:`` selectors in
     ``mounts``, the host's mount table) and the advertised NUMA nodes it covers; pure.
-    A selection on NUMA nodes none of which is advertised (a memory-only node, all
-    CPUs offline) advertises nothing, and says so."""
+    A device on a NUMA node that is not advertised (a memory-only node, all CPUs
+    offline) follows the advertised node(s) nearest to it by the SLIT
+    (:mod:`~numa_device_plugin.topology.nearest`), before the selectors of one name are
+    matched against each other; a selection that still covers no advertised node
+    advertises nothing, and says so."""
     if not config.near:
         return ()
+    from numa_device_plugin.topology.nearest import follow_selection, nearest_nodes
     from numa_device_plugin.topology.selectors import all_of, select
 
     advertised = {plan.node.id for plan in plans if plan.advertised}
+    nearest = nearest_nodes(plans)
     found = []
     for near in config.near:
-        selection = all_of([select(inventory, one, mounts) for one in near.selectors],
-                           near.selectors)  # fmt: skip
+        followed: list[str] = []
+        selections = []
+        for one in near.selectors:
+            selection, lines = follow_selection(select(inventory, one, mounts), nearest, one)
+            selections.append(selection)
+            followed.extend(line for line in lines if line not in followed)
+        selection = all_of(selections, near.selectors)
         nodes = tuple(sorted(selection.nodes & advertised))
+        sockets: tuple[tuple[int, int], ...] = ()
+        if near.scope == "socket" and nodes:
+            selection, nodes, sockets, unknown = _socket_scope(selection, nodes, plans)
+            followed.extend(unknown)
         reason = selection.reason
         if reason is None and not nodes:
             shown = ",".join(map(str, sorted(selection.nodes)))
-            given = " & ".join(map(str, near.selectors))
+            given = " & ".join(near.terms)
             reason = f"{given}: on NUMA node(s) {shown}, none of which is advertised"
-        found.append(
-            NearPlan(near, f"{config.resource_prefix}/{near.name}", selection, nodes, reason)
-        )
+        found.append(NearPlan(near, f"{config.resource_prefix}/{near.name}", selection, nodes,
+                              reason, tuple(followed), sockets))  # fmt: skip
     return tuple(found)
+
+
+def _socket_scope(
+    selection: Selection, nodes: tuple[int, ...], plans: tuple[NodePlan, ...]
+) -> tuple[Selection, tuple[int, ...], tuple[tuple[int, int], ...], list[str]]:
+    """A ``scope:socket`` selection widened to every advertised NUMA node of its nodes'
+    sockets: the selection (each node of a socket told of every device of that socket),
+    the nodes, (node, socket) pairs, and a line per node whose socket is unknown (it
+    stays as it is)."""
+    from numa_device_plugin.plugin.advertised.build import node_sockets
+
+    socket_of = node_sockets(plans)
+    unknown = [f"NUMA node {node} has no single known socket (physical_package_id); "
+               "the resource stays on it" for node in nodes if node not in socket_of]  # fmt: skip
+    chosen = {socket_of[node] for node in nodes if node in socket_of}
+    widened = sorted({*nodes, *(n for n, s in socket_of.items() if s in chosen)})
+    names = dict(selection.by_node)
+    told: dict[int, list[str]] = {}
+    for node in widened:
+        peers = [n for n in widened if n == node or (
+            node in socket_of and socket_of.get(n) == socket_of[node])]  # fmt: skip
+        told[node] = list(dict.fromkeys(name for peer in peers for name in names.get(peer, ())))
+    by_node = tuple((node, tuple(told[node])) for node in widened if told[node])
+    pairs = tuple((node, socket_of[node]) for node in widened if node in socket_of)
+    return (replace(selection, nodes=frozenset(widened), by_node=by_node), tuple(widened),
+            pairs, unknown)  # fmt: skip
 
 
 # Where devices come and go (read_inventory's folders): a device removed and added
@@ -198,12 +242,14 @@ def discover(config: Config, *, quiet: bool = False, devices: bool = True) -> Di
         reserved_memory=config.reserved_memory,
         near=[(entry.near, frozenset(entry.nodes)) for entry in near],
         anywhere=config.serves_any,
+        sockets=config.serves_sockets,
     )
-    resources = {  # each near resource knows which devices are on which of its nodes
+    by_name = {entry.resource: entry for entry in near}
+    resources = {  # each near resource knows which devices (sockets) are on its nodes
         name: resource
         if resource.near is None
         else replace(
-            resource, near_devices=next(e.selection.by_node for e in near if e.resource == name)
+            resource, near_devices=by_name[name].selection.by_node, sockets=by_name[name].sockets
         )
         for name, resource in resources.items()
     }
@@ -291,12 +337,14 @@ def _log_plan(plans: tuple[NodePlan, ...], near: tuple[NearPlan, ...]) -> None:
                 nodes=cut,
             )
         if entry.reason is None:
+            followed = {"followed": list(entry.followed)} if entry.followed else {}
             log.info(
                 "advertising a resource near a device",
                 resource=entry.resource,
-                selector=" & ".join(map(str, entry.near.selectors)),
+                selector=" & ".join(entry.near.terms),
                 nodes=list(entry.nodes),
                 matched=list(entry.selection.matched),
+                **followed,
             )
         else:
             log.warning(

@@ -66,6 +66,12 @@ def any_name(prefix: str) -> str:
     return f"{prefix}/{ANY_NAME}"
 
 
+def socket_resource_name(prefix: str, socket: int) -> str:
+    """``<prefix>/socket-<socket>``, e.g. ``numa-align/socket-1``: the NUMA nodes with
+    CPUs of one socket (physical package)."""
+    return f"{prefix}/socket-{socket}"
+
+
 def resource_name(prefix: str, node_id: int) -> str:
     """``<prefix>/numa-<node_id>``, e.g. ``numa-align/numa-1``."""
     return f"{prefix}/numa-{node_id}"

@@ -34,19 +34,26 @@ class Near:
     path and a NIC: the resource goes to the NUMA nodes every one of them covers)."""
 
     name: str
-    selector: Selector
+    selector: Selector | None
     also: tuple[Selector, ...] = ()
+    scope: str = "node"
 
     @property
     def selectors(self) -> tuple[Selector, ...]:
-        return (self.selector, *self.also)
+        """Its device selectors, in the order given."""
+        return self.also if self.selector is None else (self.selector, *self.also)
+
+    @property
+    def terms(self) -> list[str]:
+        """Its selectors as text, then ``scope:socket`` when it follows the socket."""
+        return [*map(str, self.selectors), *([f"scope:{self.scope}"] * (self.scope != "node"))]
 
     def flags(self) -> list[str]:
-        """As ``NAME=SELECTOR`` arguments of ``--near``, one per selector."""
-        return [f"{self.name}={selector}" for selector in self.selectors]
+        """As ``NAME=SELECTOR`` arguments of ``--near``, one per selector (and scope)."""
+        return [f"{self.name}={term}" for term in self.terms]
 
     def __str__(self) -> str:
-        return f"{self.name}=" + " & ".join(map(str, self.selectors))
+        return f"{self.name}=" + " & ".join(self.terms)
 
 
 def merge_near(entries: Iterable[Near]) -> tuple[Near, ...]:
@@ -58,25 +65,38 @@ def merge_near(entries: Iterable[Near]) -> tuple[Near, ...]:
         found = merged.get(entry.name)
         if found is None:
             merged[entry.name] = entry
-        elif entry.selector not in found.selectors:
-            merged[entry.name] = Near(found.name, found.selector, (*found.also, entry.selector))
+            continue
+        scope = "socket" if "socket" in (found.scope, entry.scope) else found.scope
+        added = tuple(one for one in entry.selectors if one not in found.selectors)
+        if found.selector is None and added:
+            merged[entry.name] = Near(found.name, added[0], added[1:], scope)
+        else:
+            merged[entry.name] = Near(found.name, found.selector, (*found.also, *added), scope)
     return tuple(merged.values())
 
 
-# Names of the NUMA-node resources (numa-1, numa-1-memory, numa-1-hugepages-2Mi): a
-# near resource may not take one.
+# --near NAME=scope:socket: the resource goes to every NUMA node with CPUs of the
+# sockets its devices are on (node: their own NUMA nodes, the default).
+SCOPES = ("node", "socket")
+
+
+# Names of the NUMA-node and socket resources (numa-1, numa-1-memory,
+# numa-1-hugepages-2Mi, socket-1, socket-1-memory): a near resource may not take one.
 _NUMA_NAME = re.compile(r"numa-[0-9]")
+_SOCKET_NAME = re.compile(r"socket-[0-9]")
 
 
 def validate_near_name(prefix: str, name: str) -> str:
     """Return ``name`` when ``<prefix>/<name>`` is a valid extended resource name that
-    is not one of the NUMA-node names (``numa-<id>...``) nor ``any`` and its memory
-    (``any-memory``, ``any-hugepages-...``).
+    is not one of the NUMA-node names (``numa-<id>...``), the socket names
+    (``socket-<id>...``) nor ``any`` and its memory (``any-memory``, ``any-hugepages-...``).
     Raises ValueError."""
     if "/" in name:
         raise ValueError(f"{quoted(name)}: give the name without the prefix ({prefix}/ is added)")
     if _NUMA_NAME.match(name):
         raise ValueError(f"{quoted(name)} would collide with the NUMA-node resources numa-<id>...")
+    if _SOCKET_NAME.match(name):
+        raise ValueError(f"{quoted(name)} would collide with the socket resources socket-<id>...")
     if name in (ANY_NAME, f"{ANY_NAME}-memory") or name.startswith(f"{ANY_NAME}-hugepages-"):
         raise ValueError(
             f"{quoted(name)} would collide with the resource {ANY_NAME} (and its memory)"
@@ -101,6 +121,14 @@ def parse_near(text: str) -> Near:
             "NUMA_NEAR separates entries with spaces (or give --near again); a comma in a "
             "path is written \\054"
         )
+    kind, colon, value = selector.strip(" \t").partition(":")
+    if colon and kind == "scope":
+        if value not in SCOPES:
+            raise ValueError(
+                f"{quoted(text)}: scope must be one of {', '.join(SCOPES)} (scope:socket: "
+                "every NUMA node with CPUs of the device's socket)"
+            )
+        return Near(name, None, (), value)
     from numa_device_plugin.topology.selectors import parse_selector
 
     return Near(name, parse_selector(selector))
@@ -109,7 +137,7 @@ def parse_near(text: str) -> Near:
 # A second NAME=KIND: entry joined to a selector by a comma (NUMA_NEAR is space-separated:
 # "ch=path:/data/ch,kafka=net:ens1f0" made one path of both).
 _JOINED = re.compile(
-    r",[A-Za-z0-9][-A-Za-z0-9_.]*=(?:block|serial|wwid|net|pci|pci-id|pci-class|path|path-below):"
+    r",[A-Za-z0-9][-A-Za-z0-9_.]*=(?:block|serial|wwid|net|pci|pci-id|pci-class|path|path-below|scope):"
 )
 
 
@@ -141,6 +169,11 @@ def check_near(prefix: str, near: Iterable[Near]) -> None:
     seen: dict[str, str] = {}
     for entry in entries:
         validate_near_name(prefix, entry.name)
+        if not entry.selectors:
+            raise ValueError(
+                f"near resource {quoted(entry.name)}: scope:{entry.scope} names no device; "
+                f"give a selector too ({entry.name}=net:ens1f0 {entry.name}=scope:socket)"
+            )
         if entry.name in seen.values():
             raise ValueError(f"near resource {quoted(entry.name)} is given twice")
         variable = near_env(entry.name)

@@ -76,6 +76,10 @@ class Resource:
     exposes (:mod:`~numa_device_plugin.plugin.counts.exposure`). ``parts``: for such a
     memory resource over several NUMA nodes, one memory resource per node (same name,
     that node's pool and device ids), whose devices it lists in node order.
+    ``socket``: for ``numa-align/socket-S`` (the NUMA nodes with CPUs of socket S), S;
+    ``sockets``: (NUMA node, socket) of each of its nodes, for a resource whose
+    containers are told their socket (``NUMA_SOCKET``: a socket resource, a resource
+    that follows a device to its socket, and their memory).
     """
 
     name: str
@@ -89,6 +93,8 @@ class Resource:
     anywhere: bool = False
     follows: str | None = None
     parts: tuple[Resource, ...] = ()
+    socket: int | None = None
+    sockets: tuple[tuple[int, int], ...] = ()
 
     @property
     def spans(self) -> bool:
@@ -99,8 +105,9 @@ class Resource:
     @property
     def node_own(self) -> bool:
         """True for a NUMA node's own resources (``numa-N``, ``numa-N-memory``...), False
-        for those that follow a device, ``any`` and their memory."""
-        return self.near is None and not self.anywhere and self.follows is None
+        for those that follow a device, ``any``, ``socket-S`` and their memory."""
+        return (self.near is None and not self.anywhere and self.follows is None
+                and self.socket is None)  # fmt: skip
 
     @property
     def socket_name(self) -> str:

@@ -22,6 +22,7 @@ from numa_device_plugin.plugin.settings.config import Config
 from numa_device_plugin.topology import sysfs
 from numa_device_plugin.topology.bynode import NO_DEVICES, devices_by_node
 from numa_device_plugin.topology.locality import Inventory
+from numa_device_plugin.topology.nearest import nearest_nodes
 from numa_device_plugin.topology.plan import NodePlan
 
 if TYPE_CHECKING:
@@ -152,11 +153,13 @@ def debug_document(state: PluginState) -> dict[str, Any]:
 
     ``{"taken_at", "ready", "problems", "configuration", "config": {flag name:
     value} | null, "lock", "numa_nodes": [{"id", "cpus", "advertised", "reason",
-    "devices": {"disks", "nics", "accelerators", "pci"}}], "resources": {name:
+    "devices": {"disks", "nics", "accelerators", "pci"}, "nearest": {"node", "to",
+    "distance", "why"} | null}], "resources": {name:
     {"numa_node", "numa_nodes", "near", "lost", "memory_type", "devices", "healthy",
     "registered", "streams", "kubelet_stream", "exposed": {"node", "why", "rooms",
     "switches", "follows"} | null}}, "near": [{"resource", "selector",
-    "matched", "matched_count", "unlocated", "nodes", "reason"}], "inventory": {"disks",
+    "matched", "matched_count", "unlocated", "nodes", "by_node", "followed", "reason"}],
+    "inventory": {"disks",
     "nics", "accelerators", "mounts"} | null, "pod_resources":
     {"up", "read_at", "age_seconds", "period_seconds", "on_change", "holders", "others",
     "allocatable_cpus"}}``.
@@ -164,6 +167,7 @@ def debug_document(state: PluginState) -> dict[str, Any]:
     view = state.view
     age = state.pod_resources_age
     on_node = devices_by_node(state.inventory)
+    nearest = nearest_nodes(state.plans)
     return {
         "taken_at": state.taken_at,
         "ready": not state.problems,
@@ -178,6 +182,7 @@ def debug_document(state: PluginState) -> dict[str, Any]:
                 "advertised": plan.advertised,
                 "reason": plan.reason,
                 "devices": on_node.get(plan.node.id, NO_DEVICES).document(),
+                "nearest": nearest[plan.node.id].document() if plan.node.id in nearest else None,
             }
             for plan in state.plans
         ],

@@ -35,6 +35,9 @@ log = structlog.get_logger(__name__)
 Context = grpc.aio.ServicerContext[Any, Any]
 
 NUMA_NODE_ENV = "NUMA_NODE"
+# The socket (physical package) of the NUMA node(s) allocated, for a resource that names
+# sockets (numa-align/socket-S, a resource that follows a device to its socket).
+NUMA_SOCKET_ENV = "NUMA_SOCKET"
 
 
 def device_message(device: Device) -> api_pb2.Device:
@@ -76,6 +79,7 @@ class NumaDevicePluginServicer(api_pb2_grpc.DevicePluginServicer):  # type: igno
             node: tuple(name for name in names if sysfs.is_kernel_name(name))
             for node, names in resource.near_devices
         }
+        self._sockets = dict(resource.sockets)
         self._recorder: Recorder = recorder or NullRecorder()
         self.node_id = resource.node_id
         self._on_stream_lost = on_stream_lost
@@ -224,8 +228,15 @@ class NumaDevicePluginServicer(api_pb2_grpc.DevicePluginServicer):  # type: igno
         :data:`~numa_device_plugin.topology.selectors.MAX_NAMED` a NUMA node (the log
         says when a node has more); a name not of a kernel name's form (a comma, a
         control character: a hostile sysfs) is never written (discovery already leaves
-        such a device without locality)."""
+        such a device without locality). For a resource that names sockets
+        (:attr:`~numa_device_plugin.plugin.model.resources.Resource.sockets`), also
+        ``NUMA_SOCKET``: the socket of the NUMA node(s) allocated (comma-separated when
+        several)."""
         envs = {NUMA_NODE_ENV: self._numa_node(ids)}
+        if self._sockets:
+            held = {self._by_id[device_id].node_id for device_id in ids}
+            found = sorted({self._sockets[node] for node in held if node in self._sockets})
+            envs[NUMA_SOCKET_ENV] = ",".join(map(str, found))
         if self._near is not None:
             nodes = sorted({self._by_id[device_id].node_id for device_id in ids})
             names = [name for node in nodes for name in self._near_devices.get(node, ())]

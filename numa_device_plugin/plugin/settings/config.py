@@ -103,7 +103,9 @@ class Config:
     ``mount_table``: the host's mountinfo, where ``path:`` selectors look paths up;
     ``device_interval``: seconds between re-reads of the devices (hotplug), 0: never.
     ``any_resource``: ``auto`` (``<prefix>/any`` in ``cpus`` mode), ``on`` (refused
-    with slots: a slot count cannot tell the scheduler what fits) or ``off``.
+    with slots: a slot count cannot tell the scheduler what fits) or ``off``;
+    ``socket_resources`` likewise for ``<prefix>/socket-S``, one per socket holding
+    more than one NUMA node with CPUs.
 
     Raises ValueError from ``__post_init__`` for an invalid prefix, capacity,
     a non-positive duration, a near name that is invalid or given twice, or settings
@@ -129,19 +131,24 @@ class Config:
     mount_table: Path = Path("/proc/1/mountinfo")
     device_interval: float = 60.0
     any_resource: str = "auto"
+    socket_resources: str = "auto"
 
     def __post_init__(self) -> None:
-        if self.any_resource not in ANY_RESOURCE_VALUES:
-            raise ValueError(
-                f"any resource must be one of {', '.join(ANY_RESOURCE_VALUES)}, "
-                f"got {self.any_resource!r}"
-            )
-        if self.any_resource == "on" and self.capacity != CPUS:
-            raise ValueError(
-                f"{self.resource_prefix}/any needs --capacity cpus: its device count must be "
-                "the free CPUs of the NUMA node with the most room, and a slot count cannot "
-                "tell the scheduler what fits (use --capacity cpus, or --any-resource off)"
-            )
+        for what, value, flag in (("any resource", self.any_resource, "--any-resource"),
+                                  ("socket resources", self.socket_resources,
+                                   "--socket-resources")):  # fmt: skip
+            if value not in ANY_RESOURCE_VALUES:
+                raise ValueError(
+                    f"{what} must be one of {', '.join(ANY_RESOURCE_VALUES)}, got {value!r}"
+                )
+            if value == "on" and self.capacity != CPUS:
+                name = "any" if flag == "--any-resource" else "socket-<id>"
+                raise ValueError(
+                    f"{self.resource_prefix}/{name} needs --capacity cpus: its device count "
+                    "must be the free CPUs of the NUMA node with the most room, and a slot "
+                    f"count cannot tell the scheduler what fits (use --capacity cpus, or "
+                    f"{flag} off)"
+                )
         validate_resource_prefix(self.resource_prefix)
         check_near(self.resource_prefix, self.near)
         validate_capacity(self.capacity)
@@ -180,6 +187,12 @@ class Config:
         return self.any_resource == "on" or (self.any_resource == "auto" and self.cpus_mode)
 
     @property
+    def serves_sockets(self) -> bool:
+        """True when ``<prefix>/socket-S`` are advertised where a socket holds several
+        NUMA nodes with CPUs (``socket_resources`` on, or auto in ``cpus`` mode)."""
+        return self.socket_resources == "on" or (self.socket_resources == "auto" and self.cpus_mode)
+
+    @property
     def pod_resources_path(self) -> Path:
         """The pod resources API socket: as given, else beside the device-plugin folder."""
         return self.pod_resources_socket or podresources_socket(self.socket_dir)
@@ -207,6 +220,7 @@ _CONFIG_FIELDS = (
     "mount_table",
     "device_interval",
     "any_resource",
+    "socket_resources",
 )
 
 

@@ -29,6 +29,7 @@ from numa_device_plugin.plugin.reports.snapshot import PluginState
 from numa_device_plugin.topology import sysfs
 from numa_device_plugin.topology.bynode import NO_DEVICES, NodeDevices, devices_by_node
 from numa_device_plugin.topology.memory import MEMORY, hugepages_type
+from numa_device_plugin.topology.nearest import nearest_nodes
 from numa_device_plugin.topology.plan import NodePlan
 
 # What each CPU can be, in the order the legend lists them.
@@ -166,6 +167,7 @@ def build_page(state: PluginState, node: str | None = None) -> NodePage:
     reserved = state.config.reserved_cpus if state.config is not None else frozenset()
     on_node = devices_by_node(state.inventory)
     drawn = state.plans[:MAX_BOXES]
+    nearest = nearest_nodes(state.plans)
     resources = _resources(state)
     boxes = []
     for plan in drawn:
@@ -178,7 +180,9 @@ def build_page(state: PluginState, node: str | None = None) -> NodePage:
             NumaBox(
                 id=plan.node.id,
                 advertised=plan.advertised,
-                reason=plan.reason,
+                reason=f"{plan.reason}; {nearest[plan.node.id].short}"
+                if plan.node.id in nearest and nearest[plan.node.id].to
+                else plan.reason,
                 cpus=cells,
                 memory=_memory_bars(plan, state, our_memory),
                 resources=resources.get(plan.node.id, ()),
@@ -208,7 +212,7 @@ def build_page(state: PluginState, node: str | None = None) -> NodePage:
         near=tuple(
             NearRow(
                 entry.resource,
-                " & ".join(map(str, entry.near.selectors)),
+                " & ".join(entry.near.terms),
                 ",".join(map(str, entry.nodes)),
                 ", ".join(entry.selection.matched),
                 entry.reason,
