@@ -229,7 +229,7 @@ async def test_allocate_tells_the_socket_and_node_and_the_device_near_a_memory_o
 ) -> None:
     """NPS4 socket-1 and the NIC's socket; GB200's GPU on HBM node 2 (from node 0)."""
     tree = shapes.nps4(tmp_path / "nps4")
-    near = ("nic=net:ens1f0", "nic=scope:socket")
+    near: tuple[str, ...] = ("nic=net:ens1f0", "nic=scope:socket")
     async with KubeletStandIn(sock_dir) as kubelet, running(config(tree.root, sock_dir, *near)):
         await wait_all_live(kubelet, [f"{P}socket-1", f"{P}nic"])
         answer = await kubelet.allocate(f"{P}socket-1", ["numa6-cpu0024", "numa6-cpu0025"])
