@@ -303,19 +303,24 @@ def run_vm(spec: Spec, shape: render.GuestShape, timeout: float) -> int:
     return report(status, differs)
 
 
-def data_disks(work: Path, index: int, one_guest: bool = False) -> list[render.DataDisk]:
+def data_disks(
+    work: Path, index: int, one_guest: bool = False, memory_only: bool = False
+) -> list[render.DataDisk]:
     """The data disks of guest ``index`` (0 = a), their images sparse files in ``work``
     made here. Slot ``a`` (serial ``DATA-DISK-<LETTER>``) is on NUMA node 1 for a, node 0
     for b and then alternating, so that one template asking for the disk's node lands on
     different NUMA nodes on different workers; slot ``b`` (``SLOT-B-<LETTER>``) on the
-    other node; the disk the tests hot-plug (``HOTPLUG-<LETTER>``, unmounted) on node 1.
-    ``one_guest`` (NUMA_VM=1): slot a's disk only."""
+    other node; the disk the tests hot-plug (``HOTPLUG-<LETTER>``, unmounted) on node 1;
+    with ``memory_only`` (the guest's memory-only node 2), ``FAR-DISK-<LETTER>``
+    (unmounted) on node 2's bridge. ``one_guest`` (NUMA_VM=1): slot a's disk only."""
     letter = chr(ord("a") + index)
     node = 1 - index % 2
     wanted = [("data", render.DATA_DISK_SERIAL, node, "a")]
     if not one_guest:
         wanted += [("second", render.SECOND_DISK_SERIAL, 1 - node, "b"),
                    ("hotplug", render.HOTPLUG_SERIAL, 1, "")]  # fmt: skip
+    if memory_only and not one_guest:
+        wanted.append(("far", render.FAR_DISK_SERIAL, 2, ""))
     disks = []
     for qemu_id, serial, on, slot in wanted:
         image = work / f"{qemu_id}-disk-{letter}.img"
@@ -347,10 +352,11 @@ def guest_plan(
 ) -> dict[str, Any]:
     """One worker's entry of ``guests.json``: its name, whether it runs the tests, its
     results folder (``<work>/results-<letter>``), its qemu command line (two NUMA nodes of
-    ``cpus_per_node`` CPUs and 3 GiB, the memory-only node where the worker has one, its
-    NIC) and the spec its guest runs (role ``worker``, the Memory Manager Static, every
+    ``cpus_per_node`` CPUs and 3 GiB, the memory-only node where the worker has one, with
+    a disk on its bridge, its NIC) and the spec its guest runs (role ``worker``, the Memory Manager Static, every
     timeout times ``scale``); the control plane adds the API server and token."""
     results = spec.path / f"results-{worker.letter}"
+    far = worker.memory_only_node  # a disk on the memory-only node's bridge too
     shape = render.GuestShape(
         cpus_per_node=cpus_per_node, memory_mib_per_cpu_node=3072,
         memory_only_mib=1024 if worker.memory_only_node else 0,
@@ -363,7 +369,8 @@ def guest_plan(
     argv = render.qemu_argv(
         qemu="qemu-system-x86_64", kvm=boot.kvm, shape=shape, kernel=boot.kernel,
         initrd=boot.initrd, console_log=results / "console.log", results=results,
-        extra=[*render.pci_argv(data_disks(spec.path, worker.index), workers.qemu_nic(worker)),
+        extra=[*render.pci_argv(data_disks(spec.path, worker.index, memory_only=far),
+                                workers.qemu_nic(worker), bridges=(0, 1, 2) if far else (0, 1)),
                "-qmp", f"tcp:{workers.CONTROL_PLANE_IP}:{worker.qmp_port},server=on,wait=off"],
     )  # fmt: skip
     return {"name": worker.name, "tests": worker.tests, "results": str(results),

@@ -327,8 +327,9 @@ def oci_archive(layer: bytes, images: Sequence[tuple[str, Sequence[str]]]) -> by
 class GuestShape:
     """The guest's NUMA layout: ``cpu_nodes`` NUMA nodes of ``cpus_per_node`` CPUs and
     ``memory_mib_per_cpu_node`` MiB each, then one memory-only node of
-    ``memory_only_mib`` (none when 0). Distances: 10 local, 21 between CPU nodes, 31 to the
-    memory-only node (a SLIT as on a two-socket machine with far memory)."""
+    ``memory_only_mib`` (none when 0). Distances: 10 local, 21 between CPU nodes; the
+    memory-only node 26 from node 0 and 31 from the others (a SLIT as on a two-socket
+    machine with far memory behind socket 0: a device there is nearest node 0's CPUs)."""
 
     cpu_nodes: int = 2
     cpus_per_node: int = 3
@@ -350,7 +351,9 @@ class GuestShape:
     def distance(self, a: int, b: int) -> int:
         if a == b:
             return 10
-        return 31 if self.cpu_nodes in (a, b) else 21
+        if self.cpu_nodes in (a, b):
+            return 26 if 0 in (a, b) else 31
+        return 21
 
 
 def qemu_argv(
@@ -422,6 +425,8 @@ class DataDisk:
     slot: str = ""
 
 
+# A disk on the memory-only NUMA node's expander bridge (worker A): FAR-DISK-<letter>.
+FAR_DISK_SERIAL = "FAR-DISK-{}"
 # The serial of the data disk's guests: DATA-DISK-<letter> (``a`` for the one guest).
 DATA_DISK_SERIAL = "DATA-DISK-{}"
 # A worker's second data disk (slot b), on the other NUMA node than DATA-DISK-<letter>.
@@ -441,26 +446,30 @@ def port_id(node: int, index: int) -> str:
     return f"rp{node}{index}"
 
 
-def pci_argv(disks: Sequence[DataDisk], nic: Sequence[str] = ()) -> list[str]:
-    """qemu arguments (machine q35) for an expander bridge (``pxb-pcie``) per NUMA node 0
-    and 1 on the root complex, :data:`PORTS_PER_BRIDGE` hot-pluggable root ports on each
+def pci_argv(
+    disks: Sequence[DataDisk], nic: Sequence[str] = (), bridges: Sequence[int] = (0, 1)
+) -> list[str]:
+    """qemu arguments (machine q35) for an expander bridge (``pxb-pcie``) per NUMA node of
+    ``bridges`` (0 and 1; a memory-only node too, where a guest has one) on the root
+    complex, :data:`PORTS_PER_BRIDGE` hot-pluggable root ports on each
     (no I/O window, which a dozen ports would exhaust), each of ``disks`` on the next free
     port of its node's bridge, and ``nic`` (a ``-device`` value without ``bus``, with its
     ``-netdev`` before it elsewhere) on the next free port of node 1's. Every id and bus
     explicit, so no other device lands on a bridge. Raises ValueError when a node's ports
-    run out or a disk's node is not 0 or 1."""
+    run out or a disk's node has no bridge."""
     argv: list[str] = []
-    for node in (0, 1):
+    for node in bridges:
         argv += ["-device", f"pxb-pcie,id=pxb{node},bus_nr={64 * (node + 1)},numa_node={node},"
                  "bus=pcie.0"]  # fmt: skip
         for index in range(PORTS_PER_BRIDGE):
             argv += ["-device", f"pcie-root-port,id={port_id(node, index)},bus=pxb{node},"
                      f"chassis={10 * (node + 1) + index},slot={index},io-reserve=0"]  # fmt: skip
-    used = {0: 0, 1: 0}
+    used = dict.fromkeys(bridges, 0)
 
     def next_port(node: int) -> str:
         if node not in used:
-            raise ValueError(f"NUMA node {node}: the guests' bridges are on nodes 0 and 1")
+            shown = ", ".join(map(str, bridges))
+            raise ValueError(f"NUMA node {node}: the guest's bridges are on nodes {shown}")
         if used[node] == PORTS_PER_BRIDGE:
             raise ValueError(f"NUMA node {node}'s bridge has no free root port")
         used[node] += 1

@@ -164,6 +164,7 @@ def test_qemu_argv_describes_two_cpu_nodes_a_memory_only_node_and_a_slit() -> No
     distances = {n for n in numa if n.startswith("dist")}
     assert "dist,src=0,dst=1,val=21" in distances
     assert "dist,src=1,dst=2,val=31" in distances
+    assert "dist,src=2,dst=0,val=26" in distances  # far memory behind node 0
     assert len(distances) == 6
     assert options_of(argv, "-accel") == ["tcg,thread=multi"]
     assert options_of(argv, "-smp") == ["6,sockets=6,cores=1,threads=1"]

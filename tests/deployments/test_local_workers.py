@@ -257,7 +257,7 @@ def test_each_worker_gets_two_data_disks_on_opposite_nodes_and_its_nic_on_node_1
 ) -> None:
     """Slot a's disk on NUMA node 1 for A and node 0 for B (one template must land on
     different nodes), slot b's on the other node, the hot-plugged disk and the NIC on
-    node 1; each disk on its own root port of an expander bridge, with its own serial and
+    node 1, A's far disk on its memory-only node 2; each disk on its own root port of an expander bridge, with its own serial and
     a sparse image made in the work folder; the monitor on the control plane's bridge."""
     boot = guest_vms.GuestBoot(Path("/k/vmlinuz"), tmp_path / "initrd", Path("/k/modules"), False)
     plans = [guest_vms.guest_plan(spec(tmp_path), w, boot, 7.5, 2) for w in workers.workers(2)]
@@ -269,13 +269,13 @@ def test_each_worker_gets_two_data_disks_on_opposite_nodes_and_its_nic_on_node_1
         disks = [d for d in devices if d.startswith("virtio-blk-pci,")]
         (nic,) = [d for d in devices if d.startswith("virtio-net-pci,")]
         files = [field(b, "filename") for b in options_of(argv, "-blockdev") if "filename=" in b]
-        assert [Path(f).stat().st_size for f in files] == [render.DATA_DISK_BYTES] * 3
-        assert len({field(d, "bus") for d in [*disks, nic]}) == 4  # a port each
+        assert [Path(f).stat().st_size for f in files] == [render.DATA_DISK_BYTES] * len(disks)
+        assert len({field(d, "bus") for d in [*disks, nic]}) == len(disks) + 1  # a port each
         found.append(sorted((field(d, "serial"), ports[field(d, "bus")]) for d in disks))
         assert ports[field(nic, "bus")] == "1"
         assert options_of(argv, "-qmp") == [f"tcp:10.99.0.1:{worker.qmp_port},server=on,wait=off"]
     assert found == [
-        [("DATA-DISK-A", "1"), ("HOTPLUG-A", "1"), ("SLOT-B-A", "0")],
+        [("DATA-DISK-A", "1"), ("FAR-DISK-A", "2"), ("HOTPLUG-A", "1"), ("SLOT-B-A", "0")],
         [("DATA-DISK-B", "0"), ("HOTPLUG-B", "1"), ("SLOT-B-B", "1")],
     ]
     assert [w["qmp"] for w in (x.public() for x in workers.workers(2))] == [
@@ -287,7 +287,7 @@ def test_a_bridge_without_a_free_root_port_is_refused(tmp_path: Path) -> None:
              for i in range(render.PORTS_PER_BRIDGE + 1)]  # fmt: skip
     with pytest.raises(ValueError, match="NUMA node 0's bridge has no free root port"):
         render.pci_argv(disks)
-    with pytest.raises(ValueError, match="NUMA node 2: the guests' bridges are on nodes 0 and 1"):
+    with pytest.raises(ValueError, match="NUMA node 2: the guest's bridges are on nodes 0, 1"):
         render.pci_argv([render.DataDisk(tmp_path / "x.img", 2, "S")])
 
 

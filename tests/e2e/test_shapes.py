@@ -1,0 +1,63 @@
+"""Machine shapes on the test cluster of two workers (``make test-e2e-local WORKERS=2
+PLUGIN=helm``): worker A's memory-only NUMA node 2 carries a disk (``FAR-DISK-A``, on
+node 2's PCI expander bridge; the SLIT puts node 2 at 26 from node 0 and 31 from node 1),
+and a resource that follows it is advertised on node 0, the nearest NUMA node with CPUs.
+A pod asking for it runs there: its CPUs, its memory and ``NUMA_NODE`` read from the
+kernel inside the pod."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from numa_device_plugin.topology.sysfs import parse_cpulist
+from tests.e2e.platforms import ClusterConfig
+from tests.e2e.test_cluster import WHERE
+from tests.e2e.test_workers import Workers, admission_failures, free_after, on, runs, where
+from tests.e2e.test_workers import two as two
+
+pytestmark = pytest.mark.e2e
+FAR = "numa-align/far"
+# Worker A's disk on its memory-only node (test/local/render.py FAR_DISK_SERIAL).
+FAR_SELECTOR = "serial:FAR-DISK-*"
+
+
+@pytest.fixture
+def far_disk(two: Workers, cluster: ClusterConfig) -> Iterator[Workers]:
+    """Every worker's plugin with ``--capacity cpus`` and ``numa-align/far`` following
+    the disk on a memory-only node (only worker A has one); restored afterwards."""
+    saved = two.platform.plugin_settings()
+    reserved = ",".join(map(str, sorted(cluster.reserved_cpus)))
+    two.configure({"capacity": "cpus", "reserved-cpus": reserved,
+                   "near": f"far={FAR_SELECTOR}"})  # fmt: skip
+    yield two
+    two.restore(saved)
+
+
+def test_a_device_on_a_memory_only_node_follows_the_nearest_numa_node_with_cpus(
+    far_disk: Workers, cluster: ClusterConfig, namespace: str
+) -> None:
+    """``numa-align/far`` on A counts node 0's free exclusive CPUs (the disk's node 2 has
+    none; node 0 is nearest by the SLIT), B has none (no such disk); a pod asking for it
+    runs on A's node 0: NUMA_NODE=0, its CPUs in node 0's cpulist, its memory node 0
+    (Memory Manager Static), NUMA_NEAR_FAR the disk."""
+    two, platform = far_disk, far_disk.platform
+    e0 = cluster.exclusive_cpus(0)
+    platform.eventually(lambda: two.ours(two.a).get(FAR) == str(e0), 180, f"A: {FAR}={e0}")
+    assert FAR not in two.ours(two.b), "B has no disk on a memory-only node"
+    pod = on(platform, two.a, "far", WHERE + "; env | grep NUMA_NEAR; sleep 3600", 1,
+             more={FAR: "1"})  # fmt: skip
+    runs(platform, namespace, pod)
+    seen = where(platform, "far", namespace)
+    log = platform.pod_log("far", namespace)
+    print(f"far: NUMA_NODE={seen['NUMA_NODE']}, CPUs {seen['Cpus_allowed_list']}, "
+          f"Mems {seen['Mems_allowed_list']}; {log.splitlines()[-1]}")  # fmt: skip
+    assert seen["node2_cpulist"] == "", "A's node 2 is memory-only"
+    assert seen["NUMA_NODE"] == "0"
+    assert parse_cpulist(seen["Cpus_allowed_list"]) <= parse_cpulist(seen["node0_cpulist"])
+    if platform.memory_manager_static:
+        assert seen["Mems_allowed_list"] == "0"
+    assert "NUMA_NEAR_FAR=vd" in log
+    assert not admission_failures(platform, namespace)
+    free_after(platform, namespace, "far")
