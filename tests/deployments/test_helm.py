@@ -150,6 +150,9 @@ def test_every_rendering_passes_kubernetes_validate_strict(name: str, version: s
         (["--set", "config.anyResource=yes"], "anyResource"),
         (["--set", "config.anyResource=true"], "anyResource"),
         (["--set-json", 'config.named={"a": {"anyResource": "ON"}}'], "anyResource"),
+        (["--set", "config.socketResources=yes"], "socketResources"),
+        (["--set-json", 'config.named={"a": {"socketResources": 1}}'], "socketResources"),
+        (["--set-json", 'config.near={"nic": ["net:x", "scope:rack"]}'], "scope:rack"),
         (["--set-json", 'config.near={"d": 1}'], "near"),
         (["--set-json", 'config.named={"a": {"near": {"d": "block:"}}}'], "near"),
     ],
@@ -274,7 +277,7 @@ def test_the_schemas_selector_grammar_is_the_plugins(selector: str) -> None:
         (
             ["--set-json", 'config.near={"disk": "sda"}'],
             "'sda' does not match pattern '^(block|serial|wwid|net|pci|pci-id|pci-class|path|"
-            "path-below):'",
+            "path-below|scope):'",
         ),
         (
             ["--set-json", 'config.named={"z": {}, "a": {}}', "--set", "config.default=b"],
@@ -301,6 +304,18 @@ def test_the_schemas_selector_grammar_is_the_plugins(selector: str) -> None:
         (
             ["--set", "config.anyResource=on"],
             'config.anyResource "on" needs config.capacity "cpus" (it is 100)',
+        ),
+        (
+            ["--set", "config.socketResources=on"],
+            'config.socketResources "on" needs config.capacity "cpus" (it is 100)',
+        ),
+        (
+            ["--set-json", 'config.near={"socket-1": "net:x"}'],
+            'config.near: "socket-1" would collide with the socket resources socket-<id>',
+        ),
+        (
+            ["--set-json", 'config.named={"a": {"near": {"nic": ["scope:socket"]}}}'],
+            "config.named.a.near.nic: a scope names no device: give a selector too",
         ),
     ],
 )
@@ -488,15 +503,39 @@ def test_any_resource_reaches_the_plugin(
     assert config.serves_any is serves_any
 
 
+@pytest.mark.parametrize(
+    ("args", "env", "serves_sockets"),
+    [
+        (["--set", "config.capacity=cpus"], None, True),
+        (["--set", "config.capacity=cpus", "--set", "config.socketResources=off"], "off", False),
+        (["--set", "config.socketResources=off"], "off", False),
+    ],
+)
+def test_socket_resources_and_a_socket_scope_reach_the_plugin(
+    args: list[str], env: str | None, serves_sockets: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    documents = template(*args, "--set-json", 'config.near={"nic": ["net:ens1f0", "scope:socket"]}')
+    assert of_kind(documents, "ConfigMap")["data"].get("NUMA_SOCKET_RESOURCES") == env
+    config = options.config_from_params(serve_args(documents, monkeypatch))
+    assert config.serves_sockets is serves_sockets
+    (nic,) = config.near
+    assert (str(nic), nic.scope) == ("nic=net:ens1f0 & scope:socket", "socket")
+
+
 def test_any_resource_of_a_named_configuration_reaches_the_plugin(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    configs_json = '{"plain": {"anyResource": "off"}, "slots": {"capacity": 4}}'
+    configs_json = (
+        '{"plain": {"anyResource": "off", "socketResources": "off"}, "slots": {"capacity": 4}}'
+    )
     named = template("--set", "config.capacity=cpus", "--set-json", f"config.named={configs_json}")
     text = of_kind(named, "ConfigMap", f"{RELEASE}-node-configs")["data"]["configs.yaml"]
     params = serve_args(named, monkeypatch)
     configs = parse_node_configs(Path("/etc/numa-device-plugin/configs.yaml"), text, params)
-    assert configs.configs == {"plain": {"any_resource": "off"}, "slots": {"capacity": 4}}
+    assert configs.configs == {
+        "plain": {"any_resource": "off", "socket_resources": "off"},
+        "slots": {"capacity": 4},
+    }
 
 
 def test_memory_settings_reach_the_plugin(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -90,6 +90,12 @@ NUMA_ALLOW_UNALIGNED: "true"
 {{- if and $c.anyResource (ne (toString $c.anyResource) "auto") }}
 NUMA_ANY_RESOURCE: {{ $c.anyResource | quote }}
 {{- end }}
+{{- if and (eq (toString $c.socketResources) "on") (ne (toString $c.capacity) "cpus") }}
+{{- fail (printf "config.socketResources \"on\" needs config.capacity \"cpus\" (it is %v): a slot count cannot tell the scheduler what fits on one NUMA node" $c.capacity) }}
+{{- end }}
+{{- if and $c.socketResources (ne (toString $c.socketResources) "auto") }}
+NUMA_SOCKET_RESOURCES: {{ $c.socketResources | quote }}
+{{- end }}
 {{- if $c.memoryUnit }}
 NUMA_MEMORY_UNIT: {{ $c.memoryUnit | quote }}
 {{- end }}
@@ -124,7 +130,7 @@ naming no configuration, or a configuration whose reservedCpus (its own or inher
 come without capacity "cpus". */}}
 {{- define "numa-device-plugin.nodeConfigs" -}}
 {{- $c := .Values.config -}}
-{{- $keys := dict "capacity" "capacity" "resourcePrefix" "resource-prefix" "podResourcesInterval" "pod-resources-interval" "reservedCpus" "reserved-cpus" "allowUnaligned" "allow-unaligned" "anyResource" "any-resource" "memoryUnit" "memory-unit" "reservedMemory" "reserved-memory" "near" "near" -}}
+{{- $keys := dict "capacity" "capacity" "resourcePrefix" "resource-prefix" "podResourcesInterval" "pod-resources-interval" "reservedCpus" "reserved-cpus" "allowUnaligned" "allow-unaligned" "anyResource" "any-resource" "socketResources" "socket-resources" "memoryUnit" "memory-unit" "reservedMemory" "reserved-memory" "near" "near" -}}
 {{- $configs := dict -}}
 {{- range $name, $settings := $c.named -}}
 {{- $s := $settings | default dict -}}
@@ -158,8 +164,8 @@ come without capacity "cpus". */}}
 {{- end -}}
 
 {{/* Fails, in the plugin's words, for what the schema leaves to the templates (its
-'not' said only "'not' failed" at an empty location): a name of a NUMA node's or any's
-resources, two names that would set the same NUMA_NEAR_<NAME> variable (data-a and
+'not' said only "'not' failed" at an empty location): a name of a NUMA node's, any's or
+a socket's resources, a name given only scope:socket, two names that would set the same NUMA_NEAR_<NAME> variable (data-a and
 data_a), and a selector with . or .. in its path (a \057 is a slash, a \056 a dot), an
 escape to a control character, or a second NAME=KIND: entry after a comma. Takes (list
 WHERE MAP). */}}
@@ -172,6 +178,16 @@ WHERE MAP). */}}
 {{- end -}}
 {{- if regexMatch `^(any|any-memory|any-hugepages-.*)$` $name -}}
 {{- fail (printf "%s: %q would collide with the resource any (and its memory): name it otherwise" $where $name) -}}
+{{- end -}}
+{{- if regexMatch `^socket-[0-9]` $name -}}
+{{- fail (printf "%s: %q would collide with the socket resources socket-<id>: name it otherwise" $where $name) -}}
+{{- end -}}
+{{- $devices := list -}}
+{{- range (kindIs "slice" $given | ternary $given (list $given)) -}}
+{{- if not (hasPrefix "scope:" (toString .)) }}{{ $devices = append $devices . }}{{ end -}}
+{{- end -}}
+{{- if not $devices -}}
+{{- fail (printf "%s.%s: a scope names no device: give a selector too ([net:ens1f0, scope:socket])" $where $name) -}}
 {{- end -}}
 {{- $variable := printf "NUMA_NEAR_%s" (regexReplaceAll "[^A-Z0-9]" (upper $name) "_") -}}
 {{- if hasKey $seen $variable -}}
@@ -186,7 +202,7 @@ WHERE MAP). */}}
 {{- if regexMatch `^path(-below)?:.*\\(00[0-7]|01[03-7]|0[23][0-7]|177|2[0-3][0-7]|240|255)` $selector -}}
 {{- fail (printf "%s.%s: %q: an escape decodes to a control character" $where $name $selector) -}}
 {{- end -}}
-{{- with regexFind `,[A-Za-z0-9][-A-Za-z0-9_.]*=(block|serial|wwid|net|pci|pci-id|pci-class|path|path-below):` $selector -}}
+{{- with regexFind `,[A-Za-z0-9][-A-Za-z0-9_.]*=(block|serial|wwid|net|pci|pci-id|pci-class|path|path-below|scope):` $selector -}}
 {{- fail (printf "%s.%s: %q: a second entry follows a comma (%q): give each name its own key, several selectors a list" $where $name $selector (trimPrefix "," .)) -}}
 {{- end -}}
 {{- end -}}
