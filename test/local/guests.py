@@ -353,8 +353,9 @@ def guest_plan(
     """One worker's entry of ``guests.json``: its name, whether it runs the tests, its
     results folder (``<work>/results-<letter>``), its qemu command line (two NUMA nodes of
     ``cpus_per_node`` CPUs and 3 GiB, the memory-only node where the worker has one, with
-    a disk on its bridge, its NIC) and the spec its guest runs (role ``worker``, the Memory Manager Static, every
-    timeout times ``scale``); the control plane adds the API server and token."""
+    a disk on its bridge, its NIC) and the spec its guest runs (role ``worker``, the
+    Memory Manager Static, every timeout times ``scale``); the control plane adds the API
+    server and token."""
     results = spec.path / f"results-{worker.letter}"
     far = worker.memory_only_node  # a disk on the memory-only node's bridge too
     shape = render.GuestShape(

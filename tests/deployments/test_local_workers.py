@@ -257,8 +257,9 @@ def test_each_worker_gets_two_data_disks_on_opposite_nodes_and_its_nic_on_node_1
 ) -> None:
     """Slot a's disk on NUMA node 1 for A and node 0 for B (one template must land on
     different nodes), slot b's on the other node, the hot-plugged disk and the NIC on
-    node 1, A's far disk on its memory-only node 2; each disk on its own root port of an expander bridge, with its own serial and
-    a sparse image made in the work folder; the monitor on the control plane's bridge."""
+    node 1, A's far disk on its memory-only node 2; each disk on its own root port of an
+    expander bridge, with its own serial and a sparse image made in the work folder; the
+    monitor on the control plane's bridge."""
     boot = guest_vms.GuestBoot(Path("/k/vmlinuz"), tmp_path / "initrd", Path("/k/modules"), False)
     plans = [guest_vms.guest_plan(spec(tmp_path), w, boot, 7.5, 2) for w in workers.workers(2)]
     found = []
