@@ -1,7 +1,8 @@
 """Benchmarks of a real ``numa-device-plugin serve`` process against the kubelet stand-in.
 
 Usage: python -m benchmarks.bench
-{all,reregistration,allocate,startup,footprint,polling,scale,page,locality} [--json]
+{all,reregistration,allocate,startup,footprint,polling,scale,page,locality,switch,
+manynodes} [--json]
 
 Every figure but the page's comes from a real plugin process on a synthetic sysfs
 tree, talking to the in-process kubelet stand-in over unix sockets in /tmp; the
@@ -31,6 +32,7 @@ from benchmarks.harness import (
     paced,
 )
 from benchmarks.locality import locality
+from benchmarks.manynodes import SIZES, many_nodes
 from benchmarks.page import page
 from benchmarks.polling import polling
 from benchmarks.registration import reregistration, startup
@@ -77,6 +79,7 @@ def main(argv: list[str] | None = None) -> int:
             "page",
             "locality",
             "switch",
+            "manynodes",
         ),
     )
     parser.add_argument("--json", action="store_true", help="print the figures as JSON")
@@ -103,6 +106,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--switches", type=int, default=100,
         help="switch: single Allocates per size (a tenth as many bursts)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--many-nodes", type=node_counts, default=SIZES,
+        help="manynodes: NUMA node counts (16,32,64); re-registrations: a tenth of --restarts",
     )  # fmt: skip
     parser.add_argument("--pci", type=int, default=1000, help="locality: PCI devices")
     parser.add_argument("--block", type=int, default=500, help="locality: disks among them")
@@ -134,6 +141,7 @@ def main(argv: list[str] | None = None) -> int:
         "page": lambda: page(args.nodes, args.runs * 7),
         "locality": lambda: locality(args.pci, args.block, args.runs * 7, args.mounts),
         "switch": lambda: run_switch(),
+        "manynodes": lambda: many_nodes(args.many_nodes, args.runs, max(1, args.restarts // 10)),
     }
     selected = list(jobs) if args.which == "all" else [args.which]
     figures: list[Figure] = []

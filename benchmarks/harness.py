@@ -110,6 +110,7 @@ class PluginProcess:
     def __init__(
         self, sysfs_root: Path, socket_dir: Path, capacity: int | str, extra: Sequence[str] = ()
     ) -> None:
+        self.sysfs_root = sysfs_root
         self.args = [
             sys.executable,
             "-m",

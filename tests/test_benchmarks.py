@@ -55,6 +55,7 @@ def test_percentile_nearest_rank() -> None:
         ["scale", "--nodes", "2,8", "--memory-nodes", "2"],
         ["page", "--nodes", "2,4", "--runs", "1"],
         ["locality", "--pci", "20", "--block", "10", "--mounts", "15", "--runs", "1"],
+        ["manynodes", "--many-nodes", "10", "--runs", "1", "--restarts", "20"],
     ],
 )
 def test_benchmarks_run_and_print_json(args: list[str], capsys: pytest.CaptureFixture[str]) -> None:
