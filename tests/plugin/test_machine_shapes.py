@@ -284,3 +284,34 @@ async def test_the_snapshot_of_four_sockets_of_two_numa_nodes_serves_a_resource_
         for name, nodes in sockets.items():
             assert topology_of(kubelet, P + name) == nodes
             assert kubelet.allocatable(P + name) == 6  # the free CPUs of one node
+
+
+async def test_debug_state_and_the_node_page_say_where_a_memory_only_nodes_devices_go(
+    tmp_path: Path, sock_dir: Path
+) -> None:
+    from numa_device_plugin.plugin.reports.nodepage.model import build_page
+    from numa_device_plugin.plugin.reports.nodepage.render import render_page
+    from numa_device_plugin.plugin.reports.snapshot import debug_document
+
+    tree = shapes.gb200_like(tmp_path / "sys")
+    near = ("gpu0=pci:0008:01:00.0",)
+    async with (
+        KubeletStandIn(sock_dir) as kubelet,
+        running(config(tree.root, sock_dir, *near)) as manager,
+    ):
+        await wait_all_live(kubelet, [f"{P}gpu0"])
+        state = manager.snapshot()
+    document = debug_document(state)
+    node2 = next(node for node in document["numa_nodes"] if node["id"] == 2)
+    assert node2["nearest"] == {
+        "node": 2, "to": [0], "distance": 80,
+        "why": "memory-only node 2; nearest CPUs: node 0 at distance 80",
+    }  # fmt: skip
+    assert next(n for n in document["numa_nodes"] if n["id"] == 0)["nearest"] is None
+    (entry,) = document["near"]
+    assert entry["followed"] == [
+        "0008:01:00.0 is on memory-only node 2; nearest CPUs: node 0 at distance 80"
+    ]
+    assert entry["by_node"] == {"0": ["0008:01:00.0"]}
+    body = render_page(build_page(state, node="n1")).decode()
+    assert "its devices follow node 0 (distance 80)" in body
