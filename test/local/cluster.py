@@ -95,6 +95,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     run.add_argument("--cpus-per-node", type=int, default=None,
                      help="guest CPUs per NUMA node (3)")  # fmt: skip
+    run.add_argument("--sockets", type=int, default=None,
+                     help="with NUMA_VM=1: a guest of this many sockets of 2 NUMA nodes each, "
+                     "no memory-only node (also NUMA_VM_SOCKETS=)")  # fmt: skip
     run.add_argument("--vm-timeout", type=float, default=1800.0,
                      help="seconds the guest may run, before the TCG scale")  # fmt: skip
     run.add_argument("pytest_args", nargs="*", help="more pytest arguments (after --)")
@@ -161,6 +164,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.cpus_per_node = 3
     if args.time_scale <= 0 or args.cpus_per_node < 2:
         parser.error("--time-scale must be > 0 and --cpus-per-node at least 2")
+    sockets_text = os.environ.get("NUMA_VM_SOCKETS", "").strip()
+    if args.sockets is None and sockets_text:
+        if not sockets_text.isdigit():
+            parser.error(f"NUMA_VM_SOCKETS={sockets_text!r}: a number of sockets")
+        args.sockets = int(sockets_text)
+    if args.sockets is not None and (not args.vm or not 1 <= args.sockets <= 4):
+        parser.error("--sockets (NUMA_VM_SOCKETS) takes 1 to 4, with NUMA_VM=1")
+    shape = render.GuestShape(cpus_per_node=args.cpus_per_node)
+    if args.sockets:
+        # 2 NUMA nodes a socket, at most 8 (the Topology Manager's limit), 1 GiB each.
+        shape = render.GuestShape(cpu_nodes=2 * args.sockets, cpus_per_node=args.cpus_per_node,
+                                  memory_mib_per_cpu_node=1024, memory_only_mib=0,
+                                  sockets=args.sockets)  # fmt: skip
     venv_helm = REPO / ".venv" / "bin" / "helm"
     helm = shutil.which("helm") or (str(venv_helm) if os.access(venv_helm, os.X_OK) else None)
     missing = missing_requirements(args.bin_dir, args.vm or bool(count), os.geteuid() == 0)
@@ -213,8 +229,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         elif count:
             status = run_workers(spec, args.cpus_per_node)
         elif args.vm:
-            status = run_vm(spec, render.GuestShape(cpus_per_node=args.cpus_per_node),
-                            args.vm_timeout)  # fmt: skip
+            status = run_vm(spec, shape, args.vm_timeout)
         else:
             status = run_host(spec)
     except Missing as missing_thing:

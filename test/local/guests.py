@@ -280,7 +280,8 @@ def run_vm(spec: Spec, shape: render.GuestShape, timeout: float) -> int:
     )  # fmt: skip
     log(
         f"booting Debian's kernel {version} under {'KVM' if kvm else 'TCG'}: "
-        f"{shape.cpu_nodes} NUMA nodes of {shape.cpus_per_node} CPUs and a memory-only node"
+        f"{shape.cpu_nodes} NUMA nodes of {shape.cpus_per_node} CPUs"
+        + (f" in {shape.sockets} sockets" if shape.sockets else " and a memory-only node")
     )
     with host_kept(spec.path) as differs:
         guest = subprocess.Popen(argv, stdin=subprocess.DEVNULL, preexec_fn=kill_with_parent)

@@ -335,6 +335,14 @@ class GuestShape:
     cpus_per_node: int = 3
     memory_mib_per_cpu_node: int = 4096
     memory_only_mib: int = 1024
+    # 0: one socket per CPU (as below); N: N sockets of cpu_nodes / N NUMA nodes each, a
+    # die per NUMA node (AMD NPS, Intel SNC), 12 within a socket and 21 across.
+    sockets: int = 0
+
+    @property
+    def dies(self) -> int:
+        """NUMA nodes (dies) per socket; 1 without :attr:`sockets`."""
+        return self.cpu_nodes // self.sockets if self.sockets else 1
 
     @property
     def cpus(self) -> int:
@@ -351,6 +359,8 @@ class GuestShape:
     def distance(self, a: int, b: int) -> int:
         if a == b:
             return 10
+        if self.sockets and max(a, b) < self.cpu_nodes:
+            return 12 if a // self.dies == b // self.dies else 21
         if self.cpu_nodes in (a, b):
             return 26 if 0 in (a, b) else 31
         return 21
@@ -380,7 +390,9 @@ def qemu_argv(
         *accel,
         "-machine", "q35",
         # One socket per CPU: with cores=3 the stock kernel hung in stop_machine under TCG.
-        "-smp", f"{shape.cpus},sockets={shape.cpus},cores=1,threads=1",
+        "-smp", f"{shape.cpus},sockets={shape.cpus},cores=1,threads=1" if not shape.sockets
+        else f"{shape.cpus},sockets={shape.sockets},dies={shape.dies},"
+             f"cores={shape.cpus_per_node},threads=1",
         "-m", f"{shape.memory_mib}M",
         "-nodefaults", "-no-user-config", "-display", "none", "-monitor", "none",
         "-no-reboot",
@@ -397,10 +409,13 @@ def qemu_argv(
         size = shape.memory_only_mib if node == shape.cpu_nodes else shape.memory_mib_per_cpu_node
         argv += ["-object", f"memory-backend-ram,id=m{node},size={size}M"]
         spec = f"node,nodeid={node},memdev=m{node}"
-        if node < shape.cpu_nodes:
+        if node < shape.cpu_nodes and not shape.sockets:
             first = node * shape.cpus_per_node
             spec += f",cpus={first}-{first + shape.cpus_per_node - 1}"
         argv += ["-numa", spec]
+    for node in range(shape.cpu_nodes if shape.sockets else 0):  # a die's cores per node
+        argv += ["-numa", f"cpu,node-id={node},socket-id={node // shape.dies},"
+                 f"die-id={node % shape.dies}"]  # fmt: skip
     for a in range(shape.nodes):
         for b in range(shape.nodes):
             if a != b:
