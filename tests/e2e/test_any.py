@@ -16,7 +16,9 @@ from collections.abc import Iterator
 import pytest
 from kubernetes import client
 
+from benchmarks.anyreplay import replay
 from numa_device_plugin.topology.sysfs import parse_cpulist
+from tests.e2e.any_trace import fragmented, trace_checkpoints
 from tests.e2e.platforms import ClusterConfig
 from tests.e2e.test_cluster import WHERE, unschedulable
 from tests.e2e.test_workers import (
@@ -82,6 +84,15 @@ def refusals(two: Workers, namespace: str, prefix: str) -> list[str]:
     return sorted(set(found))
 
 
+def agrees(model: dict[str, str], observed: dict[str, str], checkpoint: int) -> None:
+    """The model's outcomes (:mod:`benchmarks.anyreplay`) for the pods ``observed``
+    names are the cluster's (replicas compared as a set: their names are the
+    Deployment's)."""
+    mine = sorted(model[pod] for pod in observed)
+    print(f"checkpoint {checkpoint}: the kubelet {sorted(observed.values())}, the model {mine}")
+    assert mine == sorted(observed.values()), checkpoint
+
+
 def test_any_sends_no_pod_where_no_numa_node_fits_it_where_plain_cpu_requests_are_refused(
     any_everywhere: Workers, cluster: ClusterConfig, namespace: str
 ) -> None:
@@ -96,6 +107,9 @@ def test_any_sends_no_pod_where_no_numa_node_fits_it_where_plain_cpu_requests_ar
     e0, e1 = cluster.exclusive_cpus(0), cluster.exclusive_cpus(1)
     size = 2
     assert e1 >= size, f"needs room on node 1 for {size} CPUs: {e0}, {e1}"
+    # The same trace in the model of where pods land, compared at each checkpoint.
+    workers = {name: [e0, e1] for name in (two.a, two.b)}
+    events, checkpoints = trace_checkpoints([two.a, two.b], e0, e1, size)
     started = time.monotonic()
     for node in two.names:
         platform.eventually(lambda n=node: two.ours(n).get(ANY) == str(max(e0, e1)), 120,
@@ -121,6 +135,9 @@ def test_any_sends_no_pod_where_no_numa_node_fits_it_where_plain_cpu_requests_ar
         print(f"plain cpu: {len(found)} TopologyAffinityError(s), e.g. {found[0]}")
         assert found
         assert not [p for p in pods_of(two, namespace, "plain") if p.status.phase == "Running"]
+        held = {name: f"admitted {hold.worker}/{hold.asks.removeprefix('numa-')}"
+                for name, hold in fragmented([two.a, two.b], e0, e1).items()}  # fmt: skip
+        agrees(replay(workers, events[: checkpoints[0][0]]), {"plain": "refused", **held}, 1)
     finally:
         apps.delete_namespaced_deployment("plain", namespace)
     platform.eventually(lambda: not pods_of(two, namespace, "plain"), 180, "plain pods gone", 1)
@@ -143,6 +160,8 @@ def test_any_sends_no_pod_where_no_numa_node_fits_it_where_plain_cpu_requests_ar
         time.sleep(20 * platform.time_scale)  # two node status periods: still none bound
         assert not refusals(two, namespace, "aligned")
         assert all(p.status.phase == "Pending" for p in pods_of(two, namespace, "aligned"))
+        agrees(replay(workers, events[: checkpoints[1][0]]),
+               {"aligned-0": "pending", "aligned-1": "pending"}, 2)  # fmt: skip
 
         # Worker A's node 1 freed: any offers its 3 (exposed: the most room).
         freed = time.monotonic()
@@ -165,6 +184,9 @@ def test_any_sends_no_pod_where_no_numa_node_fits_it_where_plain_cpu_requests_ar
         time.sleep(20 * platform.time_scale)
         assert len(running()) == 1
         assert not refusals(two, namespace, "aligned")
+        observed = {"aligned-0": f"admitted {first.spec.node_name}/{seen['NUMA_NODE']}",
+                    "aligned-1": "pending"}  # fmt: skip
+        agrees(replay(workers, events), observed, 3)
     finally:
         apps.delete_namespaced_deployment("aligned", namespace)
 
