@@ -191,7 +191,9 @@ def table(document: dict[str, Any]) -> str:
         lines.append(
             f"  no NUMA locality (numa_node -1): {document['unlocated_pci']} PCI device(s)"
         )
-    lines.extend(inventory_lines(document.get("inventory")))
+    follows = {node["id"]: node["nearest"]["to"] for node in document["nodes"]
+               if node.get("nearest") and node["nearest"]["to"]}  # fmt: skip
+    lines.extend(inventory_lines(document.get("inventory"), follows))
     for entry in document["near"]:
         if entry["reason"] is None:
             nodes = ",".join(map(str, entry["nodes"]))
@@ -213,13 +215,22 @@ def table(document: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def inventory_lines(inventory: dict[str, list[dict[str, Any]]] | None) -> list[str]:
-    """The inventory as lines, one per disk, NIC and accelerator: the ids to select it by."""
+def inventory_lines(
+    inventory: dict[str, list[dict[str, Any]]] | None,
+    follows: dict[int, list[int]] | None = None,
+) -> list[str]:
+    """The inventory as lines, one per disk, NIC and accelerator: the ids to select it by;
+    ``follows``: per NUMA node without CPUs, the nodes a device on it follows (said
+    beside the node: ``2 (no CPUs: follows 0)``)."""
     if not inventory or not any(inventory.get(kind) for kind in ("disks", "nics", "accelerators")):
         return []
+    near = follows or {}
 
     def nodes(listed: list[int]) -> str:
-        return ",".join(map(str, listed)) or "none"
+        return ",".join(
+            f"{node} (no CPUs: follows {','.join(map(str, near[node]))})" if node in near
+            else str(node) for node in listed
+        ) or "none"  # fmt: skip
 
     lines = ["inventory (select by these):"]
     for disk in inventory["disks"]:
@@ -238,7 +249,7 @@ def inventory_lines(inventory: dict[str, list[dict[str, Any]]] | None) -> list[s
             f"{shown(','.join(nic['pci']))}, driver {shown(nic['driver'] or '-')}"
         )
     for accelerator in inventory["accelerators"]:
-        node = "none" if accelerator["node"] is None else accelerator["node"]
+        node = "none" if accelerator["node"] is None else nodes([accelerator["node"]])
         lines.append(
             f"  accelerator {accelerator['pci']}: NUMA node {node}; {accelerator['class_name']} "
             f"(class {accelerator['class']}), id {accelerator['id']}"

@@ -364,3 +364,28 @@ def test_discover_names_the_partition_matched_and_the_disk_the_pod_is_told(
     assert code == 0
     assert ("near numa-align/data (path:/mnt/disks/a): NUMA node(s) 1, from nvme1n1p1; "
             "NUMA_NEAR_DATA=nvme1n1 in the pod") in out  # fmt: skip
+
+
+def test_discover_says_where_a_device_on_a_memory_only_node_goes(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from tests.topology.shapes import gb200_like
+
+    tree = gb200_like(tmp_path / "sys")
+    table = tmp_path / "mountinfo"
+    table.write_text("22 1 8:1 / / rw - ext4 /dev/sda1 rw\n")
+    code, out, _ = run_main(
+        ["discover", "--sysfs-root", str(tree.root), "--mount-table", str(table),
+         "--near", "gpu0=pci:0008:01:00.0"], capsys,
+    )  # fmt: skip
+    assert code == 0
+    assert (
+        "  2: accel 0008:01:00.0 3D controller (1 PCI); a resource near them follows "
+        "NUMA node(s) 0" in out
+    )
+    assert "accelerator 0008:01:00.0: NUMA node 2 (no CPUs: follows 0);" in out
+    assert out.rstrip().endswith(
+        "near numa-align/gpu0 (pci:0008:01:00.0): NUMA node(s) 0, from 0008:01:00.0 (3D "
+        "controller); NUMA_NEAR_GPU0=0008:01:00.0 in the pod; 0008:01:00.0 is on memory-only "
+        "node 2; nearest CPUs: node 0 at distance 80"
+    )
