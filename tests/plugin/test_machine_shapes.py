@@ -315,3 +315,32 @@ async def test_debug_state_and_the_node_page_say_where_a_memory_only_nodes_devic
     assert entry["by_node"] == {"0": ["0008:01:00.0"]}
     body = render_page(build_page(state, node="n1")).decode()
     assert "its devices follow node 0 (distance 80)" in body
+
+
+async def test_a_socket_resource_offers_its_node_with_the_most_room_and_switches_at_allocate(
+    tmp_path: Path,
+) -> None:
+    """NPS4, socket 1 = nodes 4-7 (4 CPUs each): a tie offers node 4; a pod of no device
+    of ours takes 3 CPUs of node 4 and 2 of node 5: node 6 is offered, allocatable 4; an
+    Allocate of 2 of node 6 (held, Healthy) moves the offer to node 7 at once."""
+    from tests.plugin.test_exposure import healthy_by_node, serving
+
+    tree = shapes.nps4(tmp_path / "sys")
+    socket = f"{P}socket-1"
+    async with serving(tree.root, tmp_path, list(range(32))) as (kubelet, manager):
+        await wait_all_live(kubelet, [socket], timeout=20)
+        await kubelet.wait_until(lambda: set(healthy_by_node(kubelet, socket)) == {4})
+        assert kubelet.allocatable(socket) == 4
+        kubelet.add_pod("other", "db", [("db", {}, [16, 17, 18, 20, 21])])
+        await kubelet.wait_until(lambda: set(healthy_by_node(kubelet, socket)) == {6})
+        assert manager.poller.spanning.exposures[socket].node_id == 6
+        held = ["numa6-cpu0024", "numa6-cpu0025"]
+        await kubelet.allocate(socket, held)
+        await kubelet.wait_until(
+            lambda: (
+                healthy_by_node(kubelet, socket).get(6) == held
+                and set(healthy_by_node(kubelet, socket)) == {6, 7}
+            )
+        )
+        # any spans every node: node 0-3 have 4 free each, as does 7: node 0 (kept).
+        assert manager.poller.spanning.exposures[f"{P}any"].node_id == 0
