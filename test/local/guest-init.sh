@@ -30,7 +30,8 @@ export HOME=/root PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/
 {
   echo "guest: $(uname -r), $(nproc) CPUs, NUMA nodes: $(cat /sys/devices/system/node/online)"
   for node in /sys/devices/system/node/node[0-9]*; do
-    echo "guest: ${node##*/} cpulist=$(cat "$node/cpulist") distance=$(cat "$node/distance")"
+    echo "guest: ${node##*/} cpulist=$(cat "$node/cpulist") distance=$(cat "$node/distance")" \
+      "sockets=$(cat "$node"/cpu[0-9]*/topology/physical_package_id 2>/dev/null | sort -u | xargs)"
   done
   cd "$(dirname "$cluster")/../.." && "$python" -u "$cluster" guest "$results"
   echo $? >"$results/exit-code"

@@ -335,13 +335,13 @@ class GuestShape:
     cpus_per_node: int = 3
     memory_mib_per_cpu_node: int = 4096
     memory_only_mib: int = 1024
-    # 0: one socket per CPU (as below); N: N sockets of cpu_nodes / N NUMA nodes each, a
-    # die per NUMA node (AMD NPS, Intel SNC), 12 within a socket and 21 across.
+    # 0: one socket per CPU (as below); N: N sockets of cpu_nodes / N NUMA nodes each
+    # (AMD NPS, Intel SNC), each node its own cores, 12 within a socket and 21 across.
     sockets: int = 0
 
     @property
     def dies(self) -> int:
-        """NUMA nodes (dies) per socket; 1 without :attr:`sockets`."""
+        """NUMA nodes per socket; 1 without :attr:`sockets`."""
         return self.cpu_nodes // self.sockets if self.sockets else 1
 
     @property
@@ -391,8 +391,8 @@ def qemu_argv(
         "-machine", "q35",
         # One socket per CPU: with cores=3 the stock kernel hung in stop_machine under TCG.
         "-smp", f"{shape.cpus},sockets={shape.cpus},cores=1,threads=1" if not shape.sockets
-        else f"{shape.cpus},sockets={shape.sockets},dies={shape.dies},"
-             f"cores={shape.cpus_per_node},threads=1",
+        else f"{shape.cpus},sockets={shape.sockets},cores={shape.dies * shape.cpus_per_node},"
+             "threads=1",
         "-m", f"{shape.memory_mib}M",
         "-nodefaults", "-no-user-config", "-display", "none", "-monitor", "none",
         "-no-reboot",
@@ -413,9 +413,13 @@ def qemu_argv(
             first = node * shape.cpus_per_node
             spec += f",cpus={first}-{first + shape.cpus_per_node - 1}"
         argv += ["-numa", spec]
-    for node in range(shape.cpu_nodes if shape.sockets else 0):  # a die's cores per node
-        argv += ["-numa", f"cpu,node-id={node},socket-id={node // shape.dies},"
-                 f"die-id={node % shape.dies}"]  # fmt: skip
+    # Sockets: each NUMA node its own cores of its socket (qemu's dies read as packages
+    # in the guest under TCG: CPUID leaf 0x1F is not there, so the kernel saw 8 sockets).
+    for node in range(shape.cpu_nodes if shape.sockets else 0):
+        for index in range(shape.cpus_per_node):
+            core = (node % shape.dies) * shape.cpus_per_node + index
+            argv += ["-numa", f"cpu,node-id={node},socket-id={node // shape.dies},"
+                     f"core-id={core},thread-id=0"]  # fmt: skip
     for a in range(shape.nodes):
         for b in range(shape.nodes):
             if a != b:

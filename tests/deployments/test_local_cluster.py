@@ -183,22 +183,24 @@ def test_qemu_argv_describes_two_cpu_nodes_a_memory_only_node_and_a_slit() -> No
 
 
 def test_a_socket_guest_puts_two_numa_nodes_in_each_socket_one_per_die() -> None:
-    """NUMA_VM_SOCKETS=4: 4 sockets x 2 dies x 2 cores, a NUMA node per die, no
-    memory-only node; 12 within a socket, 21 across."""
+    """NUMA_VM_SOCKETS=4: 4 sockets of 4 cores, each NUMA node 2 cores of one socket
+    (qemu's dies showed as packages in the guest), no memory-only node; 12 within a
+    socket, 21 across."""
     shape = render.GuestShape(cpu_nodes=8, cpus_per_node=2, memory_mib_per_cpu_node=1024,
                               memory_only_mib=0, sockets=4)  # fmt: skip
     argv = render.qemu_argv(
         qemu="q", kvm=False, shape=shape, kernel=Path("k"), initrd=Path("i"),
         console_log=Path("c"), results=Path("/r"),
     )  # fmt: skip
-    assert options_of(argv, "-smp") == ["16,sockets=4,dies=2,cores=2,threads=1"]
+    assert options_of(argv, "-smp") == ["16,sockets=4,cores=4,threads=1"]
     numa = options_of(argv, "-numa")
     assert [n for n in numa if n.startswith("node,")] == [
         f"node,nodeid={n},memdev=m{n}" for n in range(8)
     ]
     assert [n for n in numa if n.startswith("cpu,")] == [
-        f"cpu,node-id={n},socket-id={n // 2},die-id={n % 2}" for n in range(8)
-    ]
+        f"cpu,node-id={n},socket-id={n // 2},core-id={2 * (n % 2) + i},thread-id=0"
+        for n in range(8) for i in range(2)
+    ]  # fmt: skip
     assert "dist,src=2,dst=3,val=12" in numa
     assert "dist,src=1,dst=2,val=21" in numa
     assert shape.memory_mib == 8 * 1024
