@@ -344,3 +344,13 @@ async def test_a_socket_resource_offers_its_node_with_the_most_room_and_switches
         )
         # any spans every node: node 0-3 have 4 free each, as does 7: node 0 (kept).
         assert manager.poller.spanning.exposures[f"{P}any"].node_id == 0
+
+
+def test_a_socket_keeps_a_node_whose_cpus_are_all_reserved(tmp_path: Path) -> None:
+    """NPS4 with node 0's CPUs 0-3 reserved: socket-0 is still over nodes 0-3 (node 0
+    with no device), as it is without them: what is advertised does not hang on them."""
+    tree = shapes.nps4(tmp_path / "sys")
+    found = discover(config(tree.root, tmp_path, reserved_cpus=frozenset(range(4))))
+    socket = found.resources[f"{P}socket-0"]
+    assert socket.node_ids == (0, 1, 2, 3)
+    assert {device.node_id for device in socket.devices} == {1, 2, 3}

@@ -131,14 +131,15 @@ def socket_resources(
     prefix: str, plans: Iterable[NodePlan], node_resources: Iterable[Resource]
 ) -> list[Resource]:
     """``<prefix>/socket-S`` for each socket S holding more than one advertised NUMA node
-    with devices (AMD NPS2/NPS4, Intel SNC-2/3/4): over those nodes' ``numa-N``
-    resources (``node_resources``), their devices and ids, as :func:`any_resource` is
-    over all; in socket order. A node spanning sockets joins none
-    (:func:`node_sockets`)."""
+    (AMD NPS2/NPS4, Intel SNC-2/3/4): over those nodes' ``numa-N`` resources
+    (``node_resources``), their devices and ids, as :func:`any_resource` is over all; in
+    socket order. A node whose CPUs are all reserved (no device) still counts, so what
+    is advertised does not hang on ``--reserved-cpus``; a node spanning sockets joins
+    none (:func:`node_sockets`)."""
     sockets = node_sockets(plans)
     by_socket: dict[int, list[Resource]] = {}
     for resource in sorted(node_resources, key=lambda r: r.node_id):
-        if resource.devices and resource.node_id in sockets:
+        if resource.node_id in sockets:
             by_socket.setdefault(sockets[resource.node_id], []).append(resource)
     found = []
     for socket, chosen in sorted(by_socket.items()):
