@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 
 import pytest
 from kubernetes import client
@@ -41,15 +42,27 @@ DISKS = "numa-align/disks"
 DISKS_SELECTOR = "pci-class:0100"
 
 
+@contextmanager
+def in_cpus_mode(two: Workers, cluster: ClusterConfig, **more: str) -> Iterator[Workers]:
+    """Every worker's plugin with ``--capacity cpus`` (the kubelets' reserved CPUs) and
+    the flags ``more`` (``near="far=serial:X"``; a flag's dashes as underscores), the
+    settings it had restored at the end."""
+    saved = two.platform.plugin_settings()
+    reserved = ",".join(map(str, sorted(cluster.reserved_cpus)))
+    flags = {name.replace("_", "-"): value for name, value in more.items()}
+    two.configure({"capacity": "cpus", "reserved-cpus": reserved, **flags})
+    try:
+        yield two
+    finally:
+        two.restore(saved)
+
+
 @pytest.fixture
 def any_everywhere(two: Workers, cluster: ClusterConfig) -> Iterator[Workers]:
     """Every worker's plugin with ``--capacity cpus`` (numa-align/any on by default);
     restored afterwards."""
-    saved = two.platform.plugin_settings()
-    reserved = ",".join(map(str, sorted(cluster.reserved_cpus)))
-    two.configure({"capacity": "cpus", "reserved-cpus": reserved})
-    yield two
-    two.restore(saved)
+    with in_cpus_mode(two, cluster) as configured:
+        yield configured
 
 
 def deployment(name: str, template: client.V1Pod, replicas: int) -> client.V1Deployment:
@@ -198,14 +211,10 @@ def disks_everywhere(two: Workers, cluster: ClusterConfig) -> Iterator[Workers]:
     afterwards."""
     if not two.platform.memory_manager_static:
         pytest.skip("needs the kubelets' Memory Manager policy Static")
-    saved = two.platform.plugin_settings()
-    reserved = ",".join(map(str, sorted(cluster.reserved_cpus)))
-    two.configure({"capacity": "cpus", "reserved-cpus": reserved,
-                   "memory-unit": f"{UNIT_MIB}Mi",
-                   "reserved-memory": two.platform.description["reserved_memory"],
-                   "near": f"disks={DISKS_SELECTOR}"})  # fmt: skip
-    yield two
-    two.restore(saved)
+    with in_cpus_mode(two, cluster, memory_unit=f"{UNIT_MIB}Mi",
+                      reserved_memory=two.platform.description["reserved_memory"],
+                      near=f"disks={DISKS_SELECTOR}") as configured:  # fmt: skip
+        yield configured
 
 
 def test_a_device_on_both_numa_nodes_gives_the_exposed_nodes_cpus_and_memory(

@@ -19,6 +19,7 @@ import pytest
 
 from numa_device_plugin.topology.sysfs import parse_cpulist
 from tests.e2e.platforms import ClusterConfig, Platform
+from tests.e2e.test_any import in_cpus_mode
 from tests.e2e.test_cluster import WHERE, create, placement, pod_manifest, wait_phase
 from tests.e2e.test_workers import Workers, admission_failures, free_after, on, runs, where
 from tests.e2e.test_workers import two as two
@@ -33,12 +34,8 @@ FAR_SELECTOR = "serial:FAR-DISK-*"
 def far_disk(two: Workers, cluster: ClusterConfig) -> Iterator[Workers]:
     """Every worker's plugin with ``--capacity cpus`` and ``numa-align/far`` following
     the disk on a memory-only node (only worker A has one); restored afterwards."""
-    saved = two.platform.plugin_settings()
-    reserved = ",".join(map(str, sorted(cluster.reserved_cpus)))
-    two.configure({"capacity": "cpus", "reserved-cpus": reserved,
-                   "near": f"far={FAR_SELECTOR}"})  # fmt: skip
-    yield two
-    two.restore(saved)
+    with in_cpus_mode(two, cluster, near=f"far={FAR_SELECTOR}") as configured:
+        yield configured
 
 
 def test_a_device_on_a_memory_only_node_follows_the_nearest_numa_node_with_cpus(
