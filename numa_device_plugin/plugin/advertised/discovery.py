@@ -148,19 +148,23 @@ def _socket_scope(
     the nodes, (node, socket) pairs, and a line per node whose socket is unknown (it
     stays as it is)."""
     from numa_device_plugin.plugin.advertised.build import node_sockets
+    from numa_device_plugin.topology.selectors import MAX_NAMED
 
     socket_of = node_sockets(plans)
     unknown = [f"NUMA node {node} has no single known socket (physical_package_id); "
                "the resource stays on it" for node in nodes if node not in socket_of]  # fmt: skip
     chosen = {socket_of[node] for node in nodes if node in socket_of}
     widened = sorted({*nodes, *(n for n, s in socket_of.items() if s in chosen)})
-    names = dict(selection.by_node)
-    told: dict[int, list[str]] = {}
-    for node in widened:
-        peers = [n for n in widened if n == node or (
-            node in socket_of and socket_of.get(n) == socket_of[node])]  # fmt: skip
-        told[node] = list(dict.fromkeys(name for peer in peers for name in names.get(peer, ())))
-    by_node = tuple((node, tuple(told[node])) for node in widened if told[node])
+
+    def group(node: int) -> tuple[str, int]:  # a node's socket, or itself when unknown
+        return ("socket", socket_of[node]) if node in socket_of else ("node", node)
+
+    told: dict[tuple[str, int], list[str]] = {}
+    for node, names in selection.by_node:
+        listed = told.setdefault(group(node), [])
+        listed.extend(name for name in names if name not in listed)
+    by_node = tuple((node, tuple(told[group(node)][:MAX_NAMED]))
+                    for node in widened if told.get(group(node)))  # fmt: skip
     pairs = tuple((node, socket_of[node]) for node in widened if node in socket_of)
     return (replace(selection, nodes=frozenset(widened), by_node=by_node), tuple(widened),
             pairs, unknown)  # fmt: skip
