@@ -64,21 +64,28 @@ def topology_warnings(plans: tuple[NodePlan, ...]) -> list[str]:
     """Operator warnings for a plan: more NUMA nodes than the Topology Manager accepts
     by default (with the kubelet setting the machine needs), and CPUs that sysfs puts
     in two NUMA nodes."""
-    warnings: list[str] = []
-    # The kubelet counts every NUMA node the machine has (cadvisor's topology: memory-only
-    # nodes too), not those advertised: with a policy other than none it refuses to start
-    # on more than 8 (pkg/kubelet/cm/topologymanager/topology_manager.go).
-    if len(plans) > TOPOLOGY_MANAGER_MAX_NUMA_NODES:
-        warnings.append(
-            f"this machine has {len(plans)} NUMA nodes: the kubelet's Topology Manager "
-            f"refuses more than {TOPOLOGY_MANAGER_MAX_NUMA_NODES} (the kubelet does not start "
-            "with a policy other than none) unless its configuration has "
-            f'topologyManagerPolicyOptions: {{max-allowable-numa-nodes: "{len(plans)}"}} '
-            "(Kubernetes 1.31 and later, GA in 1.35; https://kubernetes.io/docs/tasks/"
-            "administer-cluster/topology-manager/#policy-option-max-allowable-numa-nodes)"
-        )
+    limit = numa_limit_warning(plans)
+    warnings = [] if limit is None else [limit]
     warnings.extend(_overlap_warnings([plan.node for plan in plans]))
     return warnings
+
+
+def numa_limit_warning(plans: tuple[NodePlan, ...]) -> str | None:
+    """The kubelet setting a machine of more than 8 NUMA nodes needs, with the count;
+    None for 8 or fewer. The kubelet counts every NUMA node the machine has (cadvisor's
+    topology: memory-only nodes too), not those advertised: with a policy other than
+    none it refuses to start on more than 8 (``pkg/kubelet/cm/topologymanager/
+    topology_manager.go``)."""
+    if len(plans) <= TOPOLOGY_MANAGER_MAX_NUMA_NODES:
+        return None
+    return (
+        f"this machine has {len(plans)} NUMA nodes: the kubelet's Topology Manager "
+        f"refuses more than {TOPOLOGY_MANAGER_MAX_NUMA_NODES} (the kubelet does not start "
+        "with a policy other than none) unless its configuration has "
+        f'topologyManagerPolicyOptions: {{max-allowable-numa-nodes: "{len(plans)}"}} '
+        "(Kubernetes 1.31 and later, GA in 1.35; https://kubernetes.io/docs/tasks/"
+        "administer-cluster/topology-manager/#policy-option-max-allowable-numa-nodes)"
+    )
 
 
 def _overlap_warnings(nodes: list[NumaNode]) -> list[str]:

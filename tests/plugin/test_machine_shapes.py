@@ -354,3 +354,26 @@ def test_a_socket_keeps_a_node_whose_cpus_are_all_reserved(tmp_path: Path) -> No
     socket = found.resources[f"{P}socket-0"]
     assert socket.node_ids == (0, 1, 2, 3)
     assert {device.node_id for device in socket.devices} == {1, 2, 3}
+
+
+def test_the_kubelet_setting_for_more_than_8_numa_nodes_is_logged_once_a_process(
+    tmp_path: Path,
+) -> None:
+    """A GB200-like board of 2 Grace nodes and 8 HBM nodes (10 in all): the setting is
+    said at the first look, not again at a reload; other warnings are not affected."""
+    from structlog.testing import capture_logs
+
+    from numa_device_plugin.plugin.advertised import discovery
+
+    tree = shapes.machine(tmp_path / "sys", [(2, 0), (2, 1), *[(0, None)] * 8],
+                          lambda a, b: 10 if a == b else 40)  # fmt: skip
+    discovery.LOGGED_ONCE.clear()
+    with capture_logs() as logs:
+        discover(config(tree.root, tmp_path))
+        discover(config(tree.root, tmp_path))
+    said = [e["event"] for e in logs if "max-allowable-numa-nodes" in e["event"]]
+    assert len(said) == 1
+    assert "this machine has 10 NUMA nodes" in said[0]
+    assert 'max-allowable-numa-nodes: "10"' in said[0]
+    # Each look still says which NUMA nodes are not advertised.
+    assert sum(e["event"] == "not advertising NUMA node" for e in logs) == 16

@@ -32,7 +32,12 @@ from numa_device_plugin.topology import sysfs
 from numa_device_plugin.topology.locality import Inventory, read_inventory
 from numa_device_plugin.topology.memory import format_quantity
 from numa_device_plugin.topology.numa import read_topology
-from numa_device_plugin.topology.plan import NodePlan, plan_nodes, topology_warnings
+from numa_device_plugin.topology.plan import (
+    NodePlan,
+    numa_limit_warning,
+    plan_nodes,
+    topology_warnings,
+)
 
 if TYPE_CHECKING:
     from numa_device_plugin.topology.mounts import MountTable
@@ -170,6 +175,11 @@ def _socket_scope(
             pairs, unknown)  # fmt: skip
 
 
+# Warnings said once a process (the kubelet setting a machine of more than 8 NUMA nodes
+# needs: the machine does not change between reloads).
+LOGGED_ONCE: set[str] = set()
+
+
 # Where devices come and go (read_inventory's folders): a device removed and added
 # again is a new sysfs node, with a new inode, even under the same name.
 DEVICE_FOLDERS = ("bus/pci/devices", "class/block", "class/net")
@@ -263,7 +273,12 @@ def discover(config: Config, *, quiet: bool = False, devices: bool = True) -> Di
         return Discovery(plans=plans, resources=resources, inventory=inventory, near=near,
                          devices_read=devices)  # fmt: skip
     _log_plan(plans, near)
+    limit = numa_limit_warning(plans)
     for warning in (*topology.warnings, *topology_warnings(plans)):
+        if warning == limit:
+            if warning in LOGGED_ONCE:
+                continue  # the kubelet's setting: said once a process, not at every reload
+            LOGGED_ONCE.add(warning)
         log.warning(warning)
     _log_inventory_warnings(inventory)  # none when the devices were left out
     if not resources:
