@@ -177,6 +177,9 @@ def test_the_polling_interval_has_a_floor(
         (["--socket-resources", "on"], {}, "numa-align/socket-<id> needs --capacity cpus"),
         ([], {"NUMA_SOCKET_RESOURCES": "on", "NUMA_CAPACITY": "8"},
          "or --socket-resources off"),
+        (["--near", "nic=scope:rack"], {}, "'nic=scope:rack': scope must be one of node, socket"),
+        ([], {"NUMA_NEAR": "nic=scope:socket"}, "'nic': scope:socket names no device"),
+        (["--near", "socket-1=net:ens1f0"], {}, "would collide with the socket resources"),
     ],
 )  # fmt: skip
 def test_a_bad_any_resource_value_or_any_with_slots_exits_2_saying_why(
