@@ -182,7 +182,7 @@ def test_the_polling_interval_has_a_floor(
         (["--near", "socket-1=net:ens1f0"], {}, "would collide with the socket resources"),
     ],
 )  # fmt: skip
-def test_a_bad_any_resource_value_or_any_with_slots_exits_2_saying_why(
+def test_a_bad_any_socket_or_scope_setting_exits_2_saying_why(
     argv: list[str],
     env: dict[str, str],
     needle: str,
