@@ -450,3 +450,20 @@ def test_snapshot_distances_and_memory(snapshots_root: Path) -> None:
     topology = read_topology(snapshots_root / "32em64t-2n8c+dax+nvme+mic+dimms")
     assert dict(topology.node(0).distances or {}) == {0: 10, 1: 21}
     assert topology.node(1).memory_bytes == 16777216 * 1024
+
+
+def test_a_nodes_sockets_come_from_its_lowest_and_highest_cpus(sysfs_tree: SysfsTree) -> None:
+    """Node 0 spans two packages (AMD NPS0: CPUs 0-1 in socket 0, 2-3 in socket 1); node
+    1's highest CPU has no file (unknown: none), node 2's lowest a malformed one (a
+    warning naming it, none); a middle CPU's package is not read."""
+    sysfs_tree.cpus(12, online="0-11")
+    for node in range(3):
+        sysfs_tree.node(node, f"{4 * node}-{4 * node + 3}")
+    packages = {0: "0", 1: "0", 2: "1", 3: "1", 4: "0", 5: "7", 8: "socket", 11: "-1"}
+    for cpu, text in packages.items():
+        sysfs_tree.write(f"cpu/cpu{cpu}/topology/physical_package_id", text + "\n")
+    topology = read_topology(sysfs_tree.root)
+    assert [sorted(node.sockets) for node in topology.nodes] == [[0, 1], [0], []]
+    (warning,) = topology.warnings
+    assert "cpu8/topology/physical_package_id" in warning
+    assert "'socket'" in warning
