@@ -19,7 +19,6 @@ from numa_device_plugin.topology import sysfs
 from numa_device_plugin.topology.bynode import NO_DEVICES, devices_by_node, unlocated_pci
 from numa_device_plugin.topology.details import details
 from numa_device_plugin.topology.memory import format_quantity
-from numa_device_plugin.topology.nearest import nearest_nodes
 
 
 @click.command("discover", help="Print the NUMA nodes and the resources that would be advertised.")
@@ -97,7 +96,7 @@ def discovery_json(discovery: Discovery, root: Path | None = None) -> dict[str, 
     nodes = []
     inventory = discovery.inventory
     found = devices_by_node(inventory)
-    nearest = nearest_nodes(discovery.plans)
+    nearest = discovery.nearest
     for plan in sorted(discovery.plans, key=lambda plan: plan.node.id):
         node = plan.node
         here = found.get(node.id, NO_DEVICES)

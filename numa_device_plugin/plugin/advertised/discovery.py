@@ -31,6 +31,7 @@ from numa_device_plugin.plugin.settings.config import Config
 from numa_device_plugin.topology import sysfs
 from numa_device_plugin.topology.locality import Inventory, read_inventory
 from numa_device_plugin.topology.memory import format_quantity
+from numa_device_plugin.topology.nearest import Nearest, nearest_nodes
 from numa_device_plugin.topology.numa import read_topology
 from numa_device_plugin.topology.plan import (
     NodePlan,
@@ -72,7 +73,9 @@ class Discovery:
     follows a device (``near``, in the order given) and ``details``: each disk's, NIC's
     and accelerator's ids (:func:`~numa_device_plugin.topology.details.details`).
     ``devices_read`` False: a first look that left the devices out (``inventory`` empty,
-    ``details`` None) until :func:`read_devices`."""
+    ``details`` None) until :func:`read_devices`. ``nearest``: per NUMA node that is not
+    advertised, where a device on it goes (:func:`~numa_device_plugin.topology.nearest.
+    nearest_nodes` of ``plans``, made once a look for the plan and every page)."""
 
     plans: tuple[NodePlan, ...]
     resources: Mapping[str, Resource]
@@ -81,6 +84,7 @@ class Discovery:
     # What a selector can name, per device (topology.details.details); not compared.
     details: Mapping[str, list[dict[str, Any]]] | None = field(default=None, compare=False)
     devices_read: bool = field(default=True, compare=False)
+    nearest: Mapping[int, Nearest] = field(default_factory=dict, compare=False)
 
 
 def near_document(entry: NearPlan) -> dict[str, object]:
@@ -106,6 +110,7 @@ def plan_near(
     plans: tuple[NodePlan, ...],
     inventory: Inventory,
     mounts: MountTable | None = None,
+    nearest: Mapping[int, Nearest] | None = None,
 ) -> tuple[NearPlan, ...]:
     """Each ``config.near`` entry's selection in ``inventory`` (``path:`` selectors in
     ``mounts``, the host's mount table) and the advertised NUMA nodes it covers; pure.
@@ -246,7 +251,8 @@ def discover(config: Config, *, quiet: bool = False, devices: bool = True) -> Di
         from numa_device_plugin.topology.mounts import read_mount_table
 
         mounts = read_mount_table(config.mount_table, config.sysfs_root)
-    near = plan_near(config, plans, inventory, mounts)
+    nearest = nearest_nodes(plans)
+    near = plan_near(config, plans, inventory, mounts, nearest)
     resources = build_resources(
         plans,
         prefix=config.resource_prefix,
@@ -271,7 +277,7 @@ def discover(config: Config, *, quiet: bool = False, devices: bool = True) -> Di
         resources.update(near_memory(resources))
     if quiet:
         return Discovery(plans=plans, resources=resources, inventory=inventory, near=near,
-                         devices_read=devices)  # fmt: skip
+                         devices_read=devices, nearest=nearest)  # fmt: skip
     _log_plan(plans, near)
     limit = numa_limit_warning(plans)
     for warning in (*topology.warnings, *topology_warnings(plans)):
@@ -284,9 +290,10 @@ def discover(config: Config, *, quiet: bool = False, devices: bool = True) -> Di
     if not resources:
         log.error("no NUMA node can be advertised; serving nothing until the next reload")
     if not devices:
-        return Discovery(plans=plans, resources=resources, near=near, devices_read=False)
+        return Discovery(plans=plans, resources=resources, near=near, devices_read=False,
+                         nearest=nearest)  # fmt: skip
     return Discovery(plans=plans, resources=resources, inventory=inventory, near=near,
-                     details=_details(config, inventory, mounts))  # fmt: skip
+                     details=_details(config, inventory, mounts), nearest=nearest)  # fmt: skip
 
 
 def with_mount_points(config: Config, discovery: Discovery) -> Discovery:

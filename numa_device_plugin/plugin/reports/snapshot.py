@@ -22,7 +22,7 @@ from numa_device_plugin.plugin.settings.config import Config
 from numa_device_plugin.topology import sysfs
 from numa_device_plugin.topology.bynode import NO_DEVICES, devices_by_node
 from numa_device_plugin.topology.locality import Inventory
-from numa_device_plugin.topology.nearest import nearest_nodes
+from numa_device_plugin.topology.nearest import Nearest
 from numa_device_plugin.topology.plan import NodePlan
 
 if TYPE_CHECKING:
@@ -70,7 +70,8 @@ class PluginState:
     ``near``: the plan of each resource that follows a device; ``details``: each
     disk's, NIC's and accelerator's ids, from the last discovery; ``exposures``: per
     resource over several NUMA nodes, the node it exposes and why, and ``switches``, how
-    often that node changed (:mod:`~numa_device_plugin.plugin.counts.exposure`).
+    often that node changed (:mod:`~numa_device_plugin.plugin.counts.exposure`);
+    ``nearest``: where a device on each NUMA node not advertised goes (the discovery's).
     """
 
     taken_at: float
@@ -90,6 +91,7 @@ class PluginState:
     details: Mapping[str, list[dict[str, Any]]] | None = None
     exposures: Mapping[str, Exposure] = field(default_factory=dict)
     switches: Mapping[str, int] = field(default_factory=dict)
+    nearest: Mapping[int, Nearest] = field(default_factory=dict)
 
     def exposure(self, resource: Resource) -> Exposure | None:
         """The exposure ``resource`` follows: its own, or for a memory resource of a
@@ -126,6 +128,7 @@ def take(
         inventory=discovery.inventory if discovery is not None else Inventory(),
         near=discovery.near if discovery is not None else (),
         details=discovery.details if discovery is not None else None,
+        nearest=discovery.nearest if discovery is not None else {},
         served={
             name: Served(
                 resource=catalog.resources[name],
@@ -167,7 +170,7 @@ def debug_document(state: PluginState) -> dict[str, Any]:
     view = state.view
     age = state.pod_resources_age
     on_node = devices_by_node(state.inventory)
-    nearest = nearest_nodes(state.plans)
+    nearest = state.nearest
     return {
         "taken_at": state.taken_at,
         "ready": not state.problems,

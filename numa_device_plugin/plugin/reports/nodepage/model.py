@@ -29,7 +29,6 @@ from numa_device_plugin.plugin.reports.snapshot import PluginState
 from numa_device_plugin.topology import sysfs
 from numa_device_plugin.topology.bynode import NO_DEVICES, NodeDevices, devices_by_node
 from numa_device_plugin.topology.memory import MEMORY, hugepages_type
-from numa_device_plugin.topology.nearest import nearest_nodes
 from numa_device_plugin.topology.plan import NodePlan
 
 # What each CPU can be, in the order the legend lists them.
@@ -167,7 +166,7 @@ def build_page(state: PluginState, node: str | None = None) -> NodePage:
     reserved = state.config.reserved_cpus if state.config is not None else frozenset()
     on_node = devices_by_node(state.inventory)
     drawn = state.plans[:MAX_BOXES]
-    nearest = nearest_nodes(state.plans)
+    nearest = state.nearest
     resources = _resources(state)
     boxes = []
     for plan in drawn:
